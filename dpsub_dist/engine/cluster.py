@@ -1,0 +1,59 @@
+"""Start a local multi-process Dask cluster sized to the machine, or connect to one."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+
+from dpsub_dist.errors import DpsubError, InputError
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 * 2**30
+
+
+@contextlib.contextmanager
+def dask_client(
+    scheduler: str | None = None, quiet: bool = False, workers: int | None = None
+) -> Iterator:
+    """A distributed Client: to ``scheduler`` if given, else to a new local process cluster."""
+    from distributed import Client, LocalCluster
+
+    if scheduler:
+        try:
+            client = Client(scheduler, timeout="15s")
+        except (OSError, TimeoutError) as err:
+            raise InputError(
+                f"cannot reach the Dask scheduler at {scheduler} ({err}): "
+                "check the address or omit --scheduler to start a local cluster"
+            ) from None
+        with client:
+            yield client
+        return
+    n_workers = workers or max(1, os.cpu_count() or 1)
+    cluster = LocalCluster(
+        n_workers=n_workers,
+        threads_per_worker=1,
+        processes=True,
+        memory_limit=int(_memory_bytes() * 0.8 / n_workers),
+        dashboard_address="127.0.0.1:0",
+        host="127.0.0.1",
+    )
+    try:
+        with Client(cluster) as client:
+            if not quiet:
+                print(
+                    f"local Dask cluster: {n_workers} workers, dashboard {client.dashboard_link}",
+                    file=sys.stderr,
+                )
+            yield client
+    finally:
+        cluster.close()
+
+
+__all__ = ["dask_client", "DpsubError"]

@@ -1,0 +1,100 @@
+"""Data sources as partitions: Parquet files (read on the workers) or in-memory arrays."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dpsub_dist.errors import InputError
+from dpsub_dist.io.parquet import (
+    PartReader,
+    check_finite,
+    inspect_file,
+    list_parquet_files,
+    plan_parts,
+    select_columns,
+)
+
+ARRAY_PART_ROWS = 1_000_000
+
+
+@dataclass
+class Dataset:
+    """Partitions of a table, where they are loaded, and public facts about it."""
+
+    parts: list[Any]
+    offsets: list[int]
+    loader: Any
+    columns: list[str]
+    n_rows: int
+    input: str
+    files: int = 0
+
+    @property
+    def dim(self) -> int:
+        return len(self.columns)
+
+
+def parquet_dataset(
+    uri: str,
+    columns: list[str] | None,
+    unit_column: str | None,
+    storage_options: dict[str, Any] | None,
+    client: Any | None,
+) -> Dataset:
+    """List the files (driver), read their footers (workers), validate the columns."""
+    files = list_parquet_files(uri, storage_options)
+    if client is not None:
+        infos = client.gather(client.map(inspect_file, files, storage_options=storage_options))
+    else:
+        infos = [inspect_file(f, storage_options) for f in files]
+    selected = select_columns(infos, columns, unit_column)
+    parts = plan_parts(infos)
+    offsets = list(np.cumsum([0] + [p.rows for p in parts[:-1]]).astype(int)) if parts else []
+    reader = PartReader(
+        tuple(selected), unit_column, tuple(sorted((storage_options or {}).items()))
+    )
+    n_rows = sum(p.rows for p in parts)
+    return Dataset(parts, offsets, reader, selected, n_rows, uri, files=len(files))
+
+
+@dataclass(frozen=True)
+class _ArrayBlock:
+    """Loader for in-memory blocks: converts to float64 and rejects NaN/inf."""
+
+    columns: tuple[str, ...]
+
+    def __call__(self, block: Any) -> tuple[np.ndarray, None]:
+        rows = np.asarray(block, dtype=np.float64)
+        check_finite(rows, self.columns, "input array")
+        return rows, None
+
+
+def array_dataset(data: Any, columns: list[str] | None = None) -> Dataset:
+    """A NumPy array, pandas DataFrame, Dask array or Dask DataFrame as partitions."""
+    import dask.array as da
+
+    if hasattr(data, "to_dask_array"):  # Dask DataFrame
+        columns = columns or list(data.columns)
+        data = data[columns].to_dask_array(lengths=True)
+    elif hasattr(data, "columns"):  # pandas DataFrame
+        columns = columns or [str(c) for c in data.columns]
+        data = data[columns].to_numpy()
+    if getattr(data, "ndim", None) != 2:
+        raise InputError("input must be a 2-D array or a table: rows are records, columns features")
+    n_rows, dim = data.shape
+    columns = columns or [f"x{j}" for j in range(dim)]
+    if isinstance(data, da.Array):
+        if data.numblocks[1] != 1:
+            data = data.rechunk({1: -1})
+        parts = list(data.to_delayed()[:, 0])
+        sizes = list(data.chunks[0])
+    else:
+        data = np.asarray(data)
+        starts = range(0, n_rows, ARRAY_PART_ROWS)
+        parts = [data[s : s + ARRAY_PART_ROWS] for s in starts]
+        sizes = [len(p) for p in parts]
+    offsets = list(np.cumsum([0] + sizes[:-1]).astype(int))
+    return Dataset(parts, offsets, _ArrayBlock(tuple(columns)), list(columns), int(n_rows), "array")

@@ -1,0 +1,138 @@
+"""Dask plumbing of sample and aggregate: partitions → subsets → one summary per subset.
+
+Each partition is loaded and split by subset *on the workers*; subsets are grouped
+into buckets so the shuffle has ``partitions × buckets`` edges instead of
+``partitions × t``; each bucket task runs the estimator's local step on each of its
+subsets. Only the per-subset summaries (``t × out_dim`` floats) reach the driver.
+Every task is a pure function of (partition, public plan), so Dask may retry it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import dask
+import numpy as np
+
+from dpsub_dist.engine.assign import contiguous_row_subsets, random_row_subsets, unit_subsets
+
+Loader = Callable[[Any], tuple[np.ndarray, np.ndarray | None]]
+LocalStep = Callable[[np.ndarray, int], np.ndarray]
+
+
+@dataclass(frozen=True)
+class SubsetPlan:
+    """Public description of how units map to subsets."""
+
+    subsets: int
+    n_rows: int
+    seed: int
+    assign: Literal["random", "contiguous"] = "random"
+    user_level: bool = False
+    buckets: int = 1
+
+    def subset_of(self, positions: np.ndarray, units: np.ndarray | None) -> np.ndarray:
+        """Subset index of each row, from its global position or its unit id."""
+        if self.user_level:
+            return unit_subsets(units, self.seed, self.subsets)
+        if self.assign == "contiguous":
+            return contiguous_row_subsets(positions, self.n_rows, self.subsets)
+        return random_row_subsets(positions, self.seed, self.subsets)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Rows of one partition that belong to one bucket."""
+
+    subset: np.ndarray
+    position: np.ndarray
+    rows: np.ndarray
+
+
+def split_partition(plan: SubsetPlan, loader: Loader, part: Any, offset: int) -> tuple[Shard, ...]:
+    """Load one partition (on a worker) and split its rows into the plan's buckets."""
+    rows, units = loader(part)
+    positions = offset + np.arange(rows.shape[0], dtype=np.int64)
+    subset = plan.subset_of(positions, units)
+    bucket = subset % plan.buckets
+    shards = []
+    for b in range(plan.buckets):
+        mask = bucket == b
+        shards.append(Shard(subset[mask], positions[mask], rows[mask]))
+    return tuple(shards)
+
+
+def bucket_summaries(
+    plan: SubsetPlan, local_step: LocalStep, bucket: int, *shards: Shard
+) -> tuple[np.ndarray, np.ndarray]:
+    """Run the local step on every subset of one bucket (rows in position order)."""
+    subset = np.concatenate([s.subset for s in shards])
+    position = np.concatenate([s.position for s in shards])
+    rows = np.concatenate([s.rows for s in shards]) if shards else np.empty((0, 0))
+    order = np.lexsort((position, subset))
+    subset, rows = subset[order], rows[order]
+    ids = np.arange(bucket, plan.subsets, plan.buckets)
+    bounds = np.searchsorted(subset, np.concatenate([ids, [plan.subsets]]))
+    summaries = [local_step(rows[bounds[i] : bounds[i + 1]], int(j)) for i, j in enumerate(ids)]
+    return ids, np.stack(summaries)
+
+
+def _progress_bar(done: int, total: int, started: float, label: str) -> None:
+    width = 30
+    filled = int(width * done / max(total, 1))
+    elapsed = time.monotonic() - started
+    sys.stderr.write(
+        f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {elapsed:.0f}s"
+    )
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def compute_subset_summaries(
+    parts: Sequence[Any],
+    offsets: Sequence[int],
+    loader: Loader,
+    plan: SubsetPlan,
+    local_step: LocalStep,
+    client: Any | None = None,
+    progress: bool = False,
+) -> np.ndarray:
+    """Summaries of all ``t`` subsets as a t×out_dim array, computed where the data lives."""
+    split = dask.delayed(split_partition, pure=True, nout=plan.buckets)
+    shards = [
+        split(plan, loader, part, offset) for part, offset in zip(parts, offsets, strict=True)
+    ]
+    summarise = dask.delayed(bucket_summaries, pure=True)
+    buckets = [summarise(plan, local_step, b, *[s[b] for s in shards]) for b in range(plan.buckets)]
+    if client is None:
+        results = dask.compute(*buckets, scheduler="threads")
+    else:
+        results = _compute_with_progress(client, shards, buckets, progress)
+    summaries = np.empty((plan.subsets, results[0][1].shape[1]))
+    for ids, block in results:
+        summaries[ids] = block
+    return summaries
+
+
+def _compute_with_progress(client: Any, shards: list, buckets: list, progress: bool) -> list:
+    """Run the graph on the cluster; the bar counts partitions split, then buckets summarised."""
+    from distributed import as_completed
+
+    futures = client.compute([*shards, *buckets])
+    bucket_futures = futures[len(shards) :]
+    started = time.monotonic()
+    label = f"{len(shards)} partitions, {len(buckets)} buckets"
+    if progress:
+        _progress_bar(0, len(futures), started, label)
+    for done, future in enumerate(as_completed(futures), start=1):
+        if future.status == "error":
+            future.result()  # re-raise the worker's error here, with its message
+        if progress:
+            _progress_bar(done, len(futures), started, label)
+    del futures, future  # let the workers drop the split partitions
+    return client.gather(bucket_futures)

@@ -1,0 +1,186 @@
+"""Sample and aggregate (SS21 §5, T24 §4; ALGORITHMS.md §1): local step and private aggregation.
+
+Local half (runs on the workers, once per subset): the subset's top-k right singular
+vectors ``V_j`` and ``y_j = vec(V_jᵀ (V_j R))`` for public Gaussian reference points R.
+Aggregate half (runs on the driver): a private aggregator over the ``t`` points
+``y_j`` (friendly-core average, §3, or shifted-grid histogram, §2), then the top-k
+left singular vectors of the aggregate reshaped to d×q (post-processing).
+
+Changing one unit changes exactly one ``y_j``, so the estimator is as private as
+the aggregator is for "replace one of its t points".
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from dpsub_dist.linalg import top_left_singular_vectors, top_right_singular_vectors
+from dpsub_dist.privacy.accountant import Accountant, ApproxDP, Budget, laplace_epsilon
+from dpsub_dist.privacy.friendly import choose_radius, friendly_core_average, pairwise_sq_distances
+from dpsub_dist.privacy.histogram import choose_cell_side, shifted_grid_histogram
+from dpsub_dist.privacy.sparse_vector import geometric_grid
+
+Aggregator = Literal["friendly", "histogram"]
+
+_REFERENCE_TAG = 0x5EF
+_SKETCH_TAG = 0x5CE
+_OFFSET_TAG = 0x0FF
+
+BUDGET_SHARES: dict[str, dict[str, tuple[float, float]]] = {
+    # step: (share of epsilon or rho, share of delta)
+    "friendly": {"radius_search": (0.15, 0.0), "core_test": (0.25, 0.5), "core_noise": (0.6, 0.5)},
+    "friendly_fixed_radius": {"core_test": (0.3, 0.5), "core_noise": (0.7, 0.5)},
+    "histogram": {"cell_search": (0.2, 0.0), "histogram": (0.8, 1.0)},
+    "histogram_fixed_side": {"histogram": (1.0, 1.0)},
+}
+"""How each aggregator splits the run's budget; chosen from measured utility (README)."""
+
+GRID_SPAN = 1e7
+"""Ratio of the largest to the smallest radius/side on the public search grid."""
+
+
+@functools.lru_cache(maxsize=4)
+def reference_points(seed: int, dim: int, ref_points: int) -> np.ndarray:
+    """Public reference points R ∈ R^{d×q}, i.i.d. N(0, 1), from the public seed."""
+    return np.random.default_rng([seed, _REFERENCE_TAG]).standard_normal((dim, ref_points))
+
+
+@dataclass(frozen=True)
+class ProjectedReferenceStep:
+    """Local step (§1 step 2–3): y_j = vec(V_jᵀ(V_j R)), or the null point if rank < k."""
+
+    rank: int
+    dim: int
+    ref_points: int
+    seed: int
+
+    def __call__(self, rows: np.ndarray, subset: int) -> np.ndarray:
+        vt = None
+        if rows.shape[0] >= self.rank:
+            sketch_rng = np.random.default_rng([self.seed, _SKETCH_TAG, subset])
+            vt = top_right_singular_vectors(rows, self.rank, sketch_rng)
+        if vt is None:
+            return np.zeros(self.dim * self.ref_points)
+        reference = reference_points(self.seed, self.dim, self.ref_points)
+        return (vt.T @ (vt @ reference)).ravel()
+
+
+def budget_plan(method: Aggregator, scale_given: bool) -> dict[str, tuple[float, float]]:
+    """The budget shares of the chosen aggregator (a fixed radius/side skips the search)."""
+    key = {"friendly": "friendly_fixed_radius", "histogram": "histogram_fixed_side"}[method]
+    return BUDGET_SHARES[key if scale_given else method]
+
+
+def _failure_delta(grant: Budget) -> float:
+    return grant.delta if isinstance(grant, ApproxDP) else grant.delta0
+
+
+def minimum_subsets(method: Aggregator, grants: dict[str, Budget]) -> int:
+    """Fewest subsets for which the aggregator can succeed on perfectly agreeing points."""
+    if method == "friendly":
+        grant = grants["core_test"]
+        margin = 4 / laplace_epsilon(grant) * math.log(1 / (2 * _failure_delta(grant))) + 4
+        return math.ceil(2 * margin)  # W ≈ t must clear t/4 + margin with room to spare
+    grant = grants["histogram"]
+    threshold = 1 + 2 / laplace_epsilon(grant) * math.log(1 / _failure_delta(grant))
+    return max(50, math.ceil(2 * threshold))
+
+
+def default_subsets(
+    method: Aggregator, grants: dict[str, Budget], n: int, dim: int, rank: int
+) -> int:
+    """Default t: subsets of about max(10k, min(2d, 2000)) rows, but no fewer than the minimum."""
+    rows_per_subset = max(10 * rank, min(2 * dim, 2000))
+    return max(minimum_subsets(method, grants), n // rows_per_subset)
+
+
+def default_ref_points(rank: int) -> int:
+    """Default q = 2k reference points (see README: chosen from measured utility)."""
+    return 2 * rank
+
+
+@dataclass
+class Aggregate:
+    """Driver-side result: the private point (None for ⊥) and what was released on the way."""
+
+    point: np.ndarray | None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def aggregate(
+    summaries: np.ndarray,
+    method: Aggregator,
+    accountant: Accountant,
+    grants: dict[str, Budget],
+    rng: np.random.Generator,
+    seed: int,
+    dim: int,
+    ref_points: int,
+    scale: float | None = None,
+) -> Aggregate:
+    """Private aggregation of the t summaries on the driver (§2/§3, scale by §4 unless given)."""
+    reference = reference_points(seed, dim, ref_points)
+    if method == "friendly":
+        return _aggregate_friendly(summaries, accountant, grants, rng, reference, scale)
+    return _aggregate_histogram(summaries, accountant, grants, rng, reference, seed, scale)
+
+
+def _search_grid(reference: np.ndarray) -> np.ndarray:
+    # Every y_j = vec(Π_j R) has norm ≤ ‖R‖_F, so pairwise distances are ≤ 2‖R‖_F.
+    top = 2 * float(np.linalg.norm(reference))
+    return geometric_grid(top / GRID_SPAN, top)
+
+
+def _aggregate_friendly(summaries, accountant, grants, rng, reference, radius) -> Aggregate:
+    sq_dists = pairwise_sq_distances(summaries)
+    details: dict[str, Any] = {}
+    if radius is None:
+        accountant.charge("radius_search", grants["radius_search"])
+        radius = choose_radius(sq_dists, _search_grid(reference), grants["radius_search"], rng)
+        details["radius_chosen_privately"] = True
+        if radius is None:
+            return Aggregate(None, {**details, "failed_step": "radius_search"})
+    details["radius"] = radius
+    accountant.charge("core_test", grants["core_test"])
+    accountant.charge("core_noise", grants["core_noise"])
+    release = friendly_core_average(
+        summaries, radius, grants["core_test"], grants["core_noise"], rng, sq_dists
+    )
+    details.update(
+        noisy_core_weight=release.noisy_weight,
+        core_weight_lower_bound=release.weight_lower_bound,
+        noise_sigma=release.sigma,
+    )
+    if release.point is None:
+        details["failed_step"] = "core_test"
+    return Aggregate(release.point, details)
+
+
+def _aggregate_histogram(summaries, accountant, grants, rng, reference, seed, side) -> Aggregate:
+    offset = float(np.random.default_rng([seed, _OFFSET_TAG]).uniform())
+    details: dict[str, Any] = {"grid_offset": offset}
+    if side is None:
+        accountant.charge("cell_search", grants["cell_search"])
+        side = choose_cell_side(
+            summaries, offset, _search_grid(reference), grants["cell_search"], rng
+        )
+        details["cell_side_chosen_privately"] = True
+        if side is None:
+            return Aggregate(None, {**details, "failed_step": "cell_search"})
+    details["cell_side"] = side
+    accountant.charge("histogram", grants["histogram"])
+    release = shifted_grid_histogram(summaries, side, offset, grants["histogram"], rng)
+    details.update(noisy_count=release.noisy_count, count_threshold=release.threshold)
+    if release.point is None:
+        details["failed_step"] = "histogram"
+    return Aggregate(release.point, details)
+
+
+def basis_from_aggregate(point: np.ndarray, dim: int, ref_points: int, rank: int) -> np.ndarray:
+    """Finish (§1 step 5): top-k left singular vectors of P̂ = reshape(ŷ, d×q)."""
+    return top_left_singular_vectors(point.reshape(dim, ref_points), rank)

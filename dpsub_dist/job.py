@@ -1,0 +1,228 @@
+"""One estimation run: validate → plan the budget → read on the workers → aggregate on the driver.
+
+Every check that can fail on parameters runs before any data is read, and the
+whole budget plan is checked before the first footer is opened.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from dpsub_dist import __version__
+from dpsub_dist.engine.sources import Dataset
+from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
+from dpsub_dist.errors import InputError
+from dpsub_dist.estimators import sample_aggregate as sa
+from dpsub_dist.privacy.accountant import Accountant, Budget, parse_budget
+from dpsub_dist.privacy.noise import new_noise_seed, noise_rng
+
+SHUFFLE_BUCKET_BYTES = 256 * 2**20
+
+
+@dataclass
+class EstimateConfig:
+    """Parameters of ``dpsub estimate`` / :class:`dpsub_dist.PrivateSubspace`."""
+
+    rank: int
+    epsilon: float | None = None
+    delta: float | None = None
+    rho: float | None = None
+    method: Literal["friendly", "histogram"] = "friendly"
+    subsets: int | None = None
+    ref_points: int | None = None
+    assign: Literal["random", "contiguous"] = "random"
+    unit_column: str | None = None
+    columns: list[str] | None = None
+    seed: int | None = None
+    scale: float | None = None  # friendly radius or histogram cell side, public
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+    def budget(self) -> Budget:
+        """The run's total budget, validated."""
+        try:
+            return parse_budget(self.epsilon, self.delta, self.rho)
+        except ValueError as err:
+            raise InputError(str(err)) from None
+
+    def validate(self) -> None:
+        """Parameter checks that need no data."""
+        if not isinstance(self.rank, int | np.integer) or self.rank < 1:
+            raise InputError(f"rank must be a positive integer (got {self.rank}): pass --rank K")
+        if self.method not in ("friendly", "histogram"):
+            raise InputError(f"unknown method {self.method!r}: use friendly or histogram")
+        if self.assign not in ("random", "contiguous"):
+            raise InputError(f"unknown assignment {self.assign!r}: use random or contiguous")
+        if self.unit_column and self.assign == "contiguous":
+            raise InputError(
+                "--assign contiguous is row-level only: drop it with --unit-column "
+                "(users are assigned by a keyed hash of their id)"
+            )
+        if self.subsets is not None and self.subsets < 2:
+            raise InputError(f"subsets must be ≥ 2 (got {self.subsets}): pass a larger --subsets")
+        if self.ref_points is not None and self.ref_points < self.rank:
+            raise InputError(
+                f"ref-points must be ≥ rank ({self.rank}), got {self.ref_points}: "
+                "raise --ref-points"
+            )
+        if self.scale is not None and not (math.isfinite(self.scale) and self.scale > 0):
+            raise InputError(f"radius/cell side must be a positive number (got {self.scale})")
+        self.budget()
+
+
+@dataclass
+class EstimateResult:
+    """What a run produced: the basis (None for ⊥) and the manifest describing it."""
+
+    basis: np.ndarray | None
+    manifest: dict[str, Any]
+
+    @property
+    def outcome(self) -> str:
+        return self.manifest["outcome"]
+
+
+def privacy_unit(config: EstimateConfig) -> dict[str, str]:
+    """The privacy unit and neighbour relation every constant was calibrated for."""
+    if config.unit_column:
+        return {
+            "unit": f"user (all rows with the same {config.unit_column})",
+            "neighbours": "add or remove all rows of one user",
+            "assignment": "keyed hash of (public seed, user id) mod t",
+        }
+    how = {
+        "random": "keyed hash of (public seed, global row position) mod t",
+        "contiguous": "consecutive blocks of rows in file order",
+    }
+    return {
+        "unit": "row",
+        "neighbours": "replace one row's values (n is public)",
+        "assignment": how[config.assign],
+    }
+
+
+def plan_budget(config: EstimateConfig) -> tuple[Accountant, dict[str, Budget]]:
+    """Split the budget between the steps and check the plan is affordable."""
+    accountant = Accountant(config.budget())
+    grants = accountant.split(sa.budget_plan(config.method, config.scale is not None))
+    if not accountant.can_afford(grants):
+        raise InputError("the budget plan exceeds the budget: this is a bug, please report it")
+    return accountant, grants
+
+
+def choose_buckets(n_rows: int, dim: int, subsets: int, client: Any | None) -> int:
+    """Enough shuffle buckets that each holds ≲256 MiB and every worker has work."""
+    workers = len(client.scheduler_info()["workers"]) if client is not None else 1
+    by_size = math.ceil(n_rows * dim * 8 / SHUFFLE_BUCKET_BYTES)
+    return int(min(subsets, max(2 * workers, by_size, 1)))
+
+
+def run_estimate(
+    config: EstimateConfig,
+    open_dataset,
+    client: Any | None = None,
+    progress: bool = False,
+    noise_seed: int | None = None,
+) -> EstimateResult:
+    """Run sample and aggregate end to end; ``open_dataset(client)`` returns a Dataset."""
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+    config.validate()
+    accountant, grants = plan_budget(config)
+
+    dataset: Dataset = open_dataset(client)
+    timings["inspect_s"] = time.monotonic() - started
+    dim, k = dataset.dim, config.rank
+    if k >= dim:
+        raise InputError(
+            f"rank {k} must be smaller than the number of columns ({dim}): lower --rank"
+        )
+    n = dataset.n_rows
+    t = config.subsets or sa.default_subsets(config.method, grants, n, dim, k)
+    q = config.ref_points or sa.default_ref_points(k)
+    if n < t * k:
+        raise InputError(
+            f"too few rows: {n} rows cannot fill {t} subsets of at least {k} rows: "
+            f"use more data, fewer --subsets (≥ {sa.minimum_subsets(config.method, grants)} "
+            "at this budget), or a larger budget"
+        )
+    seed = config.seed if config.seed is not None else new_noise_seed() % 2**63
+    plan = SubsetPlan(
+        subsets=t,
+        n_rows=n,
+        seed=seed,
+        assign=config.assign,
+        user_level=config.unit_column is not None,
+        buckets=choose_buckets(n, dim, t, client),
+    )
+    step = sa.ProjectedReferenceStep(rank=k, dim=dim, ref_points=q, seed=seed)
+    mark = time.monotonic()
+    summaries = compute_subset_summaries(
+        dataset.parts, dataset.offsets, dataset.loader, plan, step, client, progress
+    )
+    timings["local_steps_s"] = time.monotonic() - mark
+
+    mark = time.monotonic()
+    rng = noise_rng(noise_seed)
+    agg = sa.aggregate(
+        summaries, config.method, accountant, grants, rng, seed, dim, q, config.scale
+    )
+    basis = None if agg.point is None else sa.basis_from_aggregate(agg.point, dim, q, k)
+    timings["aggregate_s"] = time.monotonic() - mark
+    timings["total_s"] = time.monotonic() - started
+
+    user_level = config.unit_column is not None
+    manifest = {
+        "outcome": "ok" if basis is not None else "no_stable_subspace",
+        "input": dataset.input,
+        "files": dataset.files,
+        "columns": dataset.columns,
+        "n_rows": None if user_level else n,
+        "n_rows_note": "not released: row counts are private at user level"
+        if user_level
+        else "counted from the Parquet footers; public under replace-one neighbours",
+        "dim": dim,
+        "rank": k,
+        "method": config.method,
+        "parameters": {
+            "subsets": t,
+            "ref_points": q,
+            "assign": "unit-hash" if user_level else config.assign,
+            "unit_column": config.unit_column,
+            "public_seed": seed,
+            "scale_given": config.scale,
+            "budget_shares": sa.budget_plan(config.method, config.scale is not None),
+            "shuffle_buckets": plan.buckets,
+            "partitions": len(dataset.parts),
+        },
+        "release": agg.details,
+        "privacy": {**privacy_unit(config), "budget": accountant.report()},
+        "summary_bytes_gathered": int(summaries.nbytes),
+        "versions": versions(),
+        "timings": timings,
+    }
+    return EstimateResult(basis, manifest)
+
+
+def versions() -> dict[str, str]:
+    """Versions of this package and the libraries that shape its results."""
+    import dask
+    import pyarrow
+    import scipy
+
+    return {
+        "dpsub_dist": __version__,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "dask": dask.__version__,
+        "pyarrow": pyarrow.__version__,
+    }
+
+
+__all__ = ["EstimateConfig", "EstimateResult", "run_estimate", "asdict"]

@@ -1,0 +1,78 @@
+"""Numerical kernels shared by every estimator: top-k bases and subspace distance."""
+
+from __future__ import annotations
+
+import numpy as np
+
+EXACT_FLOP_LIMIT = 2e8
+"""Above this estimated cost a local basis is computed by randomized SVD."""
+
+
+def top_eigenvectors(sym: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k eigenvalues (descending) and eigenvectors (columns) of a symmetric matrix."""
+    values, vectors = np.linalg.eigh(sym)
+    order = np.argsort(values)[::-1][:k]
+    return values[order], vectors[:, order]
+
+
+def top_left_singular_vectors(matrix: np.ndarray, k: int) -> np.ndarray:
+    """Orthonormal d×k basis of the top-k left singular vectors (k ≤ columns)."""
+    u, _, _ = np.linalg.svd(matrix, full_matrices=False)
+    return u[:, :k]
+
+
+def _randomized_right_vectors(
+    rows: np.ndarray, k: int, rng: np.random.Generator, oversample: int = 10, power_iters: int = 4
+) -> tuple[np.ndarray, np.ndarray]:
+    """Halko–Martinsson–Tropp randomized range finder with power iterations."""
+    sketch = rows @ rng.standard_normal((rows.shape[1], k + oversample))
+    basis, _ = np.linalg.qr(sketch)
+    for _ in range(power_iters):
+        basis, _ = np.linalg.qr(rows.T @ basis)
+        basis, _ = np.linalg.qr(rows @ basis)
+    _, s, vt = np.linalg.svd(basis.T @ rows, full_matrices=False)
+    return s, vt
+
+
+def top_right_singular_vectors(
+    rows: np.ndarray, k: int, rng: np.random.Generator
+) -> np.ndarray | None:
+    """Top-k right singular vectors of ``rows`` as a k×d array, or None if rank < k.
+
+    Exact (eigh of the smaller Gram matrix) when cheap, randomized SVD otherwise;
+    ``rng`` only drives the randomized sketch and must come from public randomness.
+    """
+    m, d = rows.shape
+    if m < k:
+        return None
+    small = min(m, d)
+    if m * d * small + 4 * small**3 <= EXACT_FLOP_LIMIT or small <= 4 * (k + 10):
+        if d <= m:
+            values, vectors = top_eigenvectors(rows.T @ rows, k)
+            sq_singular, vt = values, vectors.T
+        else:
+            values, vectors = top_eigenvectors(rows @ rows.T, k)
+            sq_singular = values
+            scale = np.sqrt(np.maximum(values, np.finfo(float).tiny))
+            vt = (rows.T @ vectors / scale).T
+        singular = np.sqrt(np.maximum(sq_singular, 0.0))
+    else:
+        singular, vt = _randomized_right_vectors(rows, k, rng)
+        singular, vt = singular[:k], vt[:k]
+    if singular[0] == 0 or singular[k - 1] <= singular[0] * max(m, d) * np.finfo(float).eps:
+        return None
+    if d > m:
+        vt, _ = np.linalg.qr(vt.T)  # re-orthonormalise after the m×m route
+        vt = vt.T
+    return vt
+
+
+def subspace_error(basis_hat: np.ndarray, basis_true: np.ndarray) -> float:
+    """‖Π̂ − Π‖ (operator norm of the projection difference) for d×k orthonormal bases.
+
+    Equals the sine of the largest principal angle; computed without forming d×d.
+    """
+    if basis_hat.shape != basis_true.shape:
+        raise ValueError(f"basis shapes differ: {basis_hat.shape} vs {basis_true.shape}")
+    cosines = np.linalg.svd(basis_hat.T @ basis_true, compute_uv=False)
+    return float(np.sqrt(max(0.0, 1.0 - float(np.min(cosines)) ** 2)))

@@ -1,0 +1,107 @@
+"""Friendly-core average (T24 with FriendlyCore; ALGORITHMS.md §3) and its private radius (§4).
+
+Input domain: ``t`` points in R^D. Neighbour relation: replace one of the ``t``
+points (sample and aggregate turns "change one unit" into exactly this).
+
+Privacy map (ALGORITHMS.md §3): with deterministic weights
+``w_i = clamp((c_i − (t/2 + 1)) / (t/2), 0, 1)`` the total weight ``W`` has
+sensitivity 4 and the weighted mean has sensitivity ``16r/(W − 4)``. The
+release is propose–test–release on ``W`` (Laplace, ``(ε₁, δ₁)``) followed by
+the Gaussian mechanism with sensitivity ``16r/L``; in total
+``(ε₁ + ε₂, δ₁ + e^{ε₁} δ₂)``-DP, or ``δ₁``-approximate ``(ε₁²/2 + ρ₂)``-zCDP.
+The Gaussian grant passed in is what gets charged; its δ is divided by
+``e^{ε₁}`` before calibration so that the charge matches the composition above.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpsub_dist.privacy.accountant import ApproxDP, Budget, gaussian_sigma, laplace_epsilon
+from dpsub_dist.privacy.noise import gaussian, laplace
+from dpsub_dist.privacy.sparse_vector import above_threshold
+
+WEIGHT_SENSITIVITY = 4.0
+"""L1 change of the weights (hence of W) when one point is replaced (§3 fact b)."""
+
+
+@dataclass(frozen=True)
+class FriendlyRelease:
+    """Outcome of the friendly-core average; ``point`` is None for ⊥."""
+
+    point: np.ndarray | None
+    noisy_weight: float
+    weight_lower_bound: float
+    sigma: float | None
+
+
+def pairwise_sq_distances(points: np.ndarray) -> np.ndarray:
+    """t×t squared Euclidean distances from one Gram matrix of the points."""
+    gram = points @ points.T
+    sq_norms = np.diag(gram)
+    return np.maximum(sq_norms[:, None] + sq_norms[None, :] - 2 * gram, 0.0)
+
+
+def core_weights(sq_dists: np.ndarray, radius: float) -> np.ndarray:
+    """Deterministic FriendlyCore weights for friend radius ``radius`` (§3)."""
+    t = sq_dists.shape[0]
+    friends = np.count_nonzero(sq_dists <= radius * radius, axis=1)
+    return np.clip((friends - (t / 2 + 1)) / (t / 2), 0.0, 1.0)
+
+
+def _ptr_parameters(grant: Budget) -> tuple[float, float]:
+    epsilon = laplace_epsilon(grant)
+    delta = grant.delta if isinstance(grant, ApproxDP) else grant.delta0
+    if not 0 < delta < 1:
+        raise ValueError("the propose-test-release step needs a delta in (0, 1)")
+    return epsilon, delta
+
+
+def friendly_core_average(
+    points: np.ndarray,
+    radius: float,
+    ptr_grant: Budget,
+    gaussian_grant: Budget,
+    rng: np.random.Generator,
+    sq_dists: np.ndarray | None = None,
+) -> FriendlyRelease:
+    """Private average of the points' friendly core, or ⊥ (T24 / FriendlyCore, §3 steps 1–3)."""
+    t = points.shape[0]
+    if sq_dists is None:
+        sq_dists = pairwise_sq_distances(points)
+    weights = core_weights(sq_dists, radius)
+    total = float(weights.sum())
+    eps1, delta1 = _ptr_parameters(ptr_grant)
+    scale = WEIGHT_SENSITIVITY / eps1
+    noisy_total = total + float(laplace(rng, scale))
+    lower = noisy_total - scale * math.log(1 / (2 * delta1)) - WEIGHT_SENSITIVITY
+    if lower < t / 4:
+        return FriendlyRelease(None, noisy_total, lower, None)
+    mean = weights @ points / total
+    if isinstance(gaussian_grant, ApproxDP):
+        gaussian_grant = ApproxDP(gaussian_grant.epsilon, gaussian_grant.delta * math.exp(-eps1))
+    sigma = gaussian_sigma(gaussian_grant, 16 * radius / lower)
+    return FriendlyRelease(mean + gaussian(rng, sigma, mean.shape), noisy_total, lower, sigma)
+
+
+def choose_radius(
+    sq_dists: np.ndarray,
+    grid: np.ndarray,
+    grant: Budget,
+    rng: np.random.Generator,
+    threshold_fraction: float = 0.8,
+) -> float | None:
+    """Smallest grid radius whose core weight W(r) privately clears a fraction of t (§4)."""
+    t = sq_dists.shape[0]
+    index = above_threshold(
+        lambda j: float(core_weights(sq_dists, grid[j]).sum()),
+        len(grid),
+        threshold_fraction * t,
+        WEIGHT_SENSITIVITY,
+        laplace_epsilon(grant),
+        rng,
+    )
+    return None if index is None else float(grid[index])

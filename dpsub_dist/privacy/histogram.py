@@ -1,0 +1,100 @@
+"""Shifted-grid stability histogram (SS21 Alg. 2; ALGORITHMS.md §2) and its private cell side (§4).
+
+Input domain: ``t`` points in R^D. Neighbour relation: replace one point.
+Privacy map: Laplace(2/ε) on each non-empty cell's count, release the best cell
+only if its noisy count exceeds ``τ = 1 + (2/ε) ln(1/δ)``: ``(ε, δ)``-DP (SS21
+Lemma A.15, Vadhan 2017 Thm 3.5). Replacing a point moves two counts by one;
+a cell present in only one neighbour has count 1 and passes with probability
+at most δ/2. For a zCDP grant the step runs with ε = √(2ρ), δ = δ₀.
+
+Cells are keyed by the exact bytes of their integer coordinates, so only
+non-empty cells exist and no two cells can collide.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from dpsub_dist.privacy.accountant import ApproxDP, Budget, laplace_epsilon
+from dpsub_dist.privacy.noise import laplace
+from dpsub_dist.privacy.sparse_vector import above_threshold
+
+MAX_COUNT_SENSITIVITY = 1.0
+"""Replacing one point lowers one cell count by 1 and raises another by 1, so the
+largest count moves by at most 1. (ALGORITHMS.md §4 quotes 2, the L1 sensitivity
+of the whole count vector; 1 is the sensitivity of the max, which is what §4 queries.)"""
+
+
+@dataclass(frozen=True)
+class HistogramRelease:
+    """Outcome of the stability histogram; ``point`` is None for ⊥."""
+
+    point: np.ndarray | None
+    noisy_count: float | None
+    threshold: float
+
+
+def grid_cells(points: np.ndarray, side: float, offset: float) -> tuple[np.ndarray, np.ndarray]:
+    """Label of each point's cell ⌊(y − λℓ)/ℓ⌋ and the integer cells, one row per label."""
+    cells = np.floor((points - offset * side) / side).astype(np.int64)
+    index: dict[bytes, int] = {}
+    labels = np.array([index.setdefault(row.tobytes(), len(index)) for row in cells])
+    first = np.unique(labels, return_index=True)[1]
+    return labels, cells[first]
+
+
+def max_cell_count(points: np.ndarray, side: float, offset: float) -> int:
+    """Largest number of points sharing a grid cell."""
+    labels, _ = grid_cells(points, side, offset)
+    return int(np.bincount(labels).max())
+
+
+def _histogram_parameters(grant: Budget) -> tuple[float, float]:
+    delta = grant.delta if isinstance(grant, ApproxDP) else grant.delta0
+    if not 0 < delta < 1:
+        raise ValueError("the stability histogram needs a delta in (0, 1)")
+    return laplace_epsilon(grant), delta
+
+
+def shifted_grid_histogram(
+    points: np.ndarray,
+    side: float,
+    offset: float,
+    grant: Budget,
+    rng: np.random.Generator,
+    output: Literal["center", "uniform"] = "center",
+) -> HistogramRelease:
+    """Release a point of the most popular grid cell, or ⊥ (SS21 Alg. 2, §2)."""
+    epsilon, delta = _histogram_parameters(grant)
+    labels, cells = grid_cells(points, side, offset)
+    noisy = np.bincount(labels) + laplace(rng, 2 / epsilon, len(cells))
+    threshold = 1 + (2 / epsilon) * math.log(1 / delta)
+    best = int(np.argmax(noisy))
+    if noisy[best] <= threshold:
+        return HistogramRelease(None, None, threshold)
+    inside = rng.uniform(0.0, 1.0, cells.shape[1]) if output == "uniform" else 0.5
+    return HistogramRelease((cells[best] + offset + inside) * side, float(noisy[best]), threshold)
+
+
+def choose_cell_side(
+    points: np.ndarray,
+    offset: float,
+    grid: np.ndarray,
+    grant: Budget,
+    rng: np.random.Generator,
+    threshold_fraction: float = 0.8,
+) -> float | None:
+    """Smallest grid side whose largest cell privately holds a fraction of t points (§4)."""
+    index = above_threshold(
+        lambda j: max_cell_count(points, grid[j], offset),
+        len(grid),
+        threshold_fraction * points.shape[0],
+        MAX_COUNT_SENSITIVITY,
+        laplace_epsilon(grant),
+        rng,
+    )
+    return None if index is None else float(grid[index])
