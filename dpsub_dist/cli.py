@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_input_arguments(est)
     est.add_argument("--rank", type=int, required=True, help="K, the subspace dimension")
     add_budget_arguments(est)
-    est.add_argument("--method", choices=["friendly", "histogram"], default="friendly")
+    est.add_argument("--method", default="friendly", help="friendly (default) or histogram")
     est.add_argument("--subsets", type=int, help="T, number of disjoint subsets")
     est.add_argument("--ref-points", type=int, help="Q, number of reference points")
     est.add_argument("--assign", choices=["random", "contiguous"], default="random")
@@ -136,7 +136,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
         )
     except (ValueError, FileExistsError) as err:
         raise InputError(str(err)) from None
-    print(f"wrote {result.n} rows × {args.dim} columns to {args.out}")
+    print(f"wrote {result.rows} rows × {args.dim} columns to {args.out}")
     return 0
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 import platform
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -33,7 +34,7 @@ class EstimateConfig:
     epsilon: float | None = None
     delta: float | None = None
     rho: float | None = None
-    method: Literal["friendly", "histogram"] = "friendly"
+    method: str = "friendly"
     subsets: int | None = None
     ref_points: int | None = None
     assign: Literal["random", "contiguous"] = "random"
@@ -54,8 +55,8 @@ class EstimateConfig:
         """Parameter checks that need no data."""
         if not isinstance(self.rank, int | np.integer) or self.rank < 1:
             raise InputError(f"rank must be a positive integer (got {self.rank}): pass --rank K")
-        if self.method not in ("friendly", "histogram"):
-            raise InputError(f"unknown method {self.method!r}: use friendly or histogram")
+        if self.method not in METHODS:
+            raise InputError(f"unknown method {self.method!r}: use one of {sorted(METHODS)}")
         if self.assign not in ("random", "contiguous"):
             raise InputError(f"unknown assignment {self.assign!r}: use random or contiguous")
         if self.unit_column and self.assign == "contiguous":
@@ -124,25 +125,83 @@ def choose_buckets(n_rows: int, dim: int, subsets: int, client: Any | None) -> i
 
 def run_estimate(
     config: EstimateConfig,
-    open_dataset,
+    open_dataset: Callable[[Any], Dataset],
     client: Any | None = None,
     progress: bool = False,
     noise_seed: int | None = None,
 ) -> EstimateResult:
-    """Run sample and aggregate end to end; ``open_dataset(client)`` returns a Dataset."""
+    """Run ``config.method`` end to end; ``open_dataset(client)`` returns the Dataset.
+
+    ``noise_seed`` is a *private* seed from a run record (ledger) for reproducible
+    resumption; without it DP noise comes from OS entropy.
+    """
+    config.validate()
+    return METHODS[config.method](config, open_dataset, client, progress, noise_seed)
+
+
+def open_checked(config: EstimateConfig, open_dataset, client) -> Dataset:
+    """Open the dataset (footers only) and check the rank against its width."""
+    dataset: Dataset = open_dataset(client)
+    if config.rank >= dataset.dim:
+        raise InputError(
+            f"rank {config.rank} must be smaller than the number of columns ({dataset.dim}): "
+            "lower --rank or add columns"
+        )
+    return dataset
+
+
+def public_seed(config: EstimateConfig) -> int:
+    """The user's public seed, or a fresh one that the manifest will record."""
+    return config.seed if config.seed is not None else new_noise_seed() % 2**63
+
+
+def build_manifest(
+    config: EstimateConfig,
+    dataset: Dataset,
+    accountant: Accountant,
+    ok: bool,
+    parameters: dict[str, Any],
+    release: dict[str, Any],
+    timings: dict[str, float],
+    gathered_bytes: int,
+) -> dict[str, Any]:
+    """The manifest every method writes: input, parameters, privacy, outcome, versions."""
+    user_level = config.unit_column is not None
+    return {
+        "outcome": "ok" if ok else "no_stable_subspace",
+        "input": dataset.input,
+        "files": dataset.files,
+        "columns": dataset.columns,
+        "n_rows": None if user_level else dataset.n_rows,
+        "n_rows_note": "not released: row counts are private at user level"
+        if user_level
+        else "counted from the Parquet footers; public under replace-one neighbours",
+        "dim": dataset.dim,
+        "rank": config.rank,
+        "method": config.method,
+        "parameters": {"unit_column": config.unit_column, **parameters},
+        "release": release,
+        "privacy": {**privacy_unit(config), "budget": accountant.report()},
+        "summary_bytes_gathered": gathered_bytes,
+        "versions": versions(),
+        "timings": timings,
+    }
+
+
+def run_sample_aggregate(
+    config: EstimateConfig,
+    open_dataset: Callable[[Any], Dataset],
+    client: Any | None,
+    progress: bool,
+    noise_seed: int | None,
+) -> EstimateResult:
+    """Sample and aggregate (ALGORITHMS.md §1–§4) with the friendly or histogram aggregator."""
     started = time.monotonic()
     timings: dict[str, float] = {}
-    config.validate()
     accountant, grants = plan_budget(config)
-
-    dataset: Dataset = open_dataset(client)
+    dataset = open_checked(config, open_dataset, client)
     timings["inspect_s"] = time.monotonic() - started
-    dim, k = dataset.dim, config.rank
-    if k >= dim:
-        raise InputError(
-            f"rank {k} must be smaller than the number of columns ({dim}): lower --rank"
-        )
-    n = dataset.n_rows
+    dim, k, n = dataset.dim, config.rank, dataset.n_rows
     t = config.subsets or sa.default_subsets(config.method, grants, n, dim, k)
     q = config.ref_points or sa.default_ref_points(k)
     if n < t * k:
@@ -151,7 +210,7 @@ def run_estimate(
             f"use more data, fewer --subsets (≥ {sa.minimum_subsets(config.method, grants)} "
             "at this budget), or a larger budget"
         )
-    seed = config.seed if config.seed is not None else new_noise_seed() % 2**63
+    seed = public_seed(config)
     plan = SubsetPlan(
         subsets=t,
         n_rows=n,
@@ -175,38 +234,37 @@ def run_estimate(
     basis = None if agg.point is None else sa.basis_from_aggregate(agg.point, dim, q, k)
     timings["aggregate_s"] = time.monotonic() - mark
     timings["total_s"] = time.monotonic() - started
-
-    user_level = config.unit_column is not None
-    manifest = {
-        "outcome": "ok" if basis is not None else "no_stable_subspace",
-        "input": dataset.input,
-        "files": dataset.files,
-        "columns": dataset.columns,
-        "n_rows": None if user_level else n,
-        "n_rows_note": "not released: row counts are private at user level"
-        if user_level
-        else "counted from the Parquet footers; public under replace-one neighbours",
-        "dim": dim,
-        "rank": k,
-        "method": config.method,
-        "parameters": {
-            "subsets": t,
-            "ref_points": q,
-            "assign": "unit-hash" if user_level else config.assign,
-            "unit_column": config.unit_column,
-            "public_seed": seed,
-            "scale_given": config.scale,
-            "budget_shares": sa.budget_plan(config.method, config.scale is not None),
-            "shuffle_buckets": plan.buckets,
-            "partitions": len(dataset.parts),
-        },
-        "release": agg.details,
-        "privacy": {**privacy_unit(config), "budget": accountant.report()},
-        "summary_bytes_gathered": int(summaries.nbytes),
-        "versions": versions(),
-        "timings": timings,
+    parameters = {
+        "subsets": t,
+        "ref_points": q,
+        "assign": "unit-hash" if config.unit_column else config.assign,
+        "public_seed": seed,
+        "scale_given": config.scale,
+        "budget_shares": sa.budget_plan(config.method, config.scale is not None),
+        "shuffle_buckets": plan.buckets,
+        "partitions": len(dataset.parts),
     }
+    manifest = build_manifest(
+        config,
+        dataset,
+        accountant,
+        basis is not None,
+        parameters,
+        agg.details,
+        timings,
+        int(summaries.nbytes),
+    )
     return EstimateResult(basis, manifest)
+
+
+Runner = Callable[
+    [EstimateConfig, Callable[[Any], Dataset], Any, bool, "int | None"], EstimateResult
+]
+METHODS: dict[str, Runner] = {
+    "friendly": run_sample_aggregate,
+    "histogram": run_sample_aggregate,
+}
+"""Estimation methods by name; other estimator families register their runner here."""
 
 
 def versions() -> dict[str, str]:
@@ -223,6 +281,3 @@ def versions() -> dict[str, str]:
         "dask": dask.__version__,
         "pyarrow": pyarrow.__version__,
     }
-
-
-__all__ = ["EstimateConfig", "EstimateResult", "run_estimate", "asdict"]
