@@ -81,7 +81,8 @@ def bucket_summaries(
     return ids, np.stack(summaries)
 
 
-def _progress_bar(done: int, total: int, started: float, label: str) -> None:
+def progress_bar(done: int, total: int, started: float, label: str) -> None:
+    """Redraw a one-line bar on stderr: tasks done of total and seconds since ``started``."""
     width = 30
     filled = int(width * done / max(total, 1))
     elapsed = time.monotonic() - started
@@ -128,11 +129,11 @@ def _compute_with_progress(client: Any, shards: list, buckets: list, progress: b
     started = time.monotonic()
     label = f"{len(shards)} partitions, {len(buckets)} buckets"
     if progress:
-        _progress_bar(0, len(futures), started, label)
+        progress_bar(0, len(futures), started, label)
     for done, future in enumerate(as_completed(futures), start=1):
         if future.status == "error":
             future.result()  # re-raise the worker's error here, with its message
         if progress:
-            _progress_bar(done, len(futures), started, label)
+            progress_bar(done, len(futures), started, label)
     del futures, future  # let the workers drop the split partitions
     return client.gather(bucket_futures)
