@@ -1,0 +1,245 @@
+"""Noise calibration of the core mechanisms against the formulas of ALGORITHMS.md §2–§4.
+
+Every sampler call is recorded (the module's reference to ``privacy.noise`` is
+wrapped), so the tests check the scale actually drawn, not a helper's return value.
+"""
+
+from __future__ import annotations
+
+import math
+from unittest import mock
+
+import numpy as np
+import pytest
+
+from dpsub_dist.privacy import friendly, histogram, noise, sparse_vector
+from dpsub_dist.privacy.accountant import ZCDP, ApproxDP
+from dpsub_dist.privacy.calibration import gaussian_delta, gaussian_sigma_approx_dp
+
+
+class Recorder:
+    """Wraps a noise sampler and records (scale, size) of every call."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+        self.calls: list[tuple[float, object]] = []
+
+    def __call__(self, rng, scale, size=None):
+        self.calls.append((scale, size))
+        return self.sampler(rng, scale, size)
+
+
+def record(module, name: str) -> tuple[Recorder, mock._patch]:
+    recorder = Recorder(getattr(noise, name))
+    return recorder, mock.patch.object(module, name, recorder)
+
+
+# -- §2 histogram ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("epsilon,delta", [(0.5, 1e-6), (1.0, 1e-3), (3.0, 1e-9)])
+def test_histogram_counts_get_laplace_two_over_epsilon_and_threshold(epsilon, delta) -> None:
+    points = np.array([[0.1], [0.2], [1.5], [2.5], [2.6], [2.7]])
+    recorder, patch = record(histogram, "laplace")
+    with patch:
+        release = histogram.shifted_grid_histogram(
+            points, 1.0, 0.0, ApproxDP(epsilon, delta), np.random.default_rng(0)
+        )
+    assert recorder.calls == [(2 / epsilon, 3)]  # one draw per non-empty cell (3 cells)
+    assert release.threshold == pytest.approx(1 + (2 / epsilon) * math.log(1 / delta))
+
+
+def test_histogram_zcdp_grant_runs_at_epsilon_sqrt_two_rho() -> None:
+    recorder, patch = record(histogram, "laplace")
+    with patch:
+        release = histogram.shifted_grid_histogram(
+            np.zeros((5, 2)), 1.0, 0.3, ZCDP(0.125, 1e-5), np.random.default_rng(0)
+        )
+    assert recorder.calls[0][0] == pytest.approx(2 / 0.5)  # ε = √(2·0.125) = 0.5
+    assert release.threshold == pytest.approx(1 + 4 * math.log(1e5))
+
+
+def test_histogram_releases_the_centre_of_a_dominant_cell() -> None:
+    # 500 points in cell ⌊(y − 0.25·2)/2⌋ = (1, −1): centre (1 + 0.25 + 0.5)·2 = 3.5 and
+    # (−1 + 0.75)·2 = −0.5; noisy count 500 ± small ≫ τ ≈ 14.8.
+    points = np.tile([[2.6, -1.4]], (500, 1))
+    release = histogram.shifted_grid_histogram(
+        points, 2.0, 0.25, ApproxDP(1.0, 1e-3), np.random.default_rng(1)
+    )
+    assert release.point is not None
+    np.testing.assert_allclose(release.point, [3.5, -0.5])
+
+
+def test_histogram_returns_bottom_when_every_cell_is_small() -> None:
+    points = np.arange(40.0)[:, None]  # 40 cells of one point each, τ ≈ 28.6 at ε = 1, δ = 1e-6
+    release = histogram.shifted_grid_histogram(
+        points, 1.0, 0.5, ApproxDP(1.0, 1e-6), np.random.default_rng(2)
+    )
+    assert release.point is None and release.noisy_count is None
+
+
+def test_histogram_rejects_pure_dp_grant() -> None:
+    with pytest.raises(ValueError, match="delta"):
+        histogram.shifted_grid_histogram(
+            np.zeros((3, 1)), 1.0, 0.0, ApproxDP(1.0), np.random.default_rng(0)
+        )
+
+
+# -- §3 friendly core ------------------------------------------------------------------
+
+
+def test_core_weights_formula_by_hand() -> None:
+    # t = 10, r = 1: six points at 0 (7 friends: the six and the point at 0.9), the point
+    # at 0.9 (7 friends), three far points (3 friends each, not within r of anything else).
+    points = np.array([0, 0, 0, 0, 0, 0, 0.9, 10, 10.5, 11])[:, None]
+    weights = friendly.core_weights(friendly.pairwise_sq_distances(points), 1.0)
+    # w = clamp((c − (t/2 + 1)) / (t/2)) = (7 − 6)/5 = 0.2; far points: c = 2 or 3 → 0
+    np.testing.assert_allclose(weights, [0.2] * 7 + [0.0] * 3)
+
+
+def _friendly_release(ptr, gauss, points, radius=1.0, seed=0):
+    laplace_rec, laplace_patch = record(friendly, "laplace")
+    gauss_rec, gauss_patch = record(friendly, "gaussian")
+    with laplace_patch, gauss_patch:
+        release = friendly.friendly_core_average(
+            points, radius, ptr, gauss, np.random.default_rng(seed)
+        )
+    return release, laplace_rec.calls, gauss_rec.calls
+
+
+@pytest.mark.parametrize(
+    "eps1,delta1,eps2,delta2", [(0.5, 1e-6, 0.5, 1e-6), (1.0, 1e-3, 2.0, 1e-5)]
+)
+def test_friendly_approx_dp_calibration(eps1, delta1, eps2, delta2) -> None:
+    t, radius = 400, 0.7
+    points = np.random.default_rng(3).normal(0, 0.01, (t, 3))  # one tight core: W = t − 2
+    release, laplace_calls, gauss_calls = _friendly_release(
+        ApproxDP(eps1, delta1), ApproxDP(eps2, delta2), points, radius
+    )
+    assert laplace_calls == [(4 / eps1, None)]
+    lower = release.noisy_weight - (4 / eps1) * math.log(1 / (2 * delta1)) - 4
+    assert release.weight_lower_bound == pytest.approx(lower)
+    assert release.point is not None
+    sensitivity = 16 * radius / lower
+    delta_gauss = delta2 * math.exp(-eps1)  # so that δ₁ + e^{ε₁}·δ_gauss = δ₁ + δ₂ is charged
+    expected = gaussian_sigma_approx_dp(sensitivity, eps2, delta_gauss)
+    assert release.sigma == pytest.approx(expected, rel=1e-12)
+    assert gauss_calls == [(release.sigma, (3,))]
+    # independent checks: never more noise than the classic formula, and the exact δ holds
+    if eps2 < 1:  # the classic formula (16r/L)·√(2 ln(1.25/δ))/ε₂ is valid and never beaten
+        classic = sensitivity * math.sqrt(2 * math.log(1.25 / delta_gauss)) / eps2
+        assert release.sigma <= classic * (1 + 1e-12)
+    assert gaussian_delta(sensitivity, release.sigma, eps2) <= delta_gauss * (1 + 1e-6)
+
+
+def test_friendly_zcdp_calibration() -> None:
+    t, radius = 400, 0.5
+    points = np.zeros((t, 2))
+    release, laplace_calls, _ = _friendly_release(ZCDP(0.5, 1e-6), ZCDP(0.08, 0.0), points, radius)
+    eps1 = math.sqrt(2 * 0.5)
+    assert laplace_calls[0][0] == pytest.approx(4 / eps1)
+    lower = release.noisy_weight - (4 / eps1) * math.log(1 / (2 * 1e-6)) - 4
+    assert release.weight_lower_bound == pytest.approx(lower)
+    assert release.sigma == pytest.approx((16 * radius / lower) / math.sqrt(2 * 0.08))
+
+
+def test_friendly_returns_bottom_below_a_quarter_core() -> None:
+    # every point alone: W = 0, so L < 0 < t/4 whatever the noise (4/ε·ln(1/2δ) ≫ |Lap|)
+    points = np.arange(50.0)[:, None] * 10
+    release, _, gauss_calls = _friendly_release(ApproxDP(1.0, 1e-9), ApproxDP(1.0, 1e-6), points)
+    assert release.point is None and release.sigma is None and gauss_calls == []
+
+
+def test_friendly_sensitivity_facts_hold_on_random_neighbours() -> None:
+    """ALGORITHMS.md §3 facts (b), (c): |W − W′| ≤ 4 and ‖μ − μ′‖ ≤ 16r/(min W − 4)."""
+    rng = np.random.default_rng(4)
+    radius = 1.0
+    for _ in range(300):
+        t = int(rng.integers(8, 40))
+        points = rng.normal(0, rng.uniform(0.1, 1.0), (t, 2))
+        other = points.copy()
+        other[rng.integers(t)] = rng.normal(0, 2.0, 2)
+        w = friendly.core_weights(friendly.pairwise_sq_distances(points), radius)
+        w2 = friendly.core_weights(friendly.pairwise_sq_distances(other), radius)
+        assert abs(w.sum() - w2.sum()) <= 4 + 1e-12
+        assert np.abs(w - w2).sum() <= 4 + 1e-12
+        if min(w.sum(), w2.sum()) > 4:
+            shift = np.linalg.norm(w @ points / w.sum() - w2 @ other / w2.sum())
+            assert shift <= 16 * radius / (min(w.sum(), w2.sum()) - 4) + 1e-12
+
+
+# -- §4 sparse vector ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sensitivity,epsilon", [(1.0, 1.0), (4.0, 0.3)])
+def test_above_threshold_noise_scales(sensitivity, epsilon) -> None:
+    recorder, patch = record(sparse_vector, "laplace")
+    asked: list[int] = []
+
+    def query(j: int) -> float:
+        asked.append(j)
+        return 1e9 if j == 2 else -1e9  # query 2 is far above any noise
+
+    with patch:
+        index = sparse_vector.above_threshold(
+            query, 6, 0.0, sensitivity, epsilon, np.random.default_rng(0)
+        )
+    assert index == 2 and asked == [0, 1, 2]  # lazy: stops at the first hit
+    scales = [scale for scale, _ in recorder.calls]
+    assert scales == pytest.approx([2 * sensitivity / epsilon] + [4 * sensitivity / epsilon] * 3)
+
+
+def test_above_threshold_none_when_nothing_clears() -> None:
+    index = sparse_vector.above_threshold(
+        lambda j: -1e9, 5, 0.0, 1.0, 1.0, np.random.default_rng(0)
+    )
+    assert index is None
+
+
+def test_geometric_grid_is_public_and_covers_the_range() -> None:
+    grid = sparse_vector.geometric_grid(1e-3, 10.0)
+    np.testing.assert_allclose(grid[1:] / grid[:-1], math.sqrt(2))
+    assert grid[0] == 1e-3 and grid[-1] >= 10.0 > grid[-2]
+
+
+def _searched(module, call):
+    seen = {}
+
+    def fake(query, n_queries, threshold, sensitivity, epsilon, rng):
+        seen.update(n=n_queries, threshold=threshold, sensitivity=sensitivity, epsilon=epsilon)
+        seen["answers"] = [query(j) for j in range(n_queries)]
+        return 1
+
+    with mock.patch.object(module, "above_threshold", fake):
+        chosen = call()
+    return chosen, seen
+
+
+def test_choose_radius_queries_core_weight_with_sensitivity_four() -> None:
+    points = np.zeros((20, 1))
+    grid = np.array([0.5, 1.0, 2.0])
+    sq = friendly.pairwise_sq_distances(points)
+    chosen, seen = _searched(
+        friendly, lambda: friendly.choose_radius(sq, grid, ZCDP(0.02), np.random.default_rng(0))
+    )
+    assert chosen == 1.0
+    assert seen["sensitivity"] == friendly.WEIGHT_SENSITIVITY == 4.0
+    assert seen["epsilon"] == pytest.approx(0.2)  # √(2ρ)
+    assert seen["threshold"] == pytest.approx(0.8 * 20)
+    assert seen["answers"] == pytest.approx([18.0] * 3)  # 20 · (1 − 2/20)
+
+
+def test_choose_cell_side_queries_largest_count_with_sensitivity_one() -> None:
+    points = np.array([[0.1], [0.2], [0.3], [5.0]])
+    grid = np.array([1.0, 10.0])
+    chosen, seen = _searched(
+        histogram,
+        lambda: histogram.choose_cell_side(
+            points, 0.0, grid, ApproxDP(0.7), np.random.default_rng(0)
+        ),
+    )
+    assert chosen == 10.0
+    assert seen["sensitivity"] == histogram.MAX_COUNT_SENSITIVITY == 1.0
+    assert seen["epsilon"] == 0.7
+    assert seen["threshold"] == pytest.approx(0.8 * 4)
+    assert seen["answers"] == [3, 4]
