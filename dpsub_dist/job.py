@@ -72,7 +72,10 @@ class EstimateConfig:
                 "raise --ref-points"
             )
         if self.scale is not None and not (math.isfinite(self.scale) and self.scale > 0):
-            raise InputError(f"radius/cell side must be a positive number (got {self.scale})")
+            raise InputError(
+                f"radius/cell side must be a positive number (got {self.scale}): pass a "
+                "positive --radius/--cell-side, or omit it to have it chosen privately"
+            )
         self.budget()
 
 
@@ -231,6 +234,11 @@ def run_sample_aggregate(
     agg = sa.aggregate(
         summaries, config.method, accountant, grants, rng, seed, dim, q, config.scale
     )
+    if agg.point is not None and sa.is_null_release(
+        agg.point, sa.reference_points(seed, dim, q), k
+    ):
+        reason = {"failed_step": "null_check", "failure_reason": sa.NULL_RELEASE_REASON}
+        agg = sa.Aggregate(None, {**agg.details, **reason})
     basis = None if agg.point is None else sa.basis_from_aggregate(agg.point, dim, q, k)
     timings["aggregate_s"] = time.monotonic() - mark
     timings["total_s"] = time.monotonic() - started

@@ -41,10 +41,16 @@ def top_right_singular_vectors(
 
     Exact (eigh of the smaller Gram matrix) when cheap, randomized SVD otherwise;
     ``rng`` only drives the randomized sketch and must come from public randomness.
+    Rows are first divided by their largest magnitude (the singular vectors do not
+    change), so any finite input works: no overflow to inf, no underflow to zero.
     """
     m, d = rows.shape
     if m < k:
         return None
+    magnitude = float(np.max(np.abs(rows))) if rows.size else 0.0
+    if magnitude == 0.0:
+        return None
+    rows = rows / magnitude
     small = min(m, d)
     if m * d * small + 4 * small**3 <= EXACT_FLOP_LIMIT or small <= 4 * (k + 10):
         if d <= m:

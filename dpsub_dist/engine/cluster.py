@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -43,6 +44,9 @@ def dask_client(
         memory_limit=int(_memory_bytes() * 0.8 / n_workers),
         dashboard_address="127.0.0.1:0",
         host="127.0.0.1",
+        # A failed task's error reaches the user once, as the CLI's one-line message;
+        # the workers' own "Compute Failed" log lines (with tracebacks) would repeat it.
+        silence_logs=logging.CRITICAL,
     )
     try:
         with Client(cluster) as client:

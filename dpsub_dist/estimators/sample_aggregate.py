@@ -181,6 +181,25 @@ def _aggregate_histogram(summaries, accountant, grants, rng, reference, seed, si
     return Aggregate(release.point, details)
 
 
+NULL_RELEASE_REASON = (
+    "the release is the null point of rank-deficient subsets (most subsets have fewer than "
+    "rank independent directions): lower --rank, or use fewer --subsets so each has more rows"
+)
+
+
+def is_null_release(point: np.ndarray, reference: np.ndarray, rank: int) -> bool:
+    """Whether ŷ is nearer the null point (zeros) than the projection vec(Û Ûᵀ R) it encodes.
+
+    Subsets without a rank-k basis emit zeros (§1 step 3); when most do, the aggregators
+    agree on ≈ 0 and release noise whose "basis" is meaningless. A real release is
+    ≈ vec(Π R). Post-processing of ŷ and the public R: it costs no privacy.
+    """
+    dim, ref_points = reference.shape
+    basis = basis_from_aggregate(point, dim, ref_points, rank)
+    projection = (basis @ (basis.T @ reference)).ravel()
+    return float(np.linalg.norm(point)) < float(np.linalg.norm(point - projection))
+
+
 def basis_from_aggregate(point: np.ndarray, dim: int, ref_points: int, rank: int) -> np.ndarray:
     """Finish (§1 step 5): top-k left singular vectors of P̂ = reshape(ŷ, d×q)."""
     return top_left_singular_vectors(point.reshape(dim, ref_points), rank)
