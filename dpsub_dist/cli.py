@@ -83,12 +83,24 @@ def build_parser() -> argparse.ArgumentParser:
     add_input_arguments(est)
     est.add_argument("--rank", type=int, required=True, help="K, the subspace dimension")
     add_budget_arguments(est)
-    est.add_argument("--method", default="friendly", help="friendly (default) or histogram")
+    est.add_argument(
+        "--method",
+        default="friendly",
+        help="friendly (default), histogram, or exact (SS21 GAP-MAX, small inputs only)",
+    )
     est.add_argument("--subsets", type=int, help="T, number of disjoint subsets")
     est.add_argument("--ref-points", type=int, help="Q, number of reference points")
     est.add_argument("--assign", choices=["random", "contiguous"], default="random")
     est.add_argument("--radius", type=float, help="public friendly radius (skips its search)")
     est.add_argument("--cell-side", type=float, help="public histogram cell side (skips search)")
+    est.add_argument("--outliers", type=int, help="exact: ℓ, outliers tolerated (default 0)")
+    est.add_argument("--tolerance", type=float, help="exact: relative membership tolerance")
+    est.add_argument(
+        "--boost", type=int, metavar="B", help="run on B disjoint groups, keep an agreed estimate"
+    )
+    est.add_argument(
+        "--boost-alpha", type=float, help="with --boost: groups agree within 2α (default 0.1)"
+    )
 
     ev = sub.add_parser("evaluate", help="subspace error of a run against a true basis")
     ev.add_argument("run", help="the --out folder of a run")
@@ -164,6 +176,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         columns=args.columns,
         seed=args.seed,
         scale=args.radius if args.radius is not None else args.cell_side,
+        outliers=args.outliers,
+        tolerance=args.tolerance,
+        boost=args.boost,
+        boost_alpha=args.boost_alpha,
         storage_options=storage_options,
     )
     config.validate()

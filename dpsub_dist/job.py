@@ -19,6 +19,7 @@ from dpsub_dist import __version__
 from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
 from dpsub_dist.errors import InputError
+from dpsub_dist.estimators import boost, exact
 from dpsub_dist.estimators import sample_aggregate as sa
 from dpsub_dist.privacy.accountant import Accountant, Budget, parse_budget
 from dpsub_dist.privacy.noise import new_noise_seed, noise_rng
@@ -42,6 +43,10 @@ class EstimateConfig:
     columns: list[str] | None = None
     seed: int | None = None
     scale: float | None = None  # friendly radius or histogram cell side, public
+    outliers: int | None = None  # exact: ℓ, outliers the NULL score tolerates (default 0)
+    tolerance: float | None = None  # exact: relative membership tolerance
+    boost: int | None = None  # B disjoint groups (SS21 Alg. 3)
+    boost_alpha: float | None = None  # boosting: estimates agree within 2α
     storage_options: dict[str, Any] = field(default_factory=dict)
 
     def budget(self) -> Budget:
@@ -76,6 +81,8 @@ class EstimateConfig:
                 f"radius/cell side must be a positive number (got {self.scale}): pass a "
                 "positive --radius/--cell-side, or omit it to have it chosen privately"
             )
+        exact.check_options(self)
+        boost.check_options(self)
         self.budget()
 
 
@@ -139,6 +146,8 @@ def run_estimate(
     resumption; without it DP noise comes from OS entropy.
     """
     config.validate()
+    if config.boost is not None:
+        return boost.run_boosted(config, open_dataset, client, progress, noise_seed)
     return METHODS[config.method](config, open_dataset, client, progress, noise_seed)
 
 
@@ -271,6 +280,7 @@ Runner = Callable[
 METHODS: dict[str, Runner] = {
     "friendly": run_sample_aggregate,
     "histogram": run_sample_aggregate,
+    "exact": exact.run_exact,
 }
 """Estimation methods by name; other estimator families register their runner here."""
 

@@ -1,0 +1,256 @@
+"""Boosting (SS21 Alg. 3; ALGORITHMS.md §5): a method on B disjoint groups, keep an agreed estimate.
+
+1. **Groups**, independent of values: row level — keyed hash of (group seed, global row
+   position) mod B, so a row whose values are replaced stays in its group; user level —
+   keyed hash of (group seed, user id) mod B, so adding or removing a user touches one
+   group. The group seed is derived from the run's public seed with a tag, so groups are
+   independent of the subset assignment inside each group (which hashes positions too).
+2. **Runs**: the method runs on each group with the **full budget**. The groups are
+   disjoint, so one unit changes one group's output only and the B outputs together are
+   as private as one run (parallel composition, McSherry 2009); the manifest lists the
+   budget once (each step at its largest charge over the groups).
+3. **Selection** (post-processing): the first estimate ``Π̂_i`` within operator-norm
+   ``2α`` of at least ``⌈0.6B − 1⌉`` other estimates, else ⊥.
+
+Each group is the same Dataset with a filtering loader, so every registered method runs
+unchanged. At row level a group's rows are renumbered 0..n_g−1 in global order; ``n_g``
+is public because it depends on positions only. At user level ``n_g`` would need the
+unit column, so each group is described with ``n // B`` rows (from the footers).
+Cost: every group reads every partition once (B passes over the data).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dpsub_dist.engine.assign import random_row_subsets, unit_subsets
+from dpsub_dist.engine.sources import Dataset
+from dpsub_dist.errors import InputError
+from dpsub_dist.linalg import subspace_error
+from dpsub_dist.privacy.accountant import ZCDP, Accountant, ApproxDP, Budget
+
+if TYPE_CHECKING:
+    from dpsub_dist.job import EstimateConfig, EstimateResult
+
+DEFAULT_BOOST_ALPHA = 0.1
+"""Accuracy α each group's estimate is expected to reach: two agree within 2α = 0.2."""
+
+_GROUP_TAG = 0xB0057
+_POSITION_CHUNK = 1 << 22
+
+
+def agreement_needed(groups: int) -> int:
+    """⌈0.6B − 1⌉ (exact integer arithmetic): how many others an estimate must be close to."""
+    return max(0, -(-(3 * groups - 5) // 5))
+
+
+def select_stable(bases: Sequence[np.ndarray | None], alpha: float) -> tuple[int | None, list[int]]:
+    """SS21 Alg. 3 selection: first basis within 2α of ≥ ⌈0.6B − 1⌉ others, and every count."""
+    need = agreement_needed(len(bases))
+    counts = [
+        0
+        if a is None
+        else sum(
+            1
+            for j, b in enumerate(bases)
+            if j != i and b is not None and subspace_error(a, b) <= 2 * alpha
+        )
+        for i, a in enumerate(bases)
+    ]
+    for i, a in enumerate(bases):
+        if a is not None and counts[i] >= need:
+            return i, counts
+    return None, counts
+
+
+def check_options(config: EstimateConfig) -> None:
+    """Parameter checks for ``--boost B`` and ``--boost-alpha α``."""
+    if config.boost is None:
+        if config.boost_alpha is not None:
+            raise InputError("--boost-alpha applies with --boost B: add --boost or drop it")
+        return
+    boost = config.boost
+    if isinstance(boost, bool) or not isinstance(boost, int | np.integer) or boost < 2:
+        raise InputError(f"--boost must be an integer ≥ 2 (got {boost}): pass e.g. --boost 3")
+    alpha = config.boost_alpha
+    if alpha is not None and not (math.isfinite(alpha) and 0 < alpha < 0.5):
+        raise InputError(
+            f"--boost-alpha must be in (0, 0.5) (got {alpha}): estimates agree within 2α "
+            "in operator norm, and any two are within 1"
+        )
+
+
+def group_seed(seed: int) -> int:
+    """Public seed of the group assignment, derived from the run's public seed."""
+    return int(np.random.default_rng([seed, _GROUP_TAG]).integers(2**63))
+
+
+def groups_of(
+    positions: np.ndarray, units: Any, seed: int, groups: int, user_level: bool
+) -> np.ndarray:
+    """Group of each row: keyed hash of its unit id (user level) or global position."""
+    if user_level:
+        return unit_subsets(units, seed, groups)
+    return random_row_subsets(positions, seed, groups)
+
+
+def group_sizes(part_rows: Sequence[int], seed: int, groups: int) -> np.ndarray:
+    """Rows of each group in each partition (parts × B), from positions alone (public)."""
+    sizes = np.zeros((len(part_rows), groups), dtype=np.int64)
+    start = 0
+    for p, rows in enumerate(part_rows):
+        for lo in range(start, start + rows, _POSITION_CHUNK):
+            positions = np.arange(lo, min(lo + _POSITION_CHUNK, start + rows), dtype=np.int64)
+            sizes[p] += np.bincount(random_row_subsets(positions, seed, groups), minlength=groups)
+        start += rows
+    return sizes
+
+
+@dataclass(frozen=True)
+class GroupLoader:
+    """Loads a (part, global offset) pair on a worker and keeps the rows of one group."""
+
+    loader: Callable[[Any], tuple[np.ndarray, Any]]
+    group: int
+    groups: int
+    seed: int
+    user_level: bool
+
+    def __call__(self, part_at: tuple[Any, int]) -> tuple[np.ndarray, Any]:
+        part, offset = part_at
+        rows, units = self.loader(part)
+        positions = offset + np.arange(rows.shape[0], dtype=np.int64)
+        keep = groups_of(positions, units, self.seed, self.groups, self.user_level) == self.group
+        return rows[keep], None if units is None else units[keep]
+
+
+def group_dataset(
+    dataset: Dataset, group: int, groups: int, seed: int, sizes: np.ndarray | None
+) -> Dataset:
+    """The dataset restricted to one group (``sizes``: :func:`group_sizes`, None at user level)."""
+    loader = GroupLoader(dataset.loader, group, groups, seed, sizes is None)
+    parts = list(zip(dataset.parts, dataset.offsets, strict=True))
+    if sizes is None:
+        offsets, n_rows = list(dataset.offsets), dataset.n_rows // groups
+    else:
+        counts = sizes[:, group]
+        offsets = [int(x) for x in np.cumsum(counts) - counts]
+        n_rows = int(counts.sum())
+    return Dataset(parts, offsets, loader, dataset.columns, n_rows, dataset.input, dataset.files)
+
+
+def _part_rows(dataset: Dataset) -> list[int]:
+    ends = [*dataset.offsets[1:], dataset.n_rows]
+    return [int(e - s) for s, e in zip(dataset.offsets, ends, strict=True)]
+
+
+def _child_noise_seed(noise_seed: int | None, group: int) -> int | None:
+    """Private noise seed of one group, derived from the run's (None: OS entropy)."""
+    if noise_seed is None:
+        return None
+    state = np.random.SeedSequence([noise_seed, group]).generate_state(4, dtype=np.uint32)
+    return int.from_bytes(state.tobytes(), "little")
+
+
+def _budget(fields: dict[str, float]) -> Budget:
+    if "epsilon" in fields:
+        return ApproxDP(fields["epsilon"], fields["delta"])
+    return ZCDP(fields["rho"], fields["delta0"])
+
+
+def charge_parallel(accountant: Accountant, group_reports: Sequence[dict[str, Any]]) -> None:
+    """Charge disjoint groups once: each step at its largest cost over the groups."""
+    largest: dict[str, dict[str, float]] = {}
+    for report in group_reports:
+        for step in report["steps"]:
+            fields = {k: v for k, v in step.items() if k != "step"}
+            best = largest.setdefault(step["step"], fields)
+            for key, value in fields.items():
+                best[key] = max(best[key], value)
+    for name, fields in largest.items():
+        accountant.charge(name, _budget(fields))
+
+
+def run_boosted(
+    config: EstimateConfig,
+    open_dataset: Callable[[Any], Dataset],
+    client: Any | None,
+    progress: bool,
+    noise_seed: int | None,
+) -> EstimateResult:
+    """``--boost B`` around ``config.method`` (SS21 Alg. 3)."""
+    from dpsub_dist.job import METHODS, EstimateResult, build_manifest, open_checked, public_seed
+
+    started = time.monotonic()
+    groups = int(config.boost)
+    alpha = config.boost_alpha or DEFAULT_BOOST_ALPHA
+    runner = METHODS[config.method]
+    accountant = Accountant(config.budget())
+    dataset = open_checked(config, open_dataset, client)
+    seed = public_seed(config)
+    seed_of_groups = group_seed(seed)
+    user_level = config.unit_column is not None
+    sizes = None if user_level else group_sizes(_part_rows(dataset), seed_of_groups, groups)
+    inner = dataclasses.replace(config, boost=None, boost_alpha=None, seed=seed)
+
+    results: list[EstimateResult] = []
+    for g in range(groups):
+        part = group_dataset(dataset, g, groups, seed_of_groups, sizes)
+        results.append(
+            runner(
+                inner, lambda _client, d=part: d, client, progress, _child_noise_seed(noise_seed, g)
+            )
+        )
+    charge_parallel(accountant, [r.manifest["privacy"]["budget"] for r in results])
+    chosen, counts = select_stable([r.basis for r in results], alpha)
+
+    parameters = {
+        "boost": {
+            "groups": groups,
+            "alpha": alpha,
+            "agreement_needed": agreement_needed(groups),
+            "agreement": "operator norm of the projection difference ≤ 2α",
+            "public_seed": seed,
+            "group_seed": seed_of_groups,
+        },
+        "group_runs": [
+            {
+                "group": g,
+                "n_rows": r.manifest["n_rows"],
+                "outcome": r.outcome,
+                "parameters": r.manifest["parameters"],
+                "release": r.manifest["release"],
+            }
+            for g, r in enumerate(results)
+        ],
+    }
+    release: dict[str, Any] = {"chosen_group": chosen, "agreeing_groups": counts}
+    if chosen is None:
+        release["failed_step"] = "boost_agreement"
+        release["failure_reason"] = (
+            f"no group's estimate is within 2α = {2 * alpha:g} of {agreement_needed(groups)} others"
+        )
+    timings = {
+        "group_total_s": [r.manifest["timings"].get("total_s") for r in results],
+        "total_s": time.monotonic() - started,
+    }
+    gathered = sum(int(r.manifest["summary_bytes_gathered"]) for r in results)
+    basis = None if chosen is None else results[chosen].basis
+    manifest = build_manifest(
+        config, dataset, accountant, basis is not None, parameters, release, timings, gathered
+    )
+    how = "unit id" if user_level else "global row position"
+    manifest["privacy"]["groups"] = f"keyed hash of (group seed, {how}) mod {groups}"
+    manifest["privacy"]["composition"] = (
+        f"parallel: the {groups} groups hold disjoint units and each ran with the full budget, "
+        "so one unit affects one group's output; the budget is listed once (each step at its "
+        "largest charge over the groups); the selection is post-processing"
+    )
+    return EstimateResult(basis, manifest)

@@ -1,0 +1,181 @@
+"""Exact case (SS21 Alg. 1; ALGORITHMS.md §6): GAP-MAX over spans of data points, small inputs only.
+
+The mechanism (:mod:`dpsub_dist.privacy.gap_max`) scores every span of ``k`` data
+points, so it enumerates C(n, k) subsets: inputs above :data:`MAX_ROWS` rows or
+:data:`MAX_CANDIDATES` subsets are refused before any row is read (``n`` is public
+under replace-one neighbours; at user level it is not, so the method is row-level only).
+
+Where it runs: one Dask task on a worker loads the partitions through the Dataset's
+loader, scores the spans and adds the noise; only the released basis (or ⊥) and the
+noisy gap come back. The driver never receives rows.
+
+Exactly low-rank data at scale: use the approximate-case pipeline with a tiny cell,
+``dpsub estimate --method histogram --cell-side 1e-3`` (sample and aggregate, §1,
+with the shifted-grid histogram, §2). Every subset of exactly rank-k rows yields the
+same ``y_j = vec(Π R)`` up to rounding, so the histogram's largest cell holds all
+subsets but those hit by outliers; ℓ outliers spoil at most ℓ subsets.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dpsub_dist.errors import InputError
+from dpsub_dist.privacy.accountant import Accountant
+from dpsub_dist.privacy.gap_max import (
+    DEFAULT_TOLERANCE,
+    GapMaxRelease,
+    gap_max_parameters,
+    gap_max_release,
+    score_spans,
+)
+from dpsub_dist.privacy.noise import noise_rng
+
+if TYPE_CHECKING:
+    from dpsub_dist.engine.sources import Dataset
+    from dpsub_dist.job import EstimateConfig, EstimateResult
+
+MAX_ROWS = 200
+"""Largest n the exact method accepts (all rows are scored in one task)."""
+
+MAX_CANDIDATES = 200_000
+"""Largest number C(n, k) of k-subsets the exact method enumerates (seconds to a minute)."""
+
+BUDGET_SHARES = {"gap_max": (1.0, 1.0)}
+"""The whole budget goes to the one GAP-MAX release."""
+
+FAILURE_REASONS = {
+    "gap": "no span of the data beats every other candidate by the noisy margin",
+    "null": "no span of the data holds clearly more points than the NULL score",
+}
+
+SCALE_ROUTE = "--method histogram with a small --cell-side (e.g. 1e-3)"
+
+
+def check_options(config: EstimateConfig) -> None:
+    """Parameter checks for ``--method exact`` (``--outliers``, ``--tolerance``, privacy unit)."""
+    if config.method != "exact":
+        if config.outliers is not None or config.tolerance is not None:
+            raise InputError("--outliers and --tolerance apply to --method exact: drop them")
+        return
+    if config.unit_column:
+        raise InputError(
+            "--method exact is row-level only (it needs a public row count): drop "
+            f"--unit-column, or use {SCALE_ROUTE}"
+        )
+    outliers = config.outliers
+    if outliers is not None and (
+        isinstance(outliers, bool) or not isinstance(outliers, int | np.integer) or outliers < 0
+    ):
+        raise InputError(f"--outliers must be an integer ≥ 0 (got {outliers}): pass e.g. 2")
+    tolerance = config.tolerance
+    if tolerance is not None and not (math.isfinite(tolerance) and 1e-12 <= tolerance <= 0.1):
+        raise InputError(
+            f"--tolerance must be a relative distance in [1e-12, 0.1] (got {tolerance}): "
+            f"the default is {DEFAULT_TOLERANCE}"
+        )
+
+
+def check_size(n_rows: int, rank: int) -> int:
+    """Number of k-subsets to score; InputError above the stated limits."""
+    if n_rows < rank:
+        raise InputError(
+            f"--method exact needs at least rank = {rank} rows (got {n_rows}): add rows"
+        )
+    candidates = math.comb(n_rows, rank)
+    if n_rows > MAX_ROWS or candidates > MAX_CANDIDATES:
+        raise InputError(
+            f"--method exact enumerates C(n, k) = C({n_rows}, {rank}) = {candidates} subsets, "
+            f"above its limit (n ≤ {MAX_ROWS} rows and C(n, k) ≤ {MAX_CANDIDATES}): for exactly "
+            f"low-rank data at this size use {SCALE_ROUTE}"
+        )
+    return candidates
+
+
+def release_on_worker(
+    parts: list[Any],
+    loader: Callable[[Any], tuple[np.ndarray, Any]],
+    rank: int,
+    epsilon: float,
+    delta: float,
+    outliers: int,
+    tolerance: float,
+    noise_seed: int | None,
+) -> GapMaxRelease:
+    """One task: load every partition here, run GAP-MAX, return only the release."""
+    blocks = [loader(part)[0] for part in parts]
+    rows = np.concatenate(blocks) if blocks else np.empty((0, 0))
+    spans = score_spans(rows, rank, tolerance)
+    return gap_max_release(spans, epsilon, delta, outliers, noise_rng(noise_seed))
+
+
+def run_exact(
+    config: EstimateConfig,
+    open_dataset: Callable[[Any], Dataset],
+    client: Any | None,
+    progress: bool,
+    noise_seed: int | None,
+) -> EstimateResult:
+    """``--method exact``: SS21 Algorithm 1 as a single worker task, whole budget to GAP-MAX."""
+    import dask
+
+    from dpsub_dist.job import EstimateResult, build_manifest, open_checked
+
+    started = time.monotonic()
+    accountant = Accountant(config.budget())
+    grants = accountant.split(BUDGET_SHARES)
+    epsilon, delta = gap_max_parameters(grants["gap_max"])
+    outliers = config.outliers or 0
+    tolerance = config.tolerance or DEFAULT_TOLERANCE
+    dataset = open_checked(config, open_dataset, client)
+    candidates = check_size(dataset.n_rows, config.rank)
+    timings = {"inspect_s": time.monotonic() - started}
+
+    accountant.charge("gap_max", grants["gap_max"])
+    task = dask.delayed(release_on_worker, pure=False)(
+        dataset.parts, dataset.loader, config.rank, epsilon, delta, outliers, tolerance, noise_seed
+    )
+    mark = time.monotonic()
+    release: GapMaxRelease = (
+        client.compute(task).result() if client is not None else task.compute(scheduler="sync")
+    )
+    timings["gap_max_s"] = time.monotonic() - mark
+    timings["total_s"] = time.monotonic() - started
+
+    parameters = {
+        "outliers": outliers,
+        "tolerance": tolerance,
+        "membership": "x in s iff ||x - P_s x|| <= tolerance * ||x||",
+        "candidate_subsets": candidates,
+        "limits": {"max_rows": MAX_ROWS, "max_candidates": MAX_CANDIDATES},
+        "budget_shares": BUDGET_SHARES,
+        "partitions": len(dataset.parts),
+    }
+    details: dict[str, Any] = {
+        "mechanism": "GAP-MAX with truncated Laplace (SS21 Alg. 1)",
+        "noisy_gap": release.noisy_gap,
+        "threshold": release.threshold,
+        "null_score": release.null_score,
+        "noise_scale": release.noise_scale,
+        "reason": release.reason,
+    }
+    if release.basis is None:
+        details["failed_step"] = "gap_max"
+        details["failure_reason"] = FAILURE_REASONS[release.reason]
+    gathered = 0 if release.basis is None else int(release.basis.nbytes)
+    manifest = build_manifest(
+        config,
+        dataset,
+        accountant,
+        release.basis is not None,
+        parameters,
+        details,
+        timings,
+        gathered,
+    )
+    return EstimateResult(release.basis, manifest)
