@@ -1,0 +1,156 @@
+"""No raw data reaches the driver (issue 7 §4, ALGORITHMS.md §1 step 2).
+
+Two proofs on a real multi-process cluster:
+
+1. *Bytes*: everything the driver receives from the cluster arrives through
+   ``Client.gather`` / ``Future.result``; both are wrapped to count the pickled size
+   of what they return. The count equals the summaries (t·q·d float64) plus the file
+   footers' facts, and does not change when n grows ×10 (same D, K, T, Q, files).
+2. *Files*: the driver runs in its own process (``dpsub estimate --scheduler``) under
+   a Python audit hook that records every ``open``, and under ``strace -f -e
+   trace=openat`` when strace is installed (``.ci/setup-strace.sh``), which also sees
+   opens from C++ (pyarrow). Neither may show a data file: the driver only lists the
+   folder; the workers read footers and rows.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from distributed import Client, Future
+
+from dpsub_dist.cli import main
+from dpsub_dist.synth import generate
+
+DIM, RANK, SUBSETS, REF_POINTS, FILES = 10, 2, 60, 4, 4
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory) -> dict[int, Path]:
+    """The same model at n and 10n rows, in the same number of files (one row group each)."""
+    root = tmp_path_factory.mktemp("noraw")
+    return {n: _generate(root / f"n{n}", n) for n in (6_000, 60_000)}
+
+
+def _generate(out: Path, rows: int) -> Path:
+    generate(out, rows=rows, dim=DIM, rank=RANK, partitions=FILES, seed=1)
+    return out
+
+
+class GatherMeter:
+    """Counts the pickled bytes of everything ``Client.gather``/``Future.result`` return."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.bytes = 0
+        self.calls = 0
+        gather, result = Client.gather, Future.result
+
+        def counted_gather(client, *args, **kwargs):
+            return self._count(gather(client, *args, **kwargs))
+
+        def counted_result(future, *args, **kwargs):
+            return self._count(result(future, *args, **kwargs))
+
+        monkeypatch.setattr(Client, "gather", counted_gather)
+        monkeypatch.setattr(Future, "result", counted_result)
+
+    def _count(self, value):
+        self.calls += 1
+        self.bytes += len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+        return value
+
+
+def _estimate(source: Path, out: Path, scheduler: str) -> int:
+    return main(
+        ["estimate", str(source), "--rank", str(RANK), "--epsilon", "2", "--delta", "1e-6"]
+        + ["--subsets", str(SUBSETS), "--ref-points", str(REF_POINTS), "--seed", "5"]
+        + ["--out", str(out), "--scheduler", scheduler, "--quiet"]
+    )
+
+
+def test_gathered_bytes_are_summaries_only_and_do_not_grow_with_n(
+    datasets, tmp_path, scheduler_address, monkeypatch
+) -> None:
+    measured = {}
+    for n, source in datasets.items():
+        meter = GatherMeter(monkeypatch)
+        out = tmp_path / f"out{n}"
+        assert _estimate(source, out, scheduler_address) in (0, 3)
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert meter.calls >= 2  # footers and summaries went through the meter
+        measured[n] = (meter.bytes, manifest["summary_bytes_gathered"])
+        monkeypatch.undo()
+    summaries = SUBSETS * REF_POINTS * DIM * 8
+    small, large = measured[6_000], measured[60_000]
+    assert small[1] == large[1] == summaries  # the manifest's own count
+    assert large[0] <= small[0] * 1.01 + 512, measured  # n ×10, bytes unchanged
+    # summaries + per-file footer facts + pickling overhead, far below one copy of the rows
+    assert summaries <= large[0] <= summaries + 16_384, measured
+    raw = 60_000 * DIM * 4
+    assert large[0] < raw / 10
+    print(f"gathered bytes by n: {measured}; summaries {summaries}; raw at 10n {raw}")
+
+
+DRIVER = textwrap.dedent(
+    """
+    import sys
+    opened = open(sys.argv[1], "w", buffering=1)
+
+    def hook(event, args):
+        if event == "open" and isinstance(args[0], (str, bytes)):
+            opened.write(f"{args[0]!s}\\n")
+
+    sys.addaudithook(hook)
+    from dpsub_dist.cli import main
+    sys.exit(main(sys.argv[2:]))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def driver_run(datasets, tmp_path_factory, scheduler_address) -> dict:
+    """Run the driver once in its own process, under the audit hook (and strace if present)."""
+    tmp = tmp_path_factory.mktemp("driver")
+    audit_log, strace_log = tmp / "opened.txt", tmp / "strace.txt"
+    source = datasets[6_000]
+    argv = ["estimate", str(source), "--rank", str(RANK), "--epsilon", "2", "--delta", "1e-6"]
+    argv += ["--subsets", str(SUBSETS), "--out", str(tmp / "out")]
+    argv += ["--scheduler", scheduler_address, "--quiet"]
+    command = [sys.executable, "-c", DRIVER, str(audit_log), *argv]
+    strace = shutil.which("strace")
+    if strace:
+        command = [strace, "-f", "-qq", "-e", "trace=open,openat", "-o", str(strace_log), *command]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode in (0, 3), proc.stderr
+    assert (tmp / "out" / "manifest.json").exists()  # the workers did read the data
+    data_files = sorted(str(p) for p in source.rglob("*.parquet"))
+    assert len(data_files) == FILES
+    return {
+        "data_files": data_files,
+        "opened": audit_log.read_text().splitlines(),
+        "strace": strace_log.read_text() if strace else None,
+    }
+
+
+def test_driver_never_opens_a_data_file_python_opens(driver_run) -> None:
+    opened = driver_run["opened"]
+    assert any(path.endswith("manifest.json") for path in opened)  # the hook saw opens
+    leaked = [p for p in opened if p.endswith(".parquet") or p in driver_run["data_files"]]
+    assert not leaked
+
+
+def test_driver_never_opens_a_data_file_system_calls(driver_run) -> None:
+    """strace sees every openat of the driver, C++ (pyarrow) included."""
+    traced = driver_run["strace"]
+    if traced is None:
+        pytest.skip("strace not installed (.ci/setup-strace.sh installs it)")
+    assert "dpsub_dist/cli.py" in traced  # strace saw the driver's own opens
+    leaked = [line for line in traced.splitlines() if ".parquet" in line]
+    assert not leaked
