@@ -6,16 +6,25 @@ tasks on the workers; the driver receives schemas and counts, never rows.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dpsub_dist.errors import InputError
+from dpsub_dist.io.storage import (
+    STORAGE_ERRORS,
+    StorageOptions,
+    bucket_of,
+    filesystem,
+    is_local,
+    short_error,
+    storage_error,
+    with_protocol,
+)
 
 TARGET_PART_ROWS = 1_000_000
 """Consecutive row groups are merged into partitions of about this many rows."""
@@ -50,36 +59,32 @@ class Part:
     rows: int
 
 
-def _filesystem(uri: str, storage_options: dict[str, Any] | None):
-    fs, path = fsspec.core.url_to_fs(uri, **(storage_options or {}))
-    return fs, path
+def list_parquet_files(uri: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """Files named by a Parquet file, folder or glob; hidden and ``_``-prefixed entries skipped.
 
-
-def _with_protocol(fs, path: str) -> str:
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return path if protocol in ("file", "local") else f"{protocol}://{path}"
-
-
-def list_parquet_files(uri: str, storage_options: dict[str, Any] | None = None) -> list[str]:
-    """Files named by a Parquet file, folder or glob; hidden and ``_``-prefixed entries skipped."""
+    Runs on the driver and only lists names: no object is opened here.
+    """
     try:
-        fs, path = _filesystem(uri, storage_options)
+        fs, path = filesystem(uri, storage_options)
         if any(ch in path for ch in "*?["):
             found = sorted(p for p in fs.glob(path) if fs.isfile(p))
         elif fs.isdir(path):
             found = sorted(fs.find(path))
         elif fs.isfile(path):
             found = [path]
+        elif not is_local(uri) and not _bucket_exists(fs, path):
+            raise InputError(
+                f"bucket {bucket_of(fs, path)!r} does not exist ({uri}): check the bucket name "
+                "and the endpoint (AWS_ENDPOINT_URL or --storage-option endpoint_url=...)"
+            )
         else:
             raise InputError(
                 f"input path not found: {uri}: pass an existing Parquet file, folder or glob"
             )
     except InputError:
         raise
-    except (PermissionError, OSError) as err:
-        raise InputError(
-            f"cannot list {uri}: {_short(err)}: check the path and credentials"
-        ) from None
+    except STORAGE_ERRORS as err:
+        raise storage_error(err, uri, "listing") from None
     root = path.rstrip("/") if not any(ch in path for ch in "*?[") else ""
     visible = [
         p
@@ -88,21 +93,26 @@ def list_parquet_files(uri: str, storage_options: dict[str, Any] | None = None) 
     ]
     if not visible:
         raise InputError(f"no Parquet files under {uri}: pass a folder that holds .parquet files")
-    return [_with_protocol(fs, p) for p in visible]
+    return [with_protocol(fs, p) for p in visible]
 
 
-def _short(err: BaseException) -> str:
-    return str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+def _bucket_exists(fs, path: str) -> bool:
+    """Whether the bucket of ``path`` exists (listing it needs only list permission)."""
+    try:
+        fs.ls(bucket_of(fs, path), detail=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _is_numeric(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
 
 
-def inspect_file(path: str, storage_options: dict[str, Any] | None = None) -> FileInfo:
+def inspect_file(path: str, storage_options: Mapping[str, Any] | None = None) -> FileInfo:
     """Read one file's footer (runs on a worker)."""
     try:
-        fs, local = _filesystem(path, storage_options)
+        fs, local = filesystem(path, storage_options)
         with fs.open(local, "rb") as handle:
             meta = pq.ParquetFile(handle).metadata
             schema = meta.schema.to_arrow_schema()
@@ -112,11 +122,13 @@ def inspect_file(path: str, storage_options: dict[str, Any] | None = None) -> Fi
             f"{path}: file disappeared while reading: re-run when the input is stable"
         ) from None
     except PermissionError as err:
-        raise InputError(f"{path}: access denied ({_short(err)}): check the credentials") from None
+        raise storage_error(err, path, "reading") from None
     except (pa.ArrowInvalid, OSError, ValueError) as err:
         raise InputError(
-            f"{path}: not a readable Parquet file ({_short(err)}): replace or remove the file"
+            f"{path}: not a readable Parquet file ({short_error(err)}): replace or remove the file"
         ) from None
+    except STORAGE_ERRORS as err:
+        raise storage_error(err, path, "reading") from None
     columns = tuple(ColumnInfo(f.name, str(f.type), _is_numeric(f.type)) for f in schema)
     return FileInfo(path, groups, columns)
 
@@ -176,22 +188,33 @@ def plan_parts(infos: Sequence[FileInfo], target_rows: int = TARGET_PART_ROWS) -
 
 @dataclass(frozen=True)
 class PartReader:
-    """Picklable loader: reads a Part's feature columns (and unit column) on a worker."""
+    """Picklable loader: reads a Part's feature columns (and unit column) on a worker.
+
+    ``storage_options`` (pairs or a mapping) is held as :class:`StorageOptions`, so the
+    reader's ``repr`` (which Dask logs when a task fails) never shows a secret.
+    """
 
     columns: tuple[str, ...]
     unit_column: str | None = None
-    storage_options: tuple[tuple[str, Any], ...] = ()
+    storage_options: StorageOptions | tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "storage_options", StorageOptions.wrap(self.storage_options))
 
     def __call__(self, part: Part) -> tuple[np.ndarray, np.ndarray | None]:
         wanted = list(self.columns) + ([self.unit_column] if self.unit_column else [])
         try:
-            fs, local = _filesystem(part.path, dict(self.storage_options))
+            fs, local = filesystem(part.path, self.storage_options)
             with fs.open(local, "rb") as handle:
                 table = pq.ParquetFile(handle).read_row_groups(list(part.row_groups), wanted)
+        except PermissionError as err:
+            raise storage_error(err, part.path, "reading") from None
         except (pa.ArrowInvalid, OSError, ValueError) as err:
             raise InputError(
-                f"{part.path}: cannot read rows ({_short(err)}): replace the file"
+                f"{part.path}: cannot read rows ({short_error(err)}): replace the file"
             ) from None
+        except STORAGE_ERRORS as err:
+            raise storage_error(err, part.path, "reading") from None
         if table.num_rows != part.rows:
             raise InputError(
                 f"{part.path}: footer declares {part.rows} rows but {table.num_rows} were read: "

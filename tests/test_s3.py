@@ -1,0 +1,250 @@
+"""Parquet on S3-compatible storage, end to end through ``dpsub``, against a real moto server
+(own process, 127.0.0.1, IAM authentication on; see tests/s3server.py)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dask.base import tokenize
+from s3server import S3Server, s3_server, upload
+
+from dpsub_dist.cli import main
+from dpsub_dist.errors import InputError
+from dpsub_dist.io.output import check_output_dir, read_run, write_run
+from dpsub_dist.io.parquet import PartReader
+from dpsub_dist.io.storage import StorageOptions
+
+DPSUB = [sys.executable, "-m", "dpsub_dist.cli"]
+BUDGET = ["--epsilon", "1", "--delta", "1e-6"]
+MAX_ERROR = 0.1  # measured ≈ 0.005 on this data (n = 100,000, d = 10, k = 2, γ = 0.01)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory) -> S3Server:
+    with s3_server(tmp_path_factory.mktemp("moto")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory, s3):
+    """100,000 × 10 rows near a rank-2 subspace in 4 Parquet objects under s3://data/gauss/."""
+    from dpsub_dist.synth import generate
+
+    local = tmp_path_factory.mktemp("synth") / "gauss"
+    result = generate(local, rows=100_000, dim=10, rank=2, gamma=0.01, partitions=4, seed=11)
+    upload(s3, local, "s3://data/gauss")
+    return result
+
+
+def dpsub(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*DPSUB, *args], capture_output=True, text=True, env=env, timeout=300, check=False
+    )
+
+
+def estimate(source: str, out: str, *extra: str) -> subprocess.CompletedProcess:
+    """``dpsub estimate SOURCE --rank 2 ε=1 δ=1e-6 --out OUT --quiet EXTRA...``."""
+    return dpsub("estimate", source, "--rank", "2", *BUDGET, "--out", out, "--quiet", *extra)
+
+
+def objects(s3: S3Server, prefix: str) -> list[str]:
+    fs = s3.fs()
+    return [p for p in fs.find(prefix) if p.startswith(prefix.rstrip("/") + "/")]
+
+
+def assert_no_secret(s3: S3Server, *texts: str) -> None:
+    for user, creds in s3.users.items():
+        for text in texts:
+            assert creds.secret not in text, f"{user}'s secret leaked"
+
+
+# -- storage options never show their secrets -----------------------------------------
+
+
+def test_storage_options_redact_secrets_in_repr_tokens_and_pickles():
+    options = StorageOptions.from_pairs(
+        [
+            ("endpoint_url", "http://127.0.0.1:9"),
+            ("key", "AKIDEXAMPLE"),
+            ("secret", "s3cr3t-value"),
+            ("anon", "false"),
+            ("client_kwargs", '{"region_name": "eu-west-1", "aws_session_token": "tok3n"}'),
+        ]
+    )
+    assert options["anon"] is False and options["secret"] == "s3cr3t-value"
+    assert options["client_kwargs"]["region_name"] == "eu-west-1"
+    reader = PartReader(("x0",), None, tuple(sorted(options.items())))
+    for text in (repr(options), str(options), repr(reader), repr({"kw": options})):
+        assert "s3cr3t-value" not in text and "tok3n" not in text and "AKIDEXAMPLE" not in text
+        assert "http://127.0.0.1:9" in text and "eu-west-1" in text
+    assert dict(reader.storage_options) == dict(options)
+    clone = pickle.loads(pickle.dumps(reader))
+    assert clone.storage_options["secret"] == "s3cr3t-value"
+    assert tokenize(clone) == tokenize(reader)  # stable for one run's graph
+    same_values = StorageOptions(dict(options))
+    assert same_values == options
+    assert tokenize(same_values) != tokenize(options)  # a nonce, not a hash of the secret
+    with pytest.raises(InputError, match="not valid JSON"):
+        StorageOptions.from_pairs([("client_kwargs", "{oops")])
+
+
+# -- the happy path: read on the workers, write and evaluate on s3 --------------------
+
+
+def test_estimate_from_s3_to_s3_then_evaluate(s3, dataset, scheduler_address, capsys):
+    out = "s3://data/runs/happy/"
+    cluster = ["--scheduler", scheduler_address]
+    run = estimate("s3://data/gauss/", out, "--seed", "3", *cluster, *s3.storage_args("admin"))
+    assert run.returncode == 0, run.stderr
+    assert sorted(objects(s3, "data/runs/happy")) == [
+        "data/runs/happy/basis.npy",
+        "data/runs/happy/manifest.json",
+    ]
+    manifest_text = s3.fs().cat_file("data/runs/happy/manifest.json").decode()
+    manifest = json.loads(manifest_text)
+    assert manifest["input"] == "s3://data/gauss/" and manifest["files"] == 4
+    assert manifest["n_rows"] == 100_000
+    truth = dataset.load_basis()
+    truth_file = str(dataset.path / "_truth" / "basis.npy")
+    assert main(["evaluate", out, "--truth", truth_file, *s3.storage_args("reader")]) == 0
+    evaluated = capsys.readouterr()
+    error = float(evaluated.out.strip().split("=")[1])
+    assert error <= MAX_ERROR
+    basis, _ = read_run(out, s3.storage_options("reader"))
+    assert basis.shape == truth.shape
+    assert_no_secret(s3, run.stdout, run.stderr, evaluated.out, evaluated.err, manifest_text)
+    again = ["estimate", "s3://data/gauss/", "--rank", "2", *BUDGET, "--out", out]
+    assert main([*again, *cluster, *s3.storage_args("admin")]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+
+
+# -- bad input: one line, exit 2, nothing written --------------------------------------
+
+
+def _fails(capsys, scheduler: str, tmp_path: Path, source: str, storage: list[str], out=None):
+    """``dpsub estimate`` (in this process, on the shared cluster) must fail with exit 2,
+    one error line, no output and no secret; returns the error line."""
+    out = out or str(tmp_path / "out")
+    args = ["estimate", source, "--rank", "2", *BUDGET, "--out", out, "--quiet"]
+    code = main([*args, "--scheduler", scheduler, *storage])
+    stdout, stderr = capsys.readouterr()
+    assert code == 2, stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("dpsub estimate:")]
+    assert len(lines) == 1, stderr
+    assert not Path(tmp_path / "out").exists()
+    for value in storage:
+        if value.startswith("secret="):
+            assert value.removeprefix("secret=") not in stdout + stderr
+    return lines[0]
+
+
+def test_missing_bucket(s3, dataset, scheduler_address, tmp_path, capsys):
+    line = _fails(
+        capsys, scheduler_address, tmp_path, "s3://no-such-bucket/gauss/", s3.storage_args()
+    )
+    assert "bucket 'no-such-bucket' does not exist" in line
+
+
+def test_missing_object(s3, dataset, scheduler_address, tmp_path, capsys):
+    line = _fails(capsys, scheduler_address, tmp_path, "s3://data/nothing-here/", s3.storage_args())
+    assert "input path not found: s3://data/nothing-here/" in line
+    line = _fails(
+        capsys, scheduler_address, tmp_path, "s3://data/gauss/part-9.parquet", s3.storage_args()
+    )
+    assert "input path not found" in line
+
+
+def test_bad_credentials(s3, dataset, scheduler_address, tmp_path, capsys):
+    forged = [f"endpoint_url={s3.endpoint}", "key=AKIAFORGEDFORGED", "secret=not-a-real-secret"]
+    storage = [arg for option in forged for arg in ("--storage-option", option)]
+    line = _fails(capsys, scheduler_address, tmp_path, "s3://data/gauss/", storage)
+    assert "access denied listing s3://data/gauss/" in line
+    assert "does not exist in our records" in line
+
+
+def test_access_denied_reading_objects_on_the_workers(
+    s3, dataset, scheduler_address, tmp_path, capsys
+):
+    # "driver" may list the bucket but not get data objects: the footers fail on the workers.
+    line = _fails(
+        capsys, scheduler_address, tmp_path, "s3://data/gauss/", s3.storage_args("driver")
+    )
+    assert "access denied reading s3://data/gauss/part-0000" in line
+
+
+def test_output_write_denied_before_any_work(s3, dataset, scheduler_address, tmp_path, capsys):
+    reader = s3.storage_args("reader")
+    line = _fails(
+        capsys, scheduler_address, tmp_path, "s3://data/gauss/", reader, "s3://data/runs/denied/"
+    )
+    assert "access denied checking the output s3://data/runs/denied/" in line
+    assert objects(s3, "data/runs/denied") == []
+
+
+def test_output_bucket_missing_or_root(s3, dataset, scheduler_address, tmp_path, capsys):
+    admin = s3.storage_args()
+    line = _fails(capsys, scheduler_address, tmp_path, "s3://data/gauss/", admin, "s3://nope/r/")
+    assert "bucket 'nope' of --out s3://nope/r/ does not exist" in line
+    line = _fails(capsys, scheduler_address, tmp_path, "s3://data/gauss/", admin, "s3://data/")
+    assert "is a bucket root" in line
+
+
+def test_corrupt_object_named_and_secret_not_in_worker_logs(
+    s3, dataset, scheduler_address, tmp_path, capsys
+):
+    fs = s3.fs()
+    for i, name in enumerate(sorted(p for p in fs.find("data/gauss") if p.endswith(".parquet"))):
+        data = fs.cat_file(name)
+        fs.pipe_file(f"data/corrupt/part-{i}.parquet", data[: len(data) // 2] if i == 2 else data)
+    storage = s3.storage_args()
+    line = _fails(capsys, scheduler_address, tmp_path, "s3://data/corrupt/", storage)
+    assert line.startswith(
+        "dpsub estimate: error: s3://data/corrupt/part-2.parquet: not a readable Parquet file"
+    )
+    # The worker logged the failed task (its repr and exception): no secret in any log line.
+    from distributed import Client
+
+    with Client(scheduler_address) as client:
+        messages = [msg for records in client.get_worker_logs().values() for _, msg in records]
+    failed = [m for m in messages if "Compute Failed" in m and "corrupt/part-2" in m]
+    assert failed, "the worker did not log the failed task"
+    assert not any(s3.users["admin"].secret in m for m in messages)
+
+
+# -- outputs on object storage: manifest last, overwrite, integrity -----------------------
+
+
+def test_write_run_on_s3_manifest_last_overwrite_and_checksum(s3, dataset):
+    opts = StorageOptions(s3.storage_options("admin"))
+    out = "s3://data/runs/unit/"
+    basis = np.linalg.qr(np.random.default_rng(0).standard_normal((6, 2)))[0]
+    check_output_dir(out, overwrite=False, storage_options=opts)
+    assert objects(s3, "data/runs/unit") == []  # the write probe leaves nothing behind
+    write_run(out, basis, {"outcome": "ok"}, overwrite=False, storage_options=opts)
+    got, manifest = read_run(out, opts)
+    np.testing.assert_array_equal(got, basis)
+    stored = s3.fs().cat_file("data/runs/unit/basis.npy")
+    assert manifest["outputs"]["basis.npy"]["bytes"] == len(stored)
+    with pytest.raises(InputError, match="not empty"):
+        check_output_dir(out, overwrite=False, storage_options=opts)
+    with pytest.raises(InputError, match="filled while running"):
+        write_run(out, basis, {"outcome": "ok"}, overwrite=False, storage_options=opts)
+    # An overwrite with no basis (⊥) must not leave the old basis beside the new manifest.
+    write_run(out, None, {"outcome": "no_stable_subspace"}, overwrite=True, storage_options=opts)
+    assert objects(s3, "data/runs/unit") == ["data/runs/unit/manifest.json"]
+    assert read_run(out, opts) == (None, {"outcome": "no_stable_subspace", "outputs": {}})
+    # A basis that is not the one the manifest describes is refused.
+    write_run(out, basis, {"outcome": "ok"}, overwrite=True, storage_options=opts)
+    s3.fs().pipe_file("data/runs/unit/basis.npy", stored[:-8] + bytes(8))
+    with pytest.raises(InputError, match="does not match the checksum"):
+        read_run(out, opts)
+    # No manifest: not a finished run, whatever else is there.
+    s3.fs().rm_file("data/runs/unit/manifest.json")
+    with pytest.raises(InputError, match="no manifest.json"):
+        read_run(out, opts)
