@@ -20,6 +20,7 @@ from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import boost, exact
+from dpsub_dist.estimators import covariance as cov
 from dpsub_dist.estimators import sample_aggregate as sa
 from dpsub_dist.privacy.accountant import Accountant, Budget, parse_budget
 from dpsub_dist.privacy.noise import new_noise_seed, noise_rng
@@ -43,6 +44,8 @@ class EstimateConfig:
     columns: list[str] | None = None
     seed: int | None = None
     scale: float | None = None  # friendly radius or histogram cell side, public
+    row_norm: float | None = None  # gauss/gap-perturb: public row norm bound B
+    center: bool = False  # gauss/gap-perturb: centre with a private mean
     outliers: int | None = None  # exact: ℓ, outliers the NULL score tolerates (default 0)
     tolerance: float | None = None  # exact: relative membership tolerance
     boost: int | None = None  # B disjoint groups (SS21 Alg. 3)
@@ -81,6 +84,7 @@ class EstimateConfig:
                 f"radius/cell side must be a positive number (got {self.scale}): pass a "
                 "positive --radius/--cell-side, or omit it to have it chosen privately"
             )
+        cov.check_options(self)
         exact.check_options(self)
         boost.check_options(self)
         self.budget()
@@ -280,6 +284,8 @@ Runner = Callable[
 METHODS: dict[str, Runner] = {
     "friendly": run_sample_aggregate,
     "histogram": run_sample_aggregate,
+    "gauss": cov.run_gauss,
+    "gap-perturb": cov.run_gap_perturb,
     "exact": exact.run_exact,
 }
 """Estimation methods by name; other estimator families register their runner here."""

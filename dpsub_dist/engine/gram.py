@@ -1,0 +1,170 @@
+"""Dask plumbing of the covariance family: per-partition ``XᵀX`` on the workers, summed there.
+
+Each partition task loads its rows with the Dataset's loader, clips every row to norm ≤ B and
+scales it by 1/B (:func:`clip_rows`: norms ≤ 1), and returns its d×d block ``XᵀX`` (plus its
+row sum when centring). Blocks are added pairwise in a binary tree of tasks on the workers, so
+the driver receives one :class:`GramSummary` (d×d, and a d-vector) whatever the number of
+partitions: never rows. The number of clipped rows is never computed.
+
+User level (``user_level=True``): every user's rows are scaled together so that their squared
+norms sum to ≤ 1 (ALGORITHMS.md §0/§7). A first pass sums each user's squared norms per
+partition and adds those per-user tables in a tree on the workers; the second pass reads the
+rows again and looks up each row's user factor there. Only per-user scalars move between
+workers (every worker holds the whole table: about 100 bytes a user); the driver gets none.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import dask
+import numpy as np
+import pandas as pd
+from scipy.linalg.blas import dsyrk
+
+from dpsub_dist.engine.subsets import Loader, progress_bar
+from dpsub_dist.errors import InputError
+
+
+@dataclass(frozen=True)
+class GramSummary:
+    """What reaches the driver: ``Σ xxᵀ`` (d×d) and, when centring, ``Σ x`` (d) of scaled rows."""
+
+    gram: np.ndarray
+    row_sum: np.ndarray | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.gram.nbytes + (0 if self.row_sum is None else self.row_sum.nbytes))
+
+    def __add__(self, other: GramSummary) -> GramSummary:
+        row_sum = None if self.row_sum is None else self.row_sum + other.row_sum
+        return GramSummary(self.gram + other.gram, row_sum)
+
+
+def clip_rows(rows: np.ndarray, bound: float) -> np.ndarray:
+    """A float64 copy of the rows, clipped to norm ≤ ``bound`` then scaled by 1/bound (norm ≤ 1).
+
+    Never modifies ``rows``: an in-memory loader may hand out the caller's own array.
+    """
+    rows = np.asarray(rows, dtype=np.float64)
+    norms = np.sqrt(np.einsum("ij,ij->i", rows, rows))
+    return rows * (1.0 / np.maximum(norms, bound))[:, None]
+
+
+def user_squared_norms(loader: Loader, bound: float, part: Any) -> pd.Series:
+    """Pass 1 at user level: each user's Σ‖x‖² over this partition's clipped, scaled rows."""
+    rows, units = loader(part)
+    rows = clip_rows(rows, bound)
+    squared = pd.Series(np.einsum("ij,ij->i", rows, rows))
+    return squared.groupby(pd.Series(units).to_numpy(), dropna=False, sort=False).sum()
+
+
+def add_user_norms(a: pd.Series, b: pd.Series) -> pd.Series:
+    """Per-user totals of two partitions' tables."""
+    return a.add(b, fill_value=0.0)
+
+
+def partition_gram(
+    loader: Loader,
+    bound: float,
+    center: bool,
+    part: Any,
+    user_norms: pd.Series | None = None,
+) -> GramSummary:
+    """``XᵀX`` (and ``Σ x``) of one partition's clipped, scaled rows (runs on a worker).
+
+    With ``user_norms`` (user level), each row is also multiplied by
+    ``1/√max(1, Σ‖x‖² of its user)`` so that each user's contribution has trace ≤ 1.
+    """
+    rows, units = loader(part)
+    rows = clip_rows(rows, bound)
+    if user_norms is not None:
+        index = user_norms.index.get_indexer(pd.Series(units).to_numpy())
+        if (index < 0).any():  # pragma: no cover - pass 1 saw every user
+            raise RuntimeError("a user is missing from the per-user norms: the input changed")
+        totals = user_norms.to_numpy()[index]
+        rows *= (1.0 / np.sqrt(np.maximum(totals, 1.0)))[:, None]
+    return GramSummary(gram_of(rows), rows.sum(axis=0) if center else None)
+
+
+def gram_of(rows: np.ndarray) -> np.ndarray:
+    """``XᵀX`` (exactly symmetric) by BLAS ``syrk``: half the flops of a general product."""
+    upper = dsyrk(1.0, np.asarray(rows, dtype=np.float64).T, lower=0)
+    return np.triu(upper) + np.triu(upper, 1).T
+
+
+def tree_sum(nodes: Sequence[Any], combine: Callable[[Any, Any], Any], built: list | None = None):
+    """Binary tree of ``combine`` over ``nodes`` (depth ⌈log₂ n⌉); returns the root.
+
+    Every node it creates is appended to ``built`` (to track progress), if given.
+    """
+    level = list(nodes)
+    if not level:
+        raise ValueError("nothing to reduce")
+    while len(level) > 1:
+        paired = [combine(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+        if built is not None:
+            built.extend(paired)
+        level = paired + level[len(paired) * 2 :]
+    return level[0]
+
+
+def compute_gram(
+    parts: Sequence[Any],
+    loader: Loader,
+    bound: float,
+    center: bool = False,
+    user_level: bool = False,
+    client: Any | None = None,
+    progress: bool = False,
+) -> GramSummary:
+    """The Gram matrix (and row sum) of all clipped, scaled rows, reduced on the workers."""
+    if not parts:
+        raise InputError("the input has no rows: pass a dataset with at least one row")
+    if not (np.isfinite(bound) and bound > 0):
+        raise InputError(f"row norm bound must be a positive number (got {bound})")
+    if user_level and center:
+        raise InputError("centring is not available at user level: drop --center")
+    tasks: list = []
+    user_norms = None
+    if user_level:
+        norms = dask.delayed(user_squared_norms, pure=True)
+        tasks += [norms(loader, bound, part) for part in parts]
+        user_norms = tree_sum(tasks, dask.delayed(add_user_norms, pure=True), tasks)
+    block = dask.delayed(partition_gram, pure=True)
+    blocks = [block(loader, bound, center, part, user_norms) for part in parts]
+    tasks += blocks
+    root = tree_sum(blocks, dask.delayed(GramSummary.__add__, pure=True), tasks)
+    if client is None:
+        (summary,) = dask.compute(root, scheduler="threads")
+        return summary
+    return _compute_root(client, tasks, root, f"{len(parts)} partitions → Gram", progress)
+
+
+def _compute_root(client: Any, tasks: list, root: Any, label: str, progress: bool) -> GramSummary:
+    """Run every task on the cluster and gather only the root; the bar counts finished tasks.
+
+    Finished futures are dropped as they complete, so the workers free each block once the
+    tree has added it.
+    """
+    from distributed import as_completed
+
+    futures = client.compute([t for t in tasks if t is not root] + [root])
+    root_future = futures[-1]
+    total = len(futures)
+    started = time.monotonic()
+    pending = as_completed(futures)
+    del futures
+    if progress:
+        progress_bar(0, total, started, label)
+    for done, future in enumerate(pending, start=1):
+        if future.status == "error":
+            future.result()  # re-raise the worker's error here, with its message
+        if progress:
+            progress_bar(done, total, started, label)
+        del future
+    return client.gather(root_future)

@@ -1,0 +1,253 @@
+"""Covariance perturbation (DTTZ14; ALGORITHMS.md §7): ``--method gauss`` and ``gap-perturb``.
+
+Local half (:mod:`dpsub_dist.engine.gram`, on the workers): rows clipped to the public norm
+bound ``B`` and scaled by 1/B, per-partition ``XᵀX`` tree-reduced to one d×d matrix (plus the
+row sum when centring). Aggregate half (driver, :mod:`dpsub_dist.privacy.covariance`): an
+optional Gaussian mean for centring, then Analyze Gauss (Alg. 1) or subspace perturbation with a
+noisy eigengap (Alg. 2), and the top-k eigenvectors (post-processing).
+
+Neighbours: replace one row (row level) or add/remove one user (``--unit-column``: each user's
+rows are scaled together so their squared norms sum to ≤ 1). Centring needs the public row count,
+so it is row level only.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dpsub_dist.engine.gram import GramSummary, compute_gram
+from dpsub_dist.errors import InputError
+from dpsub_dist.linalg import top_eigenvectors
+from dpsub_dist.privacy.accountant import ZCDP, Accountant, Budget
+from dpsub_dist.privacy.covariance import (
+    SENSITIVITY,
+    Neighbours,
+    analyze_gauss,
+    gap_perturbation,
+    gaussian_mean,
+)
+from dpsub_dist.privacy.noise import noise_rng
+
+if TYPE_CHECKING:  # job imports this module to register the runners
+    from dpsub_dist.engine.sources import Dataset
+    from dpsub_dist.job import EstimateConfig, EstimateResult
+
+COVARIANCE_METHODS = ("gauss", "gap-perturb")
+
+MEAN_SHARE = 0.2
+"""Share of the budget spent on the mean when centring (its error enters only as n‖μ̂ − μ‖²)."""
+
+GAP_TEST_SHARE = 0.2
+"""Share of gap-perturb's budget spent on the noisy eigengap (typically ≫ its margin)."""
+
+ROW_SCALING = {
+    "replace": "each row clipped to norm ≤ row_norm, then divided by row_norm",
+    "add_remove": "each row clipped to norm ≤ row_norm, divided by row_norm; then each user's "
+    "rows divided by √max(1, Σ their squared norms)",
+}
+
+NO_GAP_REASON = (
+    "the noisy eigengap is too small for a stable top-k subspace: "
+    "use more rows, a larger budget or a smaller --rank"
+)
+
+
+def check_options(config: EstimateConfig) -> None:
+    """Parameter checks of this family, and refusal of its options on other methods."""
+    if config.method not in COVARIANCE_METHODS:
+        if config.row_norm is not None:
+            raise InputError(
+                f"--row-norm applies to --method gauss or gap-perturb only: "
+                f"drop it for --method {config.method}"
+            )
+        if config.center:
+            raise InputError(
+                f"--center applies to --method gauss or gap-perturb only: "
+                f"drop it for --method {config.method}"
+            )
+        return
+    if config.row_norm is None:
+        raise InputError(
+            f"--method {config.method} needs a public bound on row norms: pass --row-norm B "
+            "(longer rows are scaled down to norm B; choose B from domain knowledge, not the data)"
+        )
+    try:
+        bound = float(config.row_norm)
+    except (TypeError, ValueError):
+        bound = math.nan
+    if isinstance(config.row_norm, bool) or not (math.isfinite(bound) and bound > 0):
+        raise InputError(
+            f"--row-norm must be a positive finite number (got {config.row_norm!r}): "
+            "pass e.g. --row-norm 10"
+        )
+    if config.center and config.unit_column:
+        raise InputError(
+            "--center is row level only: the private mean needs the public row count, which "
+            "user level does not have; drop --center or --unit-column"
+        )
+    for flag, value in (
+        ("--subsets", config.subsets),
+        ("--ref-points", config.ref_points),
+        ("--radius/--cell-side", config.scale),
+    ):
+        if value is not None:
+            raise InputError(
+                f"{flag} applies to friendly/histogram only: drop it for --method {config.method}"
+            )
+    if config.assign != "random":
+        raise InputError(
+            f"--assign applies to friendly/histogram only: drop it for --method {config.method}"
+        )
+
+
+def neighbours(config: EstimateConfig) -> Neighbours:
+    """The neighbour relation every constant is calibrated for (ALGORITHMS.md §0)."""
+    return "add_remove" if config.unit_column else "replace"
+
+
+def budget_plan(method: str, center: bool, zcdp: bool) -> dict[str, tuple[float, float]]:
+    """Each step's (share of ε or ρ, share of δ); zCDP Gaussians need no δ, the gap test does."""
+    delta_share = 0.0 if zcdp else 1.0
+    if method == "gauss":
+        steps = {"gram_noise": (1.0, delta_share)}
+    else:
+        steps = {
+            "gap_test": (GAP_TEST_SHARE, 1.0 if zcdp else 0.5),
+            "projector_noise": (1.0 - GAP_TEST_SHARE, 0.0 if zcdp else 0.5),
+        }
+    if center:
+        rest = 1.0 - MEAN_SHARE
+        steps = {name: (p * rest, q * rest) for name, (p, q) in steps.items()}
+        steps = {"mean": (MEAN_SHARE, MEAN_SHARE * delta_share), **steps}
+    return steps
+
+
+def plan_budget(config: EstimateConfig) -> tuple[Accountant, dict[str, Budget]]:
+    """Split the run's budget between the steps; checked before any data is read."""
+    total = config.budget()
+    accountant = Accountant(total)
+    shares = budget_plan(config.method, config.center, isinstance(total, ZCDP))
+    grants = accountant.split(shares)
+    if not accountant.can_afford(grants):
+        raise InputError("the budget plan exceeds the budget: this is a bug, please report it")
+    return accountant, grants
+
+
+def release_basis(
+    summary: GramSummary,
+    method: str,
+    rank: int,
+    n_rows: int,
+    relation: Neighbours,
+    accountant: Accountant,
+    grants: dict[str, Budget],
+    rng: np.random.Generator,
+) -> tuple[np.ndarray | None, dict[str, Any]]:
+    """Driver half: private mean (if centring), Alg. 1 or Alg. 2, top-k eigenvectors."""
+    sens = SENSITIVITY[relation]
+    details: dict[str, Any] = {"neighbours": relation}
+    shift = 0.0
+    if summary.row_sum is not None:
+        if sens.row_sum is None:
+            raise InputError("centring is not available at user level: drop --center")
+        accountant.charge("mean", grants["mean"])
+        mean = gaussian_mean(summary.row_sum, n_rows, grants["mean"], sens.row_sum, rng)
+        shift = n_rows * np.outer(mean.mean, mean.mean)
+        details.update(mean_sensitivity=mean.sensitivity, mean_noise_sigma=mean.sigma)
+        details["scaled_mean"] = mean.mean
+    if method == "gauss":
+        accountant.charge("gram_noise", grants["gram_noise"])
+        noisy = analyze_gauss(summary.gram, grants["gram_noise"], sens.gram, rng)
+        details.update(gram_sensitivity=noisy.sensitivity, gram_noise_sigma=noisy.sigma)
+        return top_eigenvectors(noisy.matrix - shift, rank)[1], details
+    accountant.charge("gap_test", grants["gap_test"])
+    accountant.charge("projector_noise", grants["projector_noise"])
+    release = gap_perturbation(
+        summary.gram - shift, rank, grants["gap_test"], grants["projector_noise"], relation, rng
+    )
+    details.update(
+        noisy_gap=release.noisy_gap,
+        gap_lower_bound=release.gap_lower_bound,
+        gap_noise=release.gap_noise,
+        gap_noise_scale=release.gap_noise_scale,
+        gap_sensitivity=sens.gap,
+        projector_sensitivity=release.projector_sensitivity,
+        projector_noise_sigma=release.sigma,
+    )
+    if release.basis is None:
+        details.update(failed_step="gap_test", failure_reason=NO_GAP_REASON)
+    return release.basis, details
+
+
+def run_covariance(
+    config: EstimateConfig,
+    open_dataset: Callable[[Any], Dataset],
+    client: Any | None,
+    progress: bool,
+    noise_seed: int | None,
+) -> EstimateResult:
+    """``gauss`` (DTTZ14 Alg. 1) or ``gap-perturb`` (Alg. 2) end to end (ALGORITHMS.md §7)."""
+    from dpsub_dist.job import EstimateResult, build_manifest, open_checked
+
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+    accountant, grants = plan_budget(config)
+    grants_total = accountant.total
+    dataset = open_checked(config, open_dataset, client)
+    if dataset.n_rows < 1:
+        raise InputError(f"{dataset.input} has no rows: pass a dataset with at least one row")
+    timings["inspect_s"] = time.monotonic() - started
+    relation = neighbours(config)
+    mark = time.monotonic()
+    summary = compute_gram(
+        dataset.parts,
+        dataset.loader,
+        float(config.row_norm),
+        config.center,
+        relation == "add_remove",
+        client,
+        progress,
+    )
+    timings["gram_s"] = time.monotonic() - mark
+    mark = time.monotonic()
+    basis, release = release_basis(
+        summary,
+        config.method,
+        config.rank,
+        dataset.n_rows,
+        relation,
+        accountant,
+        grants,
+        noise_rng(noise_seed),
+    )
+    scaled_mean = release.pop("scaled_mean", None)
+    if scaled_mean is not None:
+        release["mean"] = scaled_mean * float(config.row_norm)
+        release["mean_note"] = "private mean of the rows clipped to norm ≤ row_norm, input units"
+    timings["aggregate_s"] = time.monotonic() - mark
+    timings["total_s"] = time.monotonic() - started
+    parameters = {
+        "row_norm": float(config.row_norm),
+        "row_scaling": ROW_SCALING[relation],
+        "clipped_rows": "not counted (a count would need its own privacy budget)",
+        "center": config.center,
+        "budget_shares": budget_plan(config.method, config.center, isinstance(grants_total, ZCDP)),
+        "partitions": len(dataset.parts),
+    }
+    manifest = build_manifest(
+        config, dataset, accountant, basis is not None, parameters, release, timings, summary.nbytes
+    )
+    manifest["privacy"].pop("assignment", None)  # no subsets in this family
+    return EstimateResult(basis, manifest)
+
+
+run_gauss = run_covariance
+"""``--method gauss``: DTTZ14 Alg. 1 (Analyze Gauss)."""
+
+run_gap_perturb = run_covariance
+"""``--method gap-perturb``: DTTZ14 Alg. 2 (subspace perturbation with a noisy eigengap)."""

@@ -1,0 +1,220 @@
+"""Covariance perturbation (DTTZ14; ALGORITHMS.md §7): Analyze Gauss, subspace perturbation, mean.
+
+Input domain: the Gram matrix ``G = AᵀA`` (d×d) of rows clipped to a public norm bound ``B`` and
+scaled by ``1/B``, so every row has norm ≤ 1 (at user level every user's rows are further scaled
+so that their squared norms sum to ≤ 1), and, for centring, the sum of those rows.
+
+Neighbour relations (ALGORITHMS.md §0) and what one unit can change (:data:`SENSITIVITY`):
+
+- ``"replace"`` (row level, ``n`` public): ``G′ = G + aaᵀ − bbᵀ`` with ``‖a‖, ‖b‖ ≤ 1``.
+  ``‖aaᵀ − bbᵀ‖_F² = ‖a‖⁴ + ‖b‖⁴ − 2(a·b)² ≤ 2``; the noise is added to the upper triangle
+  (with diagonal), whose L2 norm is at most the Frobenius norm, so Δ = √2. The row sum moves by
+  ``a − b``: Δ = 2.
+- ``"add_remove"`` (user level): ``G′ = G ± E`` with ``E`` positive semidefinite of trace ≤ 1,
+  so ``‖E‖_F ≤ 1``: Δ = 1 (DTTZ14's setting). The row sum is not bounded by the per-user
+  rescaling, so centring is not offered at user level.
+
+Subspace perturbation (DTTZ14 Alg. 2) needs two more facts. (i) Every eigenvalue moves by at
+most ``‖E‖_op ≤ 1`` (Weyl), so the gap ``λ_k − λ_{k+1}`` moves by at most 2 under either
+relation. (ii) The top-k projector ``P`` moves, in Frobenius norm, by at most
+``c/(gap − s)`` when ``gap > s``: from the Davis–Kahan sinΘ theorem,
+``‖(I−P)P′‖_F ≤ ‖(I−P)EP′‖_F/(gap − 1)``, and for a rank-one term ``xxᵀ`` of ``E``,
+``‖(I−P)x‖·‖P′x‖ ≤ ‖(I−P)x‖(‖Px‖ + ‖P′−P‖‖x‖) ≤ ‖x‖²(1/2 + ‖(I−P)P′‖_F)``. Solving gives
+``‖P − P′‖_F = √2‖(I−P)P′‖_F ≤ 1/(√2(gap − 2))`` for add/remove (within DTTZ14's
+``1/(gap − 2)``, which we use) and ``√2/(gap − 3)`` for replace-one (two rank-one terms).
+The gap itself is only known through a private lower bound, which is what the noise is
+calibrated with (propose–test–release).
+
+Pure NumPy/SciPy; DP noise only from :mod:`dpsub_dist.privacy.noise`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from scipy.stats import norm
+
+from dpsub_dist.linalg import top_eigenvectors
+from dpsub_dist.privacy.accountant import ZCDP, ApproxDP, Budget, gaussian_sigma, laplace_epsilon
+from dpsub_dist.privacy.noise import gaussian, laplace, symmetric_gaussian
+
+Neighbours = Literal["replace", "add_remove"]
+
+
+@dataclass(frozen=True)
+class CovarianceSensitivity:
+    """What one unit can change, for one neighbour relation (module docstring)."""
+
+    gram: float
+    """L2 sensitivity of the upper triangle (with diagonal) of AᵀA."""
+    gap: float
+    """Largest change of λ_k − λ_{k+1}."""
+    projector_scale: float
+    projector_shift: float
+    """‖P − P′‖_F ≤ projector_scale / (gap − projector_shift) whenever gap > projector_shift."""
+    row_sum: float | None
+    """L2 sensitivity of the sum of the scaled rows (None: centring not available)."""
+
+    def projector(self, gap_lower_bound: float) -> float | None:
+        """Sensitivity of the top-k projector given a lower bound on the gap, or None (⊥)."""
+        room = gap_lower_bound - self.projector_shift
+        if not (math.isfinite(room) and room > 0):
+            return None
+        return self.projector_scale / room
+
+
+SENSITIVITY: dict[str, CovarianceSensitivity] = {
+    "replace": CovarianceSensitivity(
+        gram=math.sqrt(2.0),
+        gap=2.0,
+        projector_scale=math.sqrt(2.0),
+        projector_shift=3.0,
+        row_sum=2.0,
+    ),
+    "add_remove": CovarianceSensitivity(
+        gram=1.0, gap=2.0, projector_scale=1.0, projector_shift=2.0, row_sum=None
+    ),
+}
+
+
+@dataclass(frozen=True)
+class GaussRelease:
+    """Analyze Gauss output: the noisy Gram matrix and the noise it got."""
+
+    matrix: np.ndarray
+    sigma: float
+    sensitivity: float
+
+
+def analyze_gauss(
+    gram: np.ndarray, grant: Budget, sensitivity: float, rng: np.random.Generator
+) -> GaussRelease:
+    """DTTZ14 Alg. 1 (Analyze Gauss): ``AᵀA + E``, E symmetric, upper triangle i.i.d. N(0, σ²).
+
+    σ from :func:`accountant.gaussian_sigma` for L2 sensitivity ``sensitivity`` (√2
+    replace-one, 1 add/remove): analytic Gaussian (Balle & Wang 2018) or the classic
+    ``Δ√(2 ln(1.25/δ))/ε``, whichever is smaller, for (ε, δ); ``Δ/√(2ρ)`` for ρ-zCDP.
+    The caller takes the top-k eigenvectors (post-processing).
+    """
+    gram = _square(gram)
+    sigma = gaussian_sigma(grant, sensitivity)
+    noisy = gram + symmetric_gaussian(rng, sigma, gram.shape[0])
+    return GaussRelease(noisy, sigma, sensitivity)
+
+
+@dataclass(frozen=True)
+class GapRelease:
+    """Subspace perturbation output; ``basis`` and ``noisy_projector`` are None for ⊥."""
+
+    basis: np.ndarray | None
+    noisy_projector: np.ndarray | None
+    noisy_gap: float
+    gap_lower_bound: float
+    gap_noise: str
+    gap_noise_scale: float
+    projector_sensitivity: float | None
+    sigma: float | None
+
+
+def noisy_gap_lower_bound(
+    gap: float, sensitivity: float, grant: Budget, rng: np.random.Generator
+) -> tuple[float, float, str, float]:
+    """Private eigengap and a lower bound on the true gap that fails with probability ≤ δ.
+
+    (ε, δ) grant (DTTZ14 Alg. 2 step 1–2): ``d̂ = gap + Lap(Δ/ε)``, bound ``d̂ − (Δ/ε) ln(1/δ)``
+    (fails with probability δ/2). ρ-zCDP grant (T24 §3.8.4): ``d̂ = gap + N(0, σ²)``,
+    ``σ = Δ/√(2ρ)``, bound ``d̂ − σ Φ⁻¹(1 − δ₀)`` (fails with probability δ₀).
+    Returns ``(d̂, lower bound, noise name, noise scale)``.
+    """
+    if isinstance(grant, ZCDP):
+        failure = grant.delta0
+        if not 0 < failure < 1:
+            raise ValueError("the gap test needs delta0 in (0, 1): give it a delta share")
+        scale = gaussian_sigma(grant, sensitivity)
+        noisy = gap + float(gaussian(rng, scale, ()))
+        return noisy, noisy - scale * float(norm.isf(failure)), "gaussian", scale
+    if not isinstance(grant, ApproxDP) or not 0 < grant.delta < 1:
+        raise ValueError("the gap test needs an (epsilon, delta) grant with delta in (0, 1)")
+    scale = sensitivity / laplace_epsilon(grant)
+    noisy = gap + float(laplace(rng, scale))
+    return noisy, noisy - scale * math.log(1.0 / grant.delta), "laplace", scale
+
+
+def gap_perturbation(
+    gram: np.ndarray,
+    k: int,
+    gap_grant: Budget,
+    noise_grant: Budget,
+    neighbours: Neighbours,
+    rng: np.random.Generator,
+) -> GapRelease:
+    """DTTZ14 Alg. 2 (subspace perturbation with a noisy eigengap), or ⊥.
+
+    1. ``d = λ_k − λ_{k+1}`` of ``gram``; private lower bound ``L`` on it
+       (:func:`noisy_gap_lower_bound`; Laplace for (ε, δ), Gaussian for zCDP per T24 §3.8.4).
+    2. If ``L − s ≤ 0`` (s = 2 add/remove, 3 replace-one): ⊥. Nothing is ever divided by a
+       non-positive number.
+    3. Else ``Ŵ = V_kV_kᵀ + E``, E symmetric Gaussian calibrated (analytic Gaussian / zCDP) for
+       sensitivity ``c/(L − s)`` (c = 1 add/remove as in DTTZ14, √2 replace-one; module doc);
+       output the top-k eigenvectors of Ŵ.
+
+    Privacy: with probability ≥ 1 − δ₁, ``L ≤ d``, and then the Gaussian step is
+    ``noise_grant``-private given ``d̂``; so (ε₁ + ε₂, δ₁ + δ₂)-DP for (ε, δ) grants (the
+    failure mass is added once, the Gaussian δ₂ is integrated against ``d̂``'s density), or
+    δ₁-approximate (ρ₁ + ρ₂)-zCDP for zCDP grants. Both grants are what the caller charges.
+    """
+    gram = _square(gram)
+    dim = gram.shape[0]
+    if not 1 <= k < dim:
+        raise ValueError(f"k must be in [1, {dim - 1}] for a {dim}×{dim} matrix (got {k})")
+    sens = SENSITIVITY[neighbours]
+    values, vectors = np.linalg.eigh(gram)
+    values, vectors = values[::-1], vectors[:, ::-1]
+    gap = float(values[k - 1] - values[k])
+    noisy_gap, lower, noise_name, noise_scale = noisy_gap_lower_bound(gap, sens.gap, gap_grant, rng)
+    projector_sens = sens.projector(lower)
+    if projector_sens is None:
+        return GapRelease(None, None, noisy_gap, lower, noise_name, noise_scale, None, None)
+    top = vectors[:, :k]
+    sigma = gaussian_sigma(noise_grant, projector_sens)
+    noisy = top @ top.T + symmetric_gaussian(rng, sigma, dim)
+    basis = top_eigenvectors(noisy, k)[1]
+    return GapRelease(
+        basis, noisy, noisy_gap, lower, noise_name, noise_scale, projector_sens, sigma
+    )
+
+
+@dataclass(frozen=True)
+class MeanRelease:
+    """Gaussian-mechanism mean of the scaled rows."""
+
+    mean: np.ndarray
+    sigma: float
+    sensitivity: float
+
+
+def gaussian_mean(
+    row_sum: np.ndarray, n_rows: int, grant: Budget, sensitivity: float, rng: np.random.Generator
+) -> MeanRelease:
+    """Gaussian mechanism on the sum of norm-≤1 rows, divided by the public count ``n``.
+
+    ``Σ x_i + N(0, σ² I)``, σ from :func:`accountant.gaussian_sigma` for the sum's L2
+    sensitivity (2 replace-one: ``a − b``), then ``/ n`` (post-processing; ``n`` is public
+    under replace-one neighbours). Used to centre the covariance (ALGORITHMS.md §7).
+    """
+    if n_rows < 1:
+        raise ValueError(f"n_rows must be ≥ 1 (got {n_rows})")
+    row_sum = np.asarray(row_sum, dtype=np.float64)
+    sigma = gaussian_sigma(grant, sensitivity)
+    noisy = row_sum + gaussian(rng, sigma, row_sum.shape)
+    return MeanRelease(noisy / n_rows, sigma, sensitivity)
+
+
+def _square(matrix: np.ndarray) -> np.ndarray:
+    matrix = np.asarray(matrix, dtype=np.float64)
+    if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
+        raise ValueError(f"expected a square d×d matrix, got shape {matrix.shape}")
+    return matrix
