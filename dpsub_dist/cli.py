@@ -92,13 +92,22 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument(
         "--method",
         default="friendly",
-        help="friendly (default), histogram, or exact (SS21 GAP-MAX, small inputs only)",
+        help="friendly (default), histogram, gauss or gap-perturb (covariance: need --row-norm), "
+        "or exact (SS21 GAP-MAX, small inputs only)",
     )
     est.add_argument("--subsets", type=int, help="T, number of disjoint subsets")
     est.add_argument("--ref-points", type=int, help="Q, number of reference points")
     est.add_argument("--assign", choices=["random", "contiguous"], default="random")
     est.add_argument("--radius", type=float, help="public friendly radius (skips its search)")
     est.add_argument("--cell-side", type=float, help="public histogram cell side (skips search)")
+    est.add_argument(
+        "--row-norm",
+        type=float,
+        help="gauss/gap-perturb (required): public bound B; longer rows are scaled down to B",
+    )
+    est.add_argument(
+        "--center", action="store_true", help="gauss/gap-perturb: centre with a private mean"
+    )
     est.add_argument("--outliers", type=int, help="exact: ℓ, outliers tolerated (default 0)")
     est.add_argument("--tolerance", type=float, help="exact: relative membership tolerance")
     est.add_argument(
@@ -184,6 +193,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         columns=args.columns,
         seed=args.seed,
         scale=args.radius if args.radius is not None else args.cell_side,
+        row_norm=args.row_norm,
+        center=args.center,
         outliers=args.outliers,
         tolerance=args.tolerance,
         boost=args.boost,
@@ -201,8 +212,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     out = write_run(args.out, result.basis, result.manifest, args.overwrite, storage_options)
     if result.basis is None:
         failed = result.manifest["release"].get("failed_step", "aggregation")
+        reason = result.manifest["release"].get("failure_reason", "the subsets disagree")
         print(
-            f"no stable subspace (step {failed}): the subsets disagree; manifest in {args.out}",
+            f"no stable subspace (step {failed}): {reason}; manifest in {args.out}",
             file=sys.stderr,
         )
         return 3
