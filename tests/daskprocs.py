@@ -1,0 +1,145 @@
+"""A Dask cluster from the command line, for tests: ``dask scheduler`` and ``dask worker``
+processes on 127.0.0.1 (the console script of this virtualenv), stopped by the test."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DASK = str(Path(sys.executable).with_name("dask"))
+SINGLE_THREADED_BLAS = {
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+
+
+@dataclass
+class CommandLineCluster:
+    """A running scheduler and its workers, each a process of its own."""
+
+    address: str
+    workdir: Path
+    scheduler: subprocess.Popen
+    workers: list[subprocess.Popen] = field(default_factory=list)
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the worker processes still running (``--no-nanny``: the worker)."""
+        return [p.pid for p in self.workers if p.poll() is None]
+
+    def logs(self) -> str:
+        """Everything the scheduler and workers wrote so far."""
+        return "\n".join(p.read_text() for p in sorted(self.workdir.glob("*.log")))
+
+    def stop(self) -> None:
+        """Stop every process (SIGTERM, then SIGKILL after 10 s)."""
+        procs = [*self.workers, self.scheduler]
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+    with open(log, "wb") as handle:
+        return subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, env=env)
+
+
+def _wait_for(predicate, what: str, cluster: CommandLineCluster, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if cluster.scheduler.poll() is not None:
+            break
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} did not happen within {timeout} s:\n{cluster.logs()[-3000:]}")
+
+
+def start_cluster(
+    workdir: Path,
+    workers: int = 2,
+    env: dict[str, str] | None = None,
+    nanny: bool = True,
+    extra_pythonpath: list[Path] = (),
+) -> CommandLineCluster:
+    """``dask scheduler --host 127.0.0.1 --port 0`` and ``workers`` × ``dask worker ADDRESS``.
+
+    ``env`` is the workers' whole environment (default: this process's); BLAS is single
+    threaded so results do not depend on thread scheduling.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    scheduler_file = workdir / "scheduler.json"
+    base = dict(os.environ if env is None else env)
+    base.update(SINGLE_THREADED_BLAS)
+    if extra_pythonpath:
+        paths = [str(p) for p in extra_pythonpath] + [base.get("PYTHONPATH", "")]
+        base["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    scheduler = _spawn(
+        [
+            DASK,
+            "scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--no-dashboard",
+            "--scheduler-file",
+            str(scheduler_file),
+        ],
+        workdir / "scheduler.log",
+        base,
+    )
+    cluster = CommandLineCluster("", workdir, scheduler)
+    try:
+        _wait_for(scheduler_file.exists, "the scheduler writing its address", cluster)
+        cluster.address = json.loads(scheduler_file.read_text())["address"]
+        for i in range(workers):
+            args = [
+                DASK,
+                "worker",
+                cluster.address,
+                "--nthreads",
+                "1",
+                "--name",
+                f"w{i}",
+                "--no-dashboard",
+                "--memory-limit",
+                "2GiB",
+                "--local-directory",
+                str(workdir / f"w{i}"),
+            ]
+            if not nanny:
+                args.append("--no-nanny")
+            cluster.workers.append(_spawn(args, workdir / f"worker-{i}.log", base))
+        from distributed import Client
+
+        with Client(cluster.address, timeout="60s") as client:
+            client.wait_for_workers(workers, timeout=120)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+@contextlib.contextmanager
+def command_line_cluster(workdir: Path, **kwargs) -> Iterator[CommandLineCluster]:
+    """A scheduler and workers started from the command line for the block, then stopped."""
+    cluster = start_cluster(workdir, **kwargs)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
