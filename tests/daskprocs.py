@@ -143,3 +143,39 @@ def command_line_cluster(workdir: Path, **kwargs) -> Iterator[CommandLineCluster
         yield cluster
     finally:
         cluster.stop()
+
+
+@dataclass(frozen=True)
+class GatedLoader:
+    """Wraps a partition loader (importable on workers started with ``tests/`` on the path).
+
+    Every call leaves a marker file ``<calls>/<pid>-<n>-…``; a process's second and later
+    calls wait until the file ``gate`` exists. So once some process has two markers, its
+    first partition is loaded and held in its memory and its second is in flight: the
+    moment to kill it, reached without any timing luck.
+    """
+
+    inner: object
+    calls: str
+    gate: str
+    timeout_s: float = 300.0
+
+    def __call__(self, part):
+        pid = os.getpid()
+        earlier = len(list(Path(self.calls).glob(f"{pid}-*")))
+        (Path(self.calls) / f"{pid}-{earlier}-{time.monotonic_ns()}").touch()
+        deadline = time.monotonic() + self.timeout_s
+        while earlier and not Path(self.gate).exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gate {self.gate} never opened")
+            time.sleep(0.05)
+        return self.inner(part)
+
+
+def calls_by_process(calls: Path) -> dict[int, int]:
+    """How many partitions each process has started loading, from the markers."""
+    counts: dict[int, int] = {}
+    for marker in calls.iterdir():
+        pid = int(marker.name.split("-")[0])
+        counts[pid] = counts.get(pid, 0) + 1
+    return counts
