@@ -127,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--rows", type=int, default=200_000)
     demo.add_argument("--dim", type=int, default=50)
     demo.add_argument("--rank", type=int, default=4)
+    add_scheduled_commands(sub)
     return parser
 
 
@@ -279,11 +280,213 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return code
 
 
+def add_scheduled_commands(sub) -> None:
+    """``dpsub run``, ``dpsub budget …`` and ``dpsub stream …`` (scheduled, ledgered runs)."""
+    run = sub.add_parser("run", help="run a job file under the privacy-budget ledger")
+    run.add_argument("job", help="job file (.yaml; see pipelines/)")
+    run.add_argument(
+        "--run-id",
+        help="run id (default <job name>-<UTC date>-<job hash>); schedulers pass one derived "
+        "from the logical date. Re-running a published id charges nothing",
+    )
+    run.add_argument("--ledger", help="ledger file or postgresql:// URL (overrides the job's)")
+    run.add_argument("--check", action="store_true", help="only validate the job file")
+    run.add_argument("--scheduler", help="tcp://host:port of a running Dask scheduler")
+    run.add_argument("--workers", type=int, help="workers of the local cluster (default: cores)")
+    run.add_argument("--quiet", action="store_true", help="no progress bar or cluster banner")
+
+    budget = sub.add_parser("budget", help="the privacy-budget ledger: grant, show, history")
+    budget_sub = budget.add_subparsers(dest="budget_command", required=True)
+    init = budget_sub.add_parser("init", help="grant a dataset its total budget")
+    init.add_argument("--ledger", required=True, help="ledger file (created) or postgresql:// URL")
+    init.add_argument("--dataset", required=True, help="dataset URI, as the jobs name it")
+    init.add_argument("--unit-column", help="user id column: grant for user-level privacy")
+    add_budget_arguments(init)
+    for name, text in (("show", "granted, spent and remaining"), ("history", "every run")):
+        view = budget_sub.add_parser(name, help=f"{text} per dataset")
+        view.add_argument("--ledger", required=True, help="ledger file or postgresql:// URL")
+        view.add_argument("--dataset", help="only this dataset URI")
+        view.add_argument("--json", action="store_true", help="machine-readable output")
+
+    stream = sub.add_parser("stream", help="online private PCA over a stream of batches")
+    stream_sub = stream.add_subparsers(dest="stream_command", required=True)
+    s_init = stream_sub.add_parser("init", help="create a stream for a fixed horizon")
+    s_init.add_argument("state", help="stream state file to create (SQLite)")
+    s_init.add_argument("--horizon", type=int, required=True, help="T, batches the stream takes")
+    s_init.add_argument("--rank", type=int, required=True, help="K, the subspace dimension")
+    s_init.add_argument("--clip-norm", type=float, required=True, help="public row norm bound B")
+    s_init.add_argument("--columns", type=_columns, help="feature columns (default: numeric)")
+    add_budget_arguments(s_init)
+    s_append = stream_sub.add_parser("append", help="add one batch and release the new basis")
+    s_append.add_argument("state", help="stream state file")
+    s_append.add_argument("batch", help="the batch: Parquet file, folder or glob")
+    s_append.add_argument("--out", help="write the release (basis.npy, manifest.json) here")
+    s_append.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    s_append.add_argument(
+        "--batch-id",
+        help="batch id (default: the batch URI); appending an id again re-releases that step "
+        "and changes nothing",
+    )
+    s_append.add_argument("--scheduler", help="tcp://host:port of a running Dask scheduler")
+    s_append.add_argument("--workers", type=int, help="workers of the local cluster")
+    add_storage_arguments(s_append)
+    s_append.add_argument("--quiet", action="store_true", help="no progress bar or banner")
+    s_show = stream_sub.add_parser("show", help="progress, budget and (with --out) the release")
+    s_show.add_argument("state", help="stream state file")
+    s_show.add_argument("--out", help="write the latest release here")
+    s_show.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    add_storage_arguments(s_show)
+    s_show.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from dpsub_dist.jobfile import describe_outcome, load_job, run_job
+
+    job = load_job(args.job)
+    if args.check:
+        print(f"{args.job}: valid ({job.method}, rank {job.rank}, dataset {job.dataset})")
+        return 0
+    outcome = run_job(
+        job,
+        args.run_id,
+        args.ledger,
+        scheduler=args.scheduler,
+        workers=args.workers,
+        quiet=args.quiet,
+    )
+    print(describe_outcome(outcome))
+    if outcome.exit_code == 3:
+        print(f"no stable subspace: manifest in {outcome.output}", file=sys.stderr)
+    return outcome.exit_code
+
+
+def cmd_budget(args: argparse.Namespace) -> int:
+    import json
+
+    from dpsub_dist.ledger import canonical_dataset, open_ledger, unit_name
+    from dpsub_dist.ledger.core import describe_budget
+    from dpsub_dist.privacy.accountant import parse_budget
+
+    dataset = canonical_dataset(args.dataset) if args.dataset else None
+    if args.budget_command == "init":
+        total = parse_budget(args.epsilon, args.delta, args.rho)
+        with open_ledger(args.ledger, create=True) as ledger:
+            grant, created = ledger.grant(dataset, unit_name(args.unit_column), total)
+        verb = "granted" if created else "already granted"
+        print(f"{verb} {grant.dataset} ({grant.unit}): {describe_budget(grant.total)}")
+        return 0
+    with open_ledger(args.ledger) as ledger:
+        if args.budget_command == "show":
+            rows = ledger.status(dataset)
+            if args.json:
+                print(json.dumps([_status_json(r) for r in rows], indent=2))
+            for r in [] if args.json else rows:
+                print(
+                    f"{r.grant.dataset}  unit {r.grant.unit}\n"
+                    f"  granted    {describe_budget(r.grant.total)}\n"
+                    f"  published  {describe_budget(r.published)}  "
+                    f"({r.runs.get('published', 0)} runs)\n"
+                    f"  reserved   {describe_budget(r.reserved)}  "
+                    f"({r.runs.get('reserved', 0)} unfinished runs: resume them by run id)\n"
+                    f"  remaining  {describe_budget(r.remaining)}"
+                )
+            return 0
+        records = ledger.history(dataset)
+    if args.json:
+        print(json.dumps([r.public_view() for r in records], indent=2))
+        return 0
+    for r in records:
+        print(
+            f"{r.reserved_at}  {r.run_id}  {r.state:<9}  {describe_budget(r.charge)}  "
+            f"{r.outcome or '-'}  {r.output}  ({r.dataset})"
+        )
+    return 0
+
+
+def _status_json(status) -> dict:
+    from dpsub_dist.ledger.core import budget_fields
+
+    return {
+        "dataset": status.grant.dataset,
+        "unit": status.grant.unit,
+        "granted_at": status.grant.granted_at,
+        "granted": budget_fields(status.grant.total),
+        "published": budget_fields(status.published),
+        "reserved": budget_fields(status.reserved),
+        "remaining": budget_fields(status.remaining),
+        "runs": status.runs,
+        "accountant": status.report,
+    }
+
+
+def cmd_stream(args: argparse.Namespace) -> int:
+    import json
+
+    from dpsub_dist.estimators.online import init_stream, open_stream
+    from dpsub_dist.io.output import check_output_dir, write_run
+    from dpsub_dist.io.storage import StorageOptions
+
+    if args.stream_command == "init":
+        settings = init_stream(
+            args.state,
+            args.horizon,
+            args.rank,
+            args.clip_norm,
+            epsilon=args.epsilon,
+            delta=args.delta,
+            rho=args.rho,
+            columns=args.columns,
+        )
+        print(
+            f"created stream {args.state}: horizon {settings.horizon} batches, "
+            f"{settings.levels} tree levels, rho={settings.rho:.6g} in all, "
+            f"node noise sigma={settings.node_sigma:.6g}"
+        )
+        return 0
+    options = StorageOptions.from_pairs(args.storage_option)
+    with open_stream(args.state) as stream:
+        if args.stream_command == "append":
+            from dpsub_dist.engine.cluster import dask_client
+
+            if args.out:
+                check_output_dir(args.out, args.overwrite, options)
+            with dask_client(args.scheduler, args.quiet, args.workers) as client:
+                release = stream.append(
+                    args.batch, args.batch_id, options, client, progress=not args.quiet
+                )
+            left = stream.accountant().remaining.rho
+            verb = "already appended; re-released" if release.already_appended else "appended"
+            print(f"{verb} step {release.step}/{stream.settings.horizon}: rho {left:.6g} remains")
+        else:
+            status = stream.status()
+            if args.json:
+                print(json.dumps(status, indent=2))
+            else:
+                spent = status["budget"]["spent_as_approx_dp"]
+                print(
+                    f"stream {args.state}: step {status['step']}/{stream.settings.horizon}, "
+                    f"spent rho={status['budget']['spent']['rho']:.6g} of "
+                    f"{stream.settings.rho:.6g} (epsilon={spent['epsilon']:.4g}, "
+                    f"delta={spent['delta']:.3g})"
+                )
+            if not args.out:
+                return 0
+            check_output_dir(args.out, args.overwrite, options)
+            release = stream.release()
+        if args.out:
+            write_run(args.out, release.basis, release.manifest, args.overwrite, options)
+            print(f"wrote {args.out}/basis.npy and manifest.json (step {release.step})")
+    return 0
+
+
 COMMANDS = {
     "synth": cmd_synth,
     "estimate": cmd_estimate,
     "evaluate": cmd_evaluate,
     "demo": cmd_demo,
+    "run": cmd_run,
+    "budget": cmd_budget,
+    "stream": cmd_stream,
 }
 
 

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs PostgreSQL's server binaries (initdb, pg_ctl) for the ledger tests when they are
+# missing. The tests start and stop their own throwaway cluster on 127.0.0.1 (tests/pg.py);
+# nothing is started here. Without the binaries those tests skip with the reason.
+set -euo pipefail
+have_pg() {
+  command -v initdb >/dev/null 2>&1 && command -v pg_ctl >/dev/null 2>&1 && return 0
+  compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null
+}
+if have_pg; then
+  echo "postgresql server binaries present"
+  exit 0
+fi
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null 2>&1 || { echo "not root and no sudo: cannot install postgresql"; exit 1; }
+  SUDO="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q postgresql
+have_pg && echo "postgresql installed"

@@ -1,0 +1,562 @@
+"""Job files (``pipelines/*.yaml``) and ``dpsub run``: validate, reserve, estimate, publish.
+
+A job file names a dataset, the estimator and its parameters, the budget of one
+run, where the result goes and which ledger accounts for it::
+
+    dataset: /data/events/          # local path or s3:// URI
+    rank: 3
+    method: friendly
+    budget: {epsilon: 1.0, delta: 1.0e-6}
+    output: /results/events-basis/{run_id}
+    ledger: /state/ledger.db        # or a postgresql:// URL
+
+The whole file is validated before the ledger is opened or any data is read;
+every error names the field. A run then (1) reserves its budget in the ledger
+(refused with exit code 4 when the dataset's grant cannot cover it), (2) runs
+the estimator with the private noise seed and the public seed of the run's
+ledger record, (3) writes the output atomically and (4) marks the run published.
+See :mod:`dpsub_dist.ledger.core` for what happens on re-runs and failures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from dpsub_dist.errors import InputError
+from dpsub_dist.io.output import check_output_dir, read_run, write_run
+from dpsub_dist.io.storage import StorageOptions, filesystem
+from dpsub_dist.job import METHODS, EstimateConfig, run_estimate
+from dpsub_dist.ledger import (
+    RunRecord,
+    RunRequest,
+    canonical_dataset,
+    check_run_id,
+    open_ledger,
+    unit_name,
+)
+from dpsub_dist.ledger.core import budget_fields, decode_array, encode_array, fingerprint
+from dpsub_dist.privacy.accountant import Budget, parse_budget
+
+JOB_FIELDS: dict[str, str] = {
+    "name": "job name, used in default run ids (default: the file name without .yaml)",
+    "dataset": "Parquet file, folder or glob (local path or s3:// URI)",
+    "columns": "feature columns (list or comma-separated; default: all numeric columns)",
+    "unit_column": "user id column for user-level privacy (default: row level)",
+    "rank": "k, the subspace dimension",
+    "method": f"estimator (default friendly; one of {sorted(METHODS)})",
+    "parameters": "estimator parameters (subsets, ref_points, assign, seed, radius, cell_side…)",
+    "budget": "this run's budget: {epsilon, delta} or {rho, delta}",
+    "output": "output folder; {run_id} is replaced by the run id",
+    "overwrite": "replace an existing output folder (default false)",
+    "ledger": "SQLite ledger file or postgresql:// URL (or pass --ledger)",
+    "storage_options": "fsspec/s3fs options for the dataset (e.g. endpoint_url)",
+    "scheduler": "tcp://host:port of a Dask scheduler (default: a local cluster)",
+    "workers": "workers of the local cluster (default: one per core)",
+}
+"""Accepted top-level keys of a job file."""
+
+_DEDICATED = {"rank", "epsilon", "delta", "rho", "method", "columns", "unit_column"}
+_PARAMETER_ALIASES = {"radius": "scale", "cell_side": "scale"}
+
+
+@dataclass(frozen=True)
+class Job:
+    """A validated job file."""
+
+    path: str
+    name: str
+    dataset: str
+    rank: int
+    budget: Budget
+    budget_values: dict[str, float]
+    output: str
+    ledger: str | None = None
+    method: str = "friendly"
+    columns: list[str] | None = None
+    unit_column: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    overwrite: bool = False
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    scheduler: str | None = None
+    workers: int | None = None
+
+    def config(self, public_seed: int | None = None) -> EstimateConfig:
+        """The estimator configuration (``public_seed`` fills in an unset ``seed``)."""
+        params = dict(self.parameters)
+        if public_seed is not None and params.get("seed") is None:
+            params["seed"] = public_seed
+        return EstimateConfig(
+            rank=self.rank,
+            method=self.method,
+            columns=self.columns,
+            unit_column=self.unit_column,
+            storage_options=dict(self.storage_options),
+            **self.budget_values,
+            **params,
+        )
+
+    @property
+    def dataset_key(self) -> str:
+        """The dataset as the ledger names it."""
+        return canonical_dataset(self.dataset)
+
+    @property
+    def unit(self) -> str:
+        return unit_name(self.unit_column)
+
+    def fingerprint(self) -> str:
+        """Hash of everything that determines the release (not output, ledger or cluster)."""
+        return fingerprint(
+            {
+                "dataset": self.dataset_key,
+                "columns": self.columns,
+                "unit_column": self.unit_column,
+                "rank": self.rank,
+                "method": self.method,
+                "parameters": self.parameters,
+                "budget": self.budget_values,
+            }
+        )
+
+    def default_run_id(self, now: datetime | None = None) -> str:
+        """``<name>-<UTC date>-<job hash>``: one release per job and UTC day unless told."""
+        day = (now or datetime.now(UTC)).strftime("%Y-%m-%d")
+        return f"{self.name}-{day}-{self.fingerprint()[:8]}"
+
+    def output_for(self, run_id: str) -> str:
+        """The output folder of a run."""
+        return self.output.replace("{run_id}", run_id)
+
+
+def load_job(path: str | Path) -> Job:
+    """Read and validate a job file; InputError names the file and the field."""
+    where = str(path)
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise InputError(f"job file not found: {where}: pass the path of a job .yaml") from None
+    except OSError as err:
+        raise InputError(f"cannot read job file {where}: {err.strerror or err}") from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or "syntax error"
+        raise InputError(f"{where}: not valid YAML{line} ({problem}): fix the syntax") from None
+    return parse_job(document, where, default_name=Path(path).stem)
+
+
+def parse_job(document: Any, where: str = "job", default_name: str = "job") -> Job:
+    """Validate a parsed job document (a mapping)."""
+    if not isinstance(document, dict):
+        raise InputError(f"{where}: a job file must be a YAML mapping of fields such as dataset:")
+    unknown = sorted(str(k) for k in document if k not in JOB_FIELDS)
+    if unknown:
+        raise InputError(
+            f"{where}: unknown field {unknown[0]!r}: accepted fields are {', '.join(JOB_FIELDS)}"
+        )
+    fields = _Fields(document, where)
+    name = fields.text("name", required=False) or default_name
+    if not _is_run_id(name):
+        raise InputError(
+            f"{where}: job name {name!r} (from name: or the file name) may only use letters, "
+            "digits and ._-: set name: to such a string (it starts default run ids)"
+        )
+    budget_values, budget = _budget(document.get("budget"), where)
+    method = fields.text("method", required=False) or "friendly"
+    if method not in METHODS:
+        raise InputError(f"{where}: method {method!r} is unknown: use one of {sorted(METHODS)}")
+    job = Job(
+        path=where,
+        name=name,
+        dataset=fields.text("dataset"),
+        rank=fields.positive_int("rank"),
+        budget=budget,
+        budget_values=budget_values,
+        output=_output(fields.text("output"), where),
+        ledger=fields.text("ledger", required=False),
+        method=method,
+        columns=fields.columns("columns"),
+        unit_column=fields.text("unit_column", required=False),
+        parameters=_parameters(document.get("parameters"), where),
+        overwrite=fields.boolean("overwrite"),
+        storage_options=fields.mapping("storage_options"),
+        scheduler=fields.text("scheduler", required=False),
+        workers=fields.positive_int("workers", required=False),
+    )
+    try:
+        job.config().validate()
+    except InputError as err:
+        raise InputError(f"{where}: {err}") from None
+    return job
+
+
+class _Fields:
+    """Typed access to top-level fields with errors that name them."""
+
+    def __init__(self, document: dict, where: str) -> None:
+        self.document = document
+        self.where = where
+
+    def _fail(self, name: str, need: str, value: Any) -> InputError:
+        return InputError(f"{self.where}: {name} must be {need} (got {value!r})")
+
+    def text(self, name: str, required: bool = True) -> Any:
+        value = self.document.get(name)
+        if value is None:
+            if required:
+                raise InputError(f"{self.where}: {name} is required ({JOB_FIELDS[name]})")
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise self._fail(name, "a non-empty string", value)
+        return value.strip()
+
+    def positive_int(self, name: str, required: bool = True) -> Any:
+        value = self.document.get(name)
+        if value is None:
+            if required:
+                raise InputError(f"{self.where}: {name} is required ({JOB_FIELDS[name]})")
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise self._fail(name, "a positive integer", value)
+        return value
+
+    def boolean(self, name: str) -> bool:
+        value = self.document.get(name, False)
+        if not isinstance(value, bool):
+            raise self._fail(name, "true or false", value)
+        return value
+
+    def mapping(self, name: str) -> dict[str, Any]:
+        value = self.document.get(name) or {}
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise self._fail(name, "a mapping of names to values", value)
+        return dict(value)
+
+    def columns(self, name: str) -> list[str] | None:
+        value = self.document.get(name)
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = [c.strip() for c in value.split(",") if c.strip()]
+        if (
+            not isinstance(value, list)
+            or not value
+            or not all(isinstance(c, str) and c for c in value)
+        ):
+            raise self._fail(name, "a list of column names", value)
+        return list(value)
+
+
+def _number(value: Any, name: str, where: str) -> float:
+    """A YAML number (PyYAML reads 1e-6 as a string, so numeric strings are accepted)."""
+    if isinstance(value, bool):
+        raise InputError(f"{where}: {name} must be a number (got {value!r})")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{where}: {name} must be a number (got {value!r})") from None
+    if not math.isfinite(number):
+        raise InputError(f"{where}: {name} must be a finite number (got {value!r})")
+    return number
+
+
+def _budget(value: Any, where: str) -> tuple[dict[str, float], Budget]:
+    """The run's budget from ``budget: {epsilon, delta}`` or ``{rho, delta}``."""
+    if value is None:
+        raise InputError(f"{where}: budget is required: budget: {{epsilon: 1.0, delta: 1.0e-6}}")
+    if not isinstance(value, dict):
+        raise InputError(
+            f"{where}: budget must be a mapping such as {{epsilon: 1.0, delta: 1.0e-6}} "
+            f"(got {value!r})"
+        )
+    unknown = sorted(str(k) for k in value if k not in ("epsilon", "delta", "rho"))
+    if unknown:
+        raise InputError(f"{where}: budget.{unknown[0]} is unknown: use epsilon, delta or rho")
+    if ("epsilon" in value) == ("rho" in value):
+        raise InputError(
+            f"{where}: budget needs exactly one of budget.epsilon ((epsilon, delta)-DP) "
+            "or budget.rho (zCDP)"
+        )
+    if "delta" not in value:
+        raise InputError(f"{where}: budget.delta is required: a number in (0, 1), e.g. 1.0e-6")
+    numbers = {k: _number(v, f"budget.{k}", where) for k, v in value.items()}
+    for key in ("epsilon", "rho"):
+        if key in numbers and not numbers[key] > 0:
+            raise InputError(f"{where}: budget.{key} must be > 0 (got {numbers[key]:g})")
+    if not 0 < numbers["delta"] < 1:
+        raise InputError(f"{where}: budget.delta must be in (0, 1) (got {numbers['delta']:g})")
+    try:
+        budget = parse_budget(numbers.get("epsilon"), numbers["delta"], numbers.get("rho"))
+    except InputError as err:
+        raise InputError(f"{where}: budget: {err}") from None
+    return numbers, budget
+
+
+def _parameters(value: Any, where: str) -> dict[str, Any]:
+    """Estimator parameters: any EstimateConfig field not set elsewhere in the job."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InputError(f"{where}: parameters must be a mapping (got {value!r})")
+    accepted = {f.name for f in dataclasses.fields(EstimateConfig)} - _DEDICATED
+    accepted -= {"storage_options", "scale"}
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if key in _PARAMETER_ALIASES:
+            if "scale" in out:
+                raise InputError(f"{where}: give only one of parameters.radius / cell_side")
+            number = _number(item, f"parameters.{key}", where)
+            if not number > 0:
+                raise InputError(f"{where}: parameters.{key} must be > 0 (got {number:g})")
+            out["scale"] = number
+        elif key in accepted:
+            if key in ("subsets", "ref_points", "seed") and item is not None:
+                if isinstance(item, bool) or not isinstance(item, int):
+                    raise InputError(f"{where}: parameters.{key} must be an integer (got {item!r})")
+            out[key] = item
+        else:
+            names = sorted(accepted | set(_PARAMETER_ALIASES))
+            raise InputError(
+                f"{where}: parameters.{key} is unknown: accepted parameters are {names}"
+            )
+    return out
+
+
+def _output(value: str, where: str) -> str:
+    try:
+        names = {n for _, n, _, _ in string.Formatter().parse(value) if n is not None}
+    except ValueError as err:
+        raise InputError(f"{where}: output has unbalanced braces ({err})") from None
+    if names - {"run_id"}:
+        raise InputError(
+            f"{where}: output may only use the placeholder {{run_id}} (got {sorted(names)})"
+        )
+    return value
+
+
+def _is_run_id(text: str) -> bool:
+    try:
+        check_run_id(text)
+    except InputError:
+        return False
+    return ":" not in text
+
+
+# --------------------------------------------------------------------------- running
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What ``dpsub run`` did."""
+
+    run_id: str
+    status: str  # published | resumed | already_published
+    outcome: str  # ok | no_stable_subspace
+    output: str
+    charge: Budget
+    remaining: Budget
+    restored: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.outcome == "ok" else 3
+
+
+def input_fingerprint(uri: str, storage_options: Mapping[str, Any]) -> str:
+    """Hash of the input's file names, sizes and modification stamps (listing only, no reads)."""
+    from dpsub_dist.io.parquet import list_parquet_files
+
+    files = list_parquet_files(uri, storage_options)
+    fs, _ = filesystem(files[0], storage_options)
+    described = []
+    for name in files:
+        try:
+            info = fs.info(name)
+        except OSError as err:
+            raise InputError(f"cannot stat input file {name}: {err}") from None
+        stamp = info.get("ETag") or info.get("mtime") or info.get("LastModified")
+        described.append([name, info.get("size"), str(stamp)])
+    return fingerprint(described)
+
+
+def run_job(
+    job: Job,
+    run_id: str | None = None,
+    ledger: str | None = None,
+    *,
+    scheduler: str | None = None,
+    workers: int | None = None,
+    quiet: bool = True,
+    client: Any | None = None,
+) -> RunOutcome:
+    """Run a job under the ledger: reserve → estimate → write → publish (or return a published run).
+
+    ``client`` (a Dask client) overrides ``scheduler``/``workers`` and the job's own.
+    """
+    from dpsub_dist.engine.cluster import dask_client
+    from dpsub_dist.engine.sources import parquet_dataset
+
+    run_id = check_run_id(run_id) if run_id is not None else job.default_run_id()
+    # Every runner's Accountant is created with this total, so a run can never spend more
+    # than the charge the ledger reserves for it.
+    charge = job.config().budget()
+    output = job.output_for(run_id)
+    location = ledger or job.ledger
+    if not location:
+        raise InputError(f"{job.path}: ledger is required: set ledger: in the job or pass --ledger")
+    dataset = job.dataset_key
+    options = StorageOptions.wrap(job.storage_options)
+    with open_ledger(location) as book:
+        known = book.lookup(dataset, run_id)
+        if known is not None and known.state == "published":
+            return _already_published(book, job, run_id, options)
+        resuming = known is not None and known.state == "reserved"
+        adopt = resuming and _own_unpublished_output(output, dataset, run_id, options)
+        if not adopt:
+            check_output_dir(output, job.overwrite, options)
+        request = RunRequest(
+            dataset=dataset,
+            unit=job.unit,
+            run_id=run_id,
+            charge=charge,
+            job_fingerprint=job.fingerprint(),
+            input_fingerprint=input_fingerprint(job.dataset, options),
+            output=output,
+            public_seed=job.parameters.get("seed"),
+        )
+        reservation = book.reserve(request)
+        if reservation.kind == "published":
+            return _already_published(book, job, run_id, options)
+        record = reservation.record
+        if adopt and reservation.kind == "resume":
+            basis, manifest = read_run(output, options)
+            book.publish(dataset, run_id, manifest["outcome"], _json(manifest), _npy(basis))
+            return RunOutcome(
+                run_id, "resumed", manifest["outcome"], output, charge, reservation.remaining
+            )
+        config = job.config(public_seed=record.public_seed)
+
+        def open_dataset(dask):
+            return parquet_dataset(job.dataset, job.columns, job.unit_column, options, dask)
+
+        try:
+            if client is not None:
+                result = run_estimate(config, open_dataset, client, not quiet, record.noise_seed)
+            else:
+                with dask_client(scheduler or job.scheduler, quiet, workers or job.workers) as dask:
+                    result = run_estimate(config, open_dataset, dask, not quiet, record.noise_seed)
+        except InputError as err:
+            if reservation.kind == "new":
+                book.return_reservation(dataset, run_id, str(err))
+            raise
+        manifest = dict(result.manifest)
+        manifest["ledger"] = _manifest_entry(job, record)
+        write_run(output, result.basis, manifest, job.overwrite, options)
+        book.publish(dataset, run_id, result.outcome, _json(manifest), _npy(result.basis))
+    status = "published" if reservation.kind == "new" else "resumed"
+    return RunOutcome(run_id, status, result.outcome, output, charge, reservation.remaining)
+
+
+def _manifest_entry(job: Job, record: RunRecord) -> dict[str, Any]:
+    """The ledger facts a published manifest carries (never the noise seed)."""
+    return {
+        "run_id": record.run_id,
+        "dataset": record.dataset,
+        "privacy_unit": job.unit,
+        "charged": budget_fields(record.charge),
+        "job": job.name,
+        "reserved_at": record.reserved_at,
+    }
+
+
+def _own_unpublished_output(
+    output: str, dataset: str, run_id: str, options: Mapping[str, Any]
+) -> bool:
+    """Whether ``output`` already holds this run's release (written, then the publish failed)."""
+    try:
+        _, manifest = read_run(output, options)
+    except (InputError, OSError, ValueError):
+        return False
+    entry = manifest.get("ledger") or {}
+    return entry.get("run_id") == run_id and entry.get("dataset") == dataset
+
+
+def _already_published(book, job: Job, run_id: str, options: Mapping[str, Any]) -> RunOutcome:
+    """A published run: nothing is charged; its output is restored from the ledger if gone."""
+    record = book.lookup(job.dataset_key, run_id, with_release=True)
+    if record.job_fingerprint != job.fingerprint():
+        raise InputError(
+            f"run id {run_id} was used for a different job on {record.dataset}: "
+            "pass a run id that names this job, e.g. --run-id <job>-<date>"
+        )
+    restored = False
+    if record.manifest is not None and not _readable_run(record.output, options):
+        basis = decode_array(record.basis) if record.basis is not None else None
+        write_run(record.output, basis, json.loads(record.manifest), False, options)
+        restored = True
+    status = book.status(record.dataset)[0]
+    return RunOutcome(
+        run_id,
+        "already_published",
+        record.outcome or "ok",
+        record.output,
+        record.charge,
+        status.remaining,
+        restored=restored,
+    )
+
+
+def _readable_run(output: str, options: Mapping[str, Any]) -> bool:
+    try:
+        read_run(output, options)
+    except InputError:
+        return False
+    return True
+
+
+def _json(manifest: dict[str, Any]) -> str:
+    return json.dumps(manifest, sort_keys=True, default=_jsonable)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"cannot store {type(value).__name__} in the ledger")
+
+
+def _npy(basis: np.ndarray | None) -> bytes | None:
+    return None if basis is None else encode_array(basis)
+
+
+def describe_outcome(outcome: RunOutcome) -> str:
+    """The line ``dpsub run`` prints."""
+    from dpsub_dist.ledger.core import describe_budget
+
+    left = f"remaining ({describe_budget(outcome.remaining)})"
+    if outcome.status == "already_published":
+        again = " (output restored from the ledger)" if outcome.restored else ""
+        return (
+            f"run {outcome.run_id} was already published at {outcome.output}{again}: "
+            f"nothing charged; {left}"
+        )
+    verb = "resumed and published" if outcome.status == "resumed" else "published"
+    what = "basis.npy and manifest.json" if outcome.outcome == "ok" else "manifest.json (no basis)"
+    return (
+        f"{verb} run {outcome.run_id}: {what} in {outcome.output}; charged "
+        f"({describe_budget(outcome.charge)}); {left}"
+    )
