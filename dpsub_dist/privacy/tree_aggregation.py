@@ -1,0 +1,164 @@
+"""Tree aggregation (the binary mechanism): private prefix sums of a stream of matrices.
+
+Dwork, Naor, Pitassi & Rothblum (STOC 2010) and Chan, Shi & Song (TISSEC 2011,
+"binary mechanism"); DTTZ14 §4 runs it on ``Σ aaᵀ`` for online PCA (ALGORITHMS.md §8).
+
+- **Input domain**: a stream of ``T`` batches (``T``, the horizon, is fixed in advance);
+  batch ``t`` contributes ``G_t = Σ aaᵀ`` over its rows, each row of norm ≤ 1.
+- **Neighbours**: one row's values replaced in one batch (batch sizes are public).
+  Then one ``G_t`` moves by ``aaᵀ − a′a′ᵀ``, whose upper triangle (with diagonal) has
+  L2 norm ≤ ‖aaᵀ − a′a′ᵀ‖_F ≤ √2 (:data:`REPLACE_ONE_SENSITIVITY`; DTTZ14 Alg. 1).
+- **Tree**: node ``(h, i)`` covers batches ``i·2^h + 1 … (i+1)·2^h``. The dyadic
+  decomposition of ``1..t`` only ever uses nodes with an even index ``i`` that end by
+  ``t``, so only those nodes (ending within the horizon) are kept: batch ``t`` lies in
+  at most ``L = ⌊log₂ T⌋ + 1`` of them (one per level ``h`` with ``2^h ≤ T``; batch 1
+  in all of them). ALGORITHMS.md §8 writes ``⌈log₂ T⌉ + 1``; the two agree when ``T``
+  is a power of two, and otherwise the top level's node ends after ``T``, would never
+  be released, and is not kept.
+- **Privacy map**: each kept node's sum gets independent symmetric Gaussian noise
+  (:func:`~dpsub_dist.privacy.noise.symmetric_gaussian`) with ``σ = Δ/√(2ρ/L)``, so each
+  node is ``ρ/L``-zCDP (Bun & Steinke 2016, Prop 1.6); a row is in at most ``L`` nodes,
+  so the whole stream of node sums is ``ρ``-zCDP (Lemma 2.3). An ``(ε, δ)`` budget uses
+  the largest ``ρ`` whose Canonne–Kamath–Steinke conversion at ``δ`` is within ``ε``.
+- **Release** after ``t`` batches: the sum of the ≤ L complete nodes of ``t``'s dyadic
+  decomposition (post-processing).
+
+A node's noise is drawn when it receives its first batch; later batches are added to
+the noisy sum, so no exact partial sum is ever held. Only complete nodes are released.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dpsub_dist.privacy.accountant import ZCDP, gaussian_sigma, zcdp_epsilon
+from dpsub_dist.privacy.noise import symmetric_gaussian
+
+Node = tuple[int, int]
+"""(level h, index i): the node covering batches i·2^h + 1 … (i+1)·2^h."""
+
+REPLACE_ONE_SENSITIVITY = math.sqrt(2.0)
+"""L2 sensitivity of a symmetric release of Σ aaᵀ (‖a‖ ≤ 1) when one row is replaced."""
+
+
+def _check_horizon(horizon: int) -> int:
+    if isinstance(horizon, bool) or not isinstance(horizon, int | np.integer) or horizon < 1:
+        raise ValueError(f"horizon must be a positive integer (got {horizon!r})")
+    return int(horizon)
+
+
+def tree_levels(horizon: int) -> int:
+    """L: the most kept nodes any batch lies in, ⌊log₂ T⌋ + 1."""
+    return _check_horizon(horizon).bit_length()
+
+
+def node_span(node: Node) -> tuple[int, int]:
+    """First and last batch (1-based, inclusive) a node covers."""
+    level, index = node
+    return (index << level) + 1, (index + 1) << level
+
+
+def nodes_containing(batch: int, horizon: int) -> list[Node]:
+    """The kept nodes that batch ``batch`` (1-based) contributes to, lowest level first.
+
+    Kept: nodes some prefix release uses (even index) that end within the horizon.
+    """
+    horizon = _check_horizon(horizon)
+    if not 1 <= batch <= horizon:
+        raise ValueError(f"batch {batch} is outside the horizon 1..{horizon}")
+    nodes = [(h, (batch - 1) >> h) for h in range(tree_levels(horizon))]
+    return [n for n in nodes if n[1] % 2 == 0 and node_span(n)[1] <= horizon]
+
+
+def last_use(node: Node) -> int:
+    """The last t whose prefix release uses ``node`` (it is used for t in end..last_use)."""
+    return node_span(node)[1] + (1 << node[0]) - 1
+
+
+def prefix_nodes(t: int) -> list[Node]:
+    """Dyadic decomposition of batches 1..t: one complete node per set bit of ``t``."""
+    if t < 0:
+        raise ValueError(f"t must be ≥ 0 (got {t})")
+    nodes, start = [], 0
+    for level in reversed(range(t.bit_length())):
+        if t >> level & 1:
+            nodes.append((level, start >> level))
+            start += 1 << level
+    return nodes
+
+
+def node_sigma(rho: float, horizon: int, sensitivity: float = REPLACE_ONE_SENSITIVITY) -> float:
+    """Per-node noise std: each node ρ/L-zCDP, σ = Δ/√(2ρ/L)."""
+    return gaussian_sigma(ZCDP(rho / tree_levels(horizon)), sensitivity)
+
+
+def spent_rho(t: int, rho: float, horizon: int) -> float:
+    """ρ spent on the worst-placed row after ``t`` releases.
+
+    A row of batch 1 lies in the most complete nodes: one per level h with 2^h ≤ t.
+    After ``T`` batches this is the whole ``ρ``.
+    """
+    levels = tree_levels(horizon)
+    return rho * min(t.bit_length(), levels) / levels
+
+
+def rho_for_approx_dp(epsilon: float, delta: float) -> float:
+    """Largest ρ (to 1e-12 relative) whose CKS conversion at δ is (≤ ε, δ)-DP."""
+    if not (epsilon > 0 and 0 < delta < 1):
+        raise ValueError(f"need epsilon > 0 and delta in (0, 1) (got {epsilon}, {delta})")
+    low, high = 0.0, max(epsilon, 1.0)
+    while zcdp_epsilon(high, delta) <= epsilon:
+        low, high = high, 2 * high
+    for _ in range(200):
+        mid = (low + high) / 2
+        if zcdp_epsilon(mid, delta) <= epsilon:
+            low = mid
+        else:
+            high = mid
+        if high - low <= 1e-12 * high:
+            break
+    return low
+
+
+@dataclass
+class TreeAggregator:
+    """Noisy node sums of a stream of d×d symmetric matrices (the state to persist).
+
+    ``sums`` holds every node opened so far (complete or not), each already noisy.
+    """
+
+    horizon: int
+    sigma: float
+    dim: int
+    step: int = 0
+    sums: dict[Node, np.ndarray] = field(default_factory=dict)
+
+    def add(self, value: np.ndarray, rng: np.random.Generator) -> list[Node]:
+        """Add batch ``step + 1``; returns the nodes it touched (to persist)."""
+        value = np.asarray(value, dtype=np.float64)
+        if value.shape != (self.dim, self.dim):
+            raise ValueError(f"expected a {self.dim}×{self.dim} matrix, got {value.shape}")
+        batch = self.step + 1
+        touched = nodes_containing(batch, self.horizon)
+        for node in touched:
+            if node not in self.sums:  # first batch of this node: draw its noise once
+                self.sums[node] = symmetric_gaussian(rng, self.sigma, self.dim)
+            self.sums[node] = self.sums[node] + value
+        self.step = batch
+        return touched
+
+    def is_complete(self, node: Node) -> bool:
+        return node_span(node)[1] <= self.step
+
+    def prefix(self, t: int | None = None) -> np.ndarray:
+        """The private estimate of Σ_{s ≤ t} G_s (default t = step), from complete nodes only."""
+        t = self.step if t is None else t
+        if not 0 <= t <= self.step:
+            raise ValueError(f"t must be in 0..{self.step} (got {t})")
+        total = np.zeros((self.dim, self.dim))
+        for node in prefix_nodes(t):
+            total += self.sums[node]
+        return total

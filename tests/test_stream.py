@@ -1,0 +1,288 @@
+"""Online private PCA (ALGORITHMS.md §8): tree aggregation's structure, calibration and audit;
+the stream state file; ``dpsub stream`` end to end on data with a known subspace."""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from privacy_audit import audit
+
+from dpsub_dist.cli import main
+from dpsub_dist.engine.gram import clip_rows
+from dpsub_dist.errors import BudgetRefused, InputError
+from dpsub_dist.estimators.online import init_stream, open_stream
+from dpsub_dist.io.output import read_run
+from dpsub_dist.linalg import subspace_error, top_eigenvectors
+from dpsub_dist.privacy.accountant import zcdp_epsilon
+from dpsub_dist.privacy.tree_aggregation import (
+    TreeAggregator,
+    last_use,
+    node_sigma,
+    node_span,
+    nodes_containing,
+    prefix_nodes,
+    rho_for_approx_dp,
+    spent_rho,
+    tree_levels,
+)
+
+# ----------------------------------------------------------------------- tree structure
+
+
+@pytest.mark.parametrize("horizon", [1, 2, 3, 4, 5, 7, 8, 13, 16, 100])
+def test_each_batch_enters_at_most_L_nodes_and_prefixes_cover_exactly(horizon):
+    levels = tree_levels(horizon)
+    assert levels == math.floor(math.log2(horizon)) + 1
+    counts = [len(nodes_containing(b, horizon)) for b in range(1, horizon + 1)]
+    assert max(counts) == counts[0] == levels  # batch 1 is in one node per level
+    kept = {n for b in range(1, horizon + 1) for n in nodes_containing(b, horizon)}
+    for t in range(1, horizon + 1):
+        covered = [b for n in prefix_nodes(t) for b in range(node_span(n)[0], node_span(n)[1] + 1)]
+        assert sorted(covered) == list(range(1, t + 1))  # a partition of 1..t
+        assert set(prefix_nodes(t)) <= kept
+        assert all(node_span(n)[1] <= t <= last_use(n) for n in prefix_nodes(t))
+    # a batch is in a node iff the node covers it
+    for b in range(1, horizon + 1):
+        assert all(node_span(n)[0] <= b <= node_span(n)[1] for n in nodes_containing(b, horizon))
+
+
+def test_prefix_sums_are_exact_up_to_the_noise():
+    rng = np.random.default_rng(0)
+    values = [np.diag(rng.uniform(size=3)) for _ in range(11)]
+    tree = TreeAggregator(horizon=11, sigma=1e-9, dim=3)
+    for t, v in enumerate(values, start=1):
+        tree.add(v, rng)
+        assert np.allclose(tree.prefix(), sum(values[:t]), atol=1e-6)
+    assert np.allclose(tree.prefix(5), sum(values[:5]), atol=1e-6)
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+@pytest.mark.parametrize(("rho", "horizon"), [(0.5, 4), (0.1, 365), (2.0, 1)])
+def test_node_sigma_matches_rho_over_L(rho, horizon):
+    levels = tree_levels(horizon)
+    assert node_sigma(rho, horizon) == pytest.approx(math.sqrt(2) / math.sqrt(2 * rho / levels))
+    # after T releases the worst-placed row has spent exactly rho
+    assert spent_rho(horizon, rho, horizon) == pytest.approx(rho)
+    increments = [spent_rho(t, rho, horizon) - spent_rho(t - 1, rho, horizon) for t in range(1, 9)]
+    assert all(i >= 0 for i in increments)
+
+
+def test_rho_for_approx_dp_inverts_the_cks_conversion():
+    for epsilon, delta in [(1.0, 1e-6), (0.1, 1e-9), (8.0, 1e-5)]:
+        rho = rho_for_approx_dp(epsilon, delta)
+        assert zcdp_epsilon(rho, delta) <= epsilon
+        assert zcdp_epsilon(rho * (1 + 1e-6), delta) > epsilon
+
+
+def test_prefix_noise_has_the_calibrated_variance():
+    """Each release sums |prefix_nodes(t)| independent node noises of std σ."""
+    sigma, draws, horizon = 2.0, 3000, 7
+    rng = np.random.default_rng(1)
+    samples = np.empty((draws, horizon, 2))
+    for i in range(draws):
+        tree = TreeAggregator(horizon=horizon, sigma=sigma, dim=2)
+        for t in range(horizon):
+            tree.add(np.zeros((2, 2)), rng)
+            samples[i, t] = tree.prefix()[0, 0], tree.prefix()[0, 1]
+    for t in range(1, horizon + 1):
+        expected = len(prefix_nodes(t)) * sigma**2
+        assert samples[:, t - 1].var(axis=0) == pytest.approx([expected, expected], rel=0.12)
+
+
+# ------------------------------------------------------------------------ privacy audit
+
+AUDIT_RHO, AUDIT_DELTA, AUDIT_RUNS, AUDIT_HORIZON = 0.125, 1e-3, 20_000, 4
+
+
+def stream_releases(sigma: float):
+    """The whole stream's releases: batch 1 holds one unit row, batches 2..T are empty."""
+
+    def mechanism(row: np.ndarray, rng: np.random.Generator) -> float:
+        tree = TreeAggregator(horizon=AUDIT_HORIZON, sigma=sigma, dim=2)
+        statistic = 0.0
+        for t in range(1, AUDIT_HORIZON + 1):
+            tree.add(np.outer(row, row) if t == 1 else np.zeros((2, 2)), rng)
+            if t in (1, 2, 4):  # the releases whose nodes hold batch 1: [1], [1,2], [1,4]
+                release = tree.prefix()
+                statistic += release[0, 0] - release[1, 1]
+        return statistic
+
+    return mechanism
+
+
+def test_audit_tree_noise_and_catch_an_under_noised_twin():
+    """Neighbours replace batch 1's row e₁ by e₂ (sensitivity √2, tight); the likelihood-ratio
+    statistic sums the three released nodes that hold batch 1. A twin with half the noise is
+    caught; the calibrated tree is not."""
+    sigma = node_sigma(AUDIT_RHO, AUDIT_HORIZON)
+    claimed = zcdp_epsilon(AUDIT_RHO, AUDIT_DELTA)
+    levels = tree_levels(AUDIT_HORIZON)
+    # The statistic is ±L (e₁ / e₂) plus noise of std σ√(2L); the twin's std is half that.
+    # Its threshold sits 2.5 twin stds above 0: P(twin, e₂) = Φ̄(3), P(twin, e₁) = Φ̄(2).
+    threshold = 1.25 * sigma * math.sqrt(2 * levels)
+
+    def event(statistic: float) -> bool:
+        return statistic > threshold
+
+    e1, e2 = np.array([1.0, 0.0]), np.array([0.0, 1.0])
+    real = audit(stream_releases(sigma), e1, e2, event, AUDIT_RUNS, AUDIT_DELTA)
+    twin = audit(stream_releases(sigma / 2), e1, e2, event, AUDIT_RUNS, AUDIT_DELTA)
+    assert real.epsilon_lower <= claimed, real
+    assert twin.epsilon_lower > claimed, (twin, claimed)
+
+
+# -------------------------------------------------------------------------- the stream
+
+
+@pytest.fixture(scope="module")
+def batches(tmp_path_factory) -> tuple[list[str], np.ndarray]:
+    """Four batches (files) of 5,000 rows near one rank-2 subspace of R^10, and its basis."""
+    from dpsub_dist.synth import generate
+
+    out = tmp_path_factory.mktemp("stream") / "data"
+    generate(out, rows=20_000, dim=10, rank=2, gamma=0.01, partitions=4, seed=11)
+    files = sorted(str(p) for p in out.glob("*.parquet"))
+    return files, np.load(out / "_truth" / "basis.npy")
+
+
+def exact_gram(path: str, bound: float) -> np.ndarray:
+    table = pq.read_table(path)
+    rows = np.column_stack([table.column(n).to_numpy() for n in table.column_names])
+    rows = clip_rows(rows.astype(np.float64), bound)
+    return rows.T @ rows
+
+
+def test_stream_spends_the_horizon_budget_and_converges(tmp_path, batches, dask_client):
+    files, truth = batches
+    state = str(tmp_path / "stream.db")
+    settings = init_stream(state, horizon=4, rank=2, clip_norm=3.0, epsilon=1.0, delta=1e-6)
+    errors = []
+    with open_stream(state) as stream:
+        for path in files:
+            release = stream.append(path, client=dask_client)
+            errors.append(subspace_error(release.basis, truth))
+        report = stream.accountant().report()
+        assert report["spent"]["rho"] == pytest.approx(settings.rho, rel=1e-12)
+        assert report["spent_as_approx_dp"]["epsilon"] == pytest.approx(1.0, rel=1e-9)
+        assert report["spent_as_approx_dp"]["delta"] == pytest.approx(1e-6)
+        assert release.manifest["privacy"]["budget"] == report
+        assert release.manifest["stream"]["step"] == 4
+        with pytest.raises(BudgetRefused, match="all 4 batches") as err:
+            stream.append(files[0], batch_id="day-5", client=dask_client)
+        assert err.value.exit_code == 4
+    # signal grows 4x while the noise of the released prefix stays one node's
+    assert errors[-1] < 0.04 and errors[-1] < errors[0] and max(errors) < 0.2, errors
+
+
+def test_state_holds_only_noisy_sums_and_reappend_is_idempotent(tmp_path, batches, dask_client):
+    files, _ = batches
+    state = str(tmp_path / "stream.db")
+    settings = init_stream(state, horizon=8, rank=2, clip_norm=3.0, rho=0.05, delta=1e-6)
+    with open_stream(state) as stream:
+        first = stream.append(files[0], batch_id="day-1", client=dask_client)
+        again = stream.append(files[0], batch_id="day-1", client=dask_client)
+        assert again.already_appended and np.array_equal(again.basis, first.basis)
+        assert stream.status()["step"] == 1
+        assert stream.accountant().spent.rho == pytest.approx(settings.rho / settings.levels)
+    with sqlite3.connect(state) as conn:
+        stored = dict(
+            ((level, idx), blob)
+            for level, idx, blob in conn.execute(
+                "SELECT level, idx, noisy_sum FROM dpsub_stream_nodes"
+            )
+        )
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    # node [1] was released at step 1 and no later release needs it; the open nodes remain
+    assert set(stored) == set(nodes_containing(1, 8)) - {(0, 0)} == {(1, 0), (2, 0), (3, 0)}
+    assert not any("row" in t for t in tables)
+    from dpsub_dist.ledger.core import decode_array
+
+    exact = exact_gram(files[0], 3.0)
+    noises = [decode_array(blob) - exact for blob in stored.values()]
+    assert all(np.allclose(n, n.T) for n in noises)
+    upper = np.concatenate([n[np.triu_indices(10)] for n in noises])  # 3 × 55 noise draws
+    assert 0.8 * settings.node_sigma < upper.std() < 1.2 * settings.node_sigma
+    assert abs(upper.mean()) < 4 * settings.node_sigma / math.sqrt(upper.size)
+
+
+def test_stream_without_noise_releases_the_exact_clipped_basis(tmp_path, batches, dask_client):
+    files, _ = batches
+    state = str(tmp_path / "stream.db")
+    init_stream(state, horizon=2, rank=2, clip_norm=1.5, rho=1e9, delta=1e-6)
+    with open_stream(state) as stream:
+        stream.append(files[0], client=dask_client)
+        release = stream.append(files[1], client=dask_client)
+    gram = exact_gram(files[0], 1.5) + exact_gram(files[1], 1.5)
+    _, exact = top_eigenvectors(gram, 2)
+    assert subspace_error(release.basis, exact) < 1e-4
+
+
+def test_bad_inputs_and_corrupt_state(tmp_path, batches, dask_client):
+    files, _ = batches
+    with pytest.raises(InputError, match="horizon must be an integer"):
+        init_stream(str(tmp_path / "a.db"), horizon=0, rank=2, clip_norm=1.0, rho=1, delta=1e-6)
+    with pytest.raises(InputError, match="clip norm must be a positive number"):
+        init_stream(str(tmp_path / "a.db"), horizon=3, rank=2, clip_norm=-1.0, rho=1, delta=1e-6)
+    with pytest.raises(InputError, match="epsilon must be > 0"):
+        init_stream(str(tmp_path / "a.db"), horizon=3, rank=2, clip_norm=1.0, epsilon=0, delta=1e-6)
+    assert not (tmp_path / "a.db").exists()
+    junk = tmp_path / "junk.db"
+    junk.write_text("not a stream")
+    with pytest.raises(InputError, match="not a SQLite database"):
+        open_stream(str(junk))
+    ledger = tmp_path / "ledger.db"
+    assert main(["budget", "init", "--ledger", str(ledger), "--dataset", "/d", "--rho", "1"]
+                + ["--delta", "1e-6"]) == 0  # fmt: skip
+    with pytest.raises(InputError, match="not a dpsub stream"):
+        open_stream(str(ledger))
+    state = str(tmp_path / "s.db")
+    with pytest.raises(InputError, match="rank 2 must be smaller than the number of columns"):
+        init_stream(
+            state, horizon=3, rank=2, clip_norm=1.0, rho=1, delta=1e-6, columns=["x0", "x1"]
+        )
+    init_stream(
+        state, horizon=3, rank=2, clip_norm=1.0, rho=1, delta=1e-6, columns=["x0", "x1", "z"]
+    )
+    with (
+        open_stream(state) as stream,
+        pytest.raises(InputError, match=r"columns not found: \['z'\]"),
+    ):
+        stream.append(files[0], client=dask_client)
+    with open_stream(state) as stream:
+        assert stream.status()["step"] == 0  # nothing appended, nothing spent
+        assert stream.accountant().spent.rho == 0
+
+
+def test_stream_cli(tmp_path, batches, scheduler_address, capsys):
+    files, truth = batches
+    state = str(tmp_path / "s.db")
+    init = ["stream", "init", state, "--horizon", "2", "--rank", "2", "--clip-norm", "3"]
+    assert main([*init, "--epsilon", "2", "--delta", "1e-6"]) == 0
+    assert main([*init, "--epsilon", "2", "--delta", "1e-6"]) == 2  # exists
+    common = ["--scheduler", scheduler_address, "--quiet"]
+    for day, path in enumerate(files[:2], start=1):
+        out = str(tmp_path / f"day-{day}")
+        assert (
+            main(["stream", "append", state, path, "--out", out, "--batch-id", f"d{day}", *common])
+            == 0
+        )
+        basis, manifest = read_run(out)
+        assert manifest["stream"]["step"] == day and subspace_error(basis, truth) < 0.2
+    assert main(["stream", "append", state, files[2], "--batch-id", "d3", *common]) == 4
+    assert "start a new stream" in capsys.readouterr().err
+    assert main(["stream", "show", state, "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["step"] == 2
+    assert status["budget"]["spent_as_approx_dp"]["epsilon"] == pytest.approx(2.0, rel=1e-9)
+    latest = str(tmp_path / "latest")
+    assert main(["stream", "show", state, "--out", latest]) == 0
+    assert np.array_equal(read_run(latest)[0], read_run(str(tmp_path / "day-2"))[0])
+    assert Path(latest, "manifest.json").is_file()
