@@ -6,3 +6,7 @@ try:
     __version__ = version("dpsub_dist")
 except PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0+local"
+
+from dpsub_dist.api import PrivateSubspace  # noqa: E402
+
+__all__ = ["PrivateSubspace", "__version__"]

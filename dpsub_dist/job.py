@@ -219,7 +219,7 @@ def run_sample_aggregate(
     timings["inspect_s"] = time.monotonic() - started
     dim, k, n = dataset.dim, config.rank, dataset.n_rows
     t = config.subsets or sa.default_subsets(config.method, grants, n, dim, k)
-    q = config.ref_points or sa.default_ref_points(k)
+    q = config.ref_points or sa.default_ref_points(k, t, dim)
     if n < t * k:
         raise InputError(
             f"too few rows: {n} rows cannot fill {t} subsets of at least {k} rows: "
