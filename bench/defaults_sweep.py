@@ -1,4 +1,4 @@
-"""Sweep T (subsets) and Q (reference points) for the friendly estimator: the README's defaults table.
+"""Sweep T (subsets) and Q (reference points) for friendly: the README defaults table.
 
     python bench/defaults_sweep.py --rows 200000 --dim 50 --gamma 0.01 --subsets 500,1000,2000,4000
     python bench/defaults_sweep.py --rows 200000 --dim 500 --gamma 0.001 --subsets 700,1000,2000
