@@ -2,7 +2,8 @@
 
 Exit codes: 0 success · 2 bad input or parameters (nothing written, no budget
 spent) · 3 no stable subspace (manifest written, no basis) · 4 budget refused ·
-1 unexpected failure.
+5 run aborted: the scheduler was lost or the output could not be written (nothing
+written or released) · 1 unexpected failure.
 """
 
 from __future__ import annotations

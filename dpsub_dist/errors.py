@@ -23,3 +23,9 @@ class BudgetRefused(DpsubError):
     """The run would exceed the privacy budget left for this dataset (exit 4)."""
 
     exit_code = 4
+
+
+class RunAborted(DpsubError):
+    """The cluster or the output storage failed mid-run: nothing written or released (exit 5)."""
+
+    exit_code = 5

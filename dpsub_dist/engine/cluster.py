@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Iterator
 
-from dpsub_dist.errors import DpsubError, InputError
+from dpsub_dist.errors import DpsubError, InputError, RunAborted
 
 
 def _memory_bytes() -> int:
@@ -16,6 +16,17 @@ def _memory_bytes() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         return 8 * 2**30
+
+
+@contextlib.contextmanager
+def _quiet(logger: logging.Logger) -> Iterator[None]:
+    """Silence ``logger`` for the block: a lost scheduler is reported once, as RunAborted."""
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 @contextlib.contextmanager
@@ -33,8 +44,16 @@ def dask_client(
                 f"cannot reach the Dask scheduler at {scheduler} ({err}): "
                 "check the address or omit --scheduler to start a local cluster"
             ) from None
-        with client:
-            yield client
+        with _quiet(logging.getLogger("distributed.client")), client:
+            try:
+                yield client
+            except Exception as err:
+                if isinstance(err, DpsubError) or client.status == "running":
+                    raise
+                raise RunAborted(
+                    f"lost the Dask scheduler at {scheduler} mid-run ({type(err).__name__}): "
+                    "nothing was written or released; check the cluster and re-run"
+                ) from None
         return
     n_workers = workers or max(1, os.cpu_count() or 1)
     cluster = LocalCluster(

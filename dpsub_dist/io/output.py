@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from dpsub_dist.errors import InputError
+from dpsub_dist.errors import InputError, RunAborted
 from dpsub_dist.io.storage import (
     STORAGE_ERRORS,
     bucket_of,
@@ -145,8 +145,8 @@ def write_run(
         return _write_remote(out, files, overwrite, storage_options)
     final = _local_path(out)
     tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=False)
     try:
+        tmp.mkdir(parents=False)
         for name, data in files.items():
             _write_synced(tmp / name, data)
         if final.exists():
@@ -158,6 +158,12 @@ def write_run(
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(final)
+    except OSError as err:  # disk full, read-only, permissions: nothing is left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RunAborted(
+            f"cannot write the run to {out} ({err.strerror or short_error(err)}): nothing was "
+            "written or released; free space or fix the folder's permissions, then re-run"
+        ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
