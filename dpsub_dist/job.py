@@ -17,7 +17,11 @@ import numpy as np
 
 from dpsub_dist import __version__
 from dpsub_dist.engine.sources import Dataset
-from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
+from dpsub_dist.engine.subsets import (
+    SubsetPlan,
+    compute_subset_summaries,
+    compute_subset_summaries_from_grams,
+)
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import boost, exact
 from dpsub_dist.estimators import covariance as cov
@@ -26,6 +30,9 @@ from dpsub_dist.privacy.accountant import Accountant, Budget, parse_budget
 from dpsub_dist.privacy.noise import new_noise_seed, noise_rng
 
 SHUFFLE_BUCKET_BYTES = 256 * 2**20
+GRAM_ROUTE_BYTES = 64 * 2**20
+"""Below this size of t per-subset d×d Gram matrices, subsets are summarised from Grams
+(no shuffle, worker memory flat in n); above it rows are shuffled to their subsets."""
 
 
 @dataclass
@@ -72,8 +79,11 @@ class EstimateConfig:
                 "--assign contiguous is row-level only: drop it with --unit-column "
                 "(users are assigned by a keyed hash of their id)"
             )
-        if self.subsets is not None and self.subsets < 2:
-            raise InputError(f"subsets must be ≥ 2 (got {self.subsets}): pass a larger --subsets")
+        if self.subsets is not None and not 2 <= self.subsets <= sa.MAX_SUBSETS:
+            raise InputError(
+                f"subsets must be between 2 and {sa.MAX_SUBSETS} (got {self.subsets}): "
+                "the driver holds a t×t matrix; pass a --subsets in that range"
+            )
         if self.ref_points is not None and self.ref_points < self.rank:
             raise InputError(
                 f"ref-points must be ≥ rank ({self.rank}), got {self.ref_points}: "
@@ -237,7 +247,9 @@ def run_sample_aggregate(
     )
     step = sa.ProjectedReferenceStep(rank=k, dim=dim, ref_points=q, seed=seed)
     mark = time.monotonic()
-    summaries = compute_subset_summaries(
+    use_grams = t * dim * dim * 8 <= GRAM_ROUTE_BYTES
+    compute = compute_subset_summaries_from_grams if use_grams else compute_subset_summaries
+    summaries = compute(
         dataset.parts, dataset.offsets, dataset.loader, plan, step, client, progress
     )
     timings["local_steps_s"] = time.monotonic() - mark
@@ -262,7 +274,8 @@ def run_sample_aggregate(
         "public_seed": seed,
         "scale_given": config.scale,
         "budget_shares": sa.budget_plan(config.method, config.scale is not None),
-        "shuffle_buckets": plan.buckets,
+        "local_route": "per-subset Gram matrices" if use_grams else "row shuffle",
+        "shuffle_buckets": None if use_grams else plan.buckets,
         "partitions": len(dataset.parts),
     }
     manifest = build_manifest(

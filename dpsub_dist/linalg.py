@@ -34,6 +34,23 @@ def _randomized_right_vectors(
     return s, vt
 
 
+def _rank_deficient(singular: np.ndarray, k: int, rows: int, dim: int) -> bool:
+    """True when the k-th singular value is numerically zero relative to the first."""
+    return bool(singular[0] == 0 or singular[k - 1] <= singular[0] * max(rows, dim) * _EPS)
+
+
+_EPS = float(np.finfo(float).eps)
+
+
+def top_right_singular_vectors_from_gram(gram: np.ndarray, k: int, rows: int) -> np.ndarray | None:
+    """Top-k right singular vectors (k×d) of a matrix X given only XᵀX and its row count."""
+    if rows < k:
+        return None
+    values, vectors = top_eigenvectors(gram, k)
+    singular = np.sqrt(np.maximum(values, 0.0))
+    return None if _rank_deficient(singular, k, rows, gram.shape[0]) else vectors.T
+
+
 def top_right_singular_vectors(
     rows: np.ndarray, k: int, rng: np.random.Generator
 ) -> np.ndarray | None:
@@ -41,36 +58,22 @@ def top_right_singular_vectors(
 
     Exact (eigh of the smaller Gram matrix) when cheap, randomized SVD otherwise;
     ``rng`` only drives the randomized sketch and must come from public randomness.
-    Rows are first divided by their largest magnitude (the singular vectors do not
-    change), so any finite input works: no overflow to inf, no underflow to zero.
     """
     m, d = rows.shape
     if m < k:
         return None
-    magnitude = float(np.max(np.abs(rows))) if rows.size else 0.0
-    if magnitude == 0.0:
-        return None
-    rows = rows / magnitude
     small = min(m, d)
-    if m * d * small + 4 * small**3 <= EXACT_FLOP_LIMIT or small <= 4 * (k + 10):
-        if d <= m:
-            values, vectors = top_eigenvectors(rows.T @ rows, k)
-            sq_singular, vt = values, vectors.T
-        else:
-            values, vectors = top_eigenvectors(rows @ rows.T, k)
-            sq_singular = values
-            scale = np.sqrt(np.maximum(values, np.finfo(float).tiny))
-            vt = (rows.T @ vectors / scale).T
-        singular = np.sqrt(np.maximum(sq_singular, 0.0))
-    else:
+    if m * d * small + 4 * small**3 > EXACT_FLOP_LIMIT and small > 4 * (k + 10):
         singular, vt = _randomized_right_vectors(rows, k, rng)
-        singular, vt = singular[:k], vt[:k]
-    if singular[0] == 0 or singular[k - 1] <= singular[0] * max(m, d) * np.finfo(float).eps:
+        return None if _rank_deficient(singular, k, m, d) else vt[:k]
+    if d <= m:
+        return top_right_singular_vectors_from_gram(rows.T @ rows, k, m)
+    values, vectors = top_eigenvectors(rows @ rows.T, k)
+    singular = np.sqrt(np.maximum(values, 0.0))
+    if _rank_deficient(singular, k, m, d):
         return None
-    if d > m:
-        vt, _ = np.linalg.qr(vt.T)  # re-orthonormalise after the m×m route
-        vt = vt.T
-    return vt
+    vt, _ = np.linalg.qr(rows.T @ vectors / singular)  # re-orthonormalise after the m×m route
+    return vt.T
 
 
 def subspace_error(basis_hat: np.ndarray, basis_true: np.ndarray) -> float:

@@ -244,3 +244,39 @@ def test_api_fit_transform_numpy_and_dask():
         np.testing.assert_allclose(est.components_ @ est.basis_, np.eye(3), atol=1e-10)
         assert subspace_error(est.basis_, basis) < 0.1
     assert est.transform(X[:7]).shape == (7, 3)
+
+
+def test_gram_route_equals_row_shuffle_route():
+    from dpsub_dist.engine.sources import array_dataset
+    from dpsub_dist.engine.subsets import (
+        SubsetPlan,
+        compute_subset_summaries,
+        compute_subset_summaries_from_grams,
+    )
+
+    rng = np.random.default_rng(2)
+    data = array_dataset(rng.standard_normal((6_000, 9)))
+    plan = SubsetPlan(subsets=300, n_rows=6_000, seed=4, buckets=3)
+    step = ProjectedReferenceStep(rank=3, dim=9, ref_points=6, seed=4)
+    args = (data.parts, data.offsets, data.loader, plan, step)
+    shuffled, from_grams = (
+        compute_subset_summaries(*args),
+        compute_subset_summaries_from_grams(*args),
+    )
+    assert shuffled.shape == (300, 54) and np.abs(shuffled).sum(axis=1).min() > 0
+    np.testing.assert_allclose(from_grams, shuffled, atol=1e-9)
+
+
+def test_default_subsets_are_capped_and_large_t_refused():
+    from dpsub_dist.errors import InputError
+    from dpsub_dist.estimators import sample_aggregate as sa
+    from dpsub_dist.job import plan_budget
+
+    config = EstimateConfig(rank=4, epsilon=1.0, delta=1e-6)
+    _, grants = plan_budget(config)
+    assert sa.default_subsets("friendly", grants, 10**7, 32, 4) == sa.DEFAULT_MAX_SUBSETS
+    assert sa.default_subsets("friendly", grants, 10**4, 32, 4) == sa.minimum_subsets(
+        "friendly", grants
+    )
+    with pytest.raises(InputError, match="subsets must be between"):
+        EstimateConfig(rank=4, epsilon=1.0, delta=1e-6, subsets=sa.MAX_SUBSETS + 1).validate()

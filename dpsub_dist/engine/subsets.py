@@ -94,6 +94,71 @@ def progress_bar(done: int, total: int, started: float, label: str) -> None:
     sys.stderr.flush()
 
 
+def partition_grams(
+    plan: SubsetPlan, loader: Loader, part: Any, offset: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-subset Gram matrices XⱼᵀXⱼ (t×d×d) and row counts of one partition (on a worker)."""
+    from dpsub_dist.engine.gram import gram_of
+
+    rows, units = loader(part)
+    positions = offset + np.arange(rows.shape[0], dtype=np.int64)
+    subset = plan.subset_of(positions, units)
+    order = np.argsort(subset, kind="stable")
+    subset, rows = subset[order], rows[order]
+    bounds = np.searchsorted(subset, np.arange(plan.subsets + 1))
+    counts = np.diff(bounds)
+    grams = np.zeros((plan.subsets, rows.shape[1], rows.shape[1]))
+    for j in np.flatnonzero(counts):
+        grams[j] = gram_of(rows[bounds[j] : bounds[j + 1]])
+    return grams, counts
+
+
+def add_grams(
+    a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sum two partitions' per-subset Gram matrices and counts (a node of the tree)."""
+    return a[0] + b[0], a[1] + b[1]
+
+
+def gram_summaries(local_step: Any, total: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Run the local step on every subset's summed Gram matrix (on a worker)."""
+    grams, counts = total
+    return np.stack(
+        [
+            local_step.from_gram(g, int(c), j)
+            for j, (g, c) in enumerate(zip(grams, counts, strict=True))
+        ]
+    )
+
+
+def compute_subset_summaries_from_grams(
+    parts: Sequence[Any],
+    offsets: Sequence[int],
+    loader: Loader,
+    plan: SubsetPlan,
+    local_step: Any,
+    client: Any | None = None,
+    progress: bool = False,
+) -> np.ndarray:
+    """Summaries of all subsets via per-subset Gram matrices: no shuffle, memory flat in n.
+
+    For small d (t·d² floats per partition): each partition emits XⱼᵀXⱼ for every subset
+    j, the blocks are tree-summed on the workers, and one worker task turns the t Grams
+    into t summaries with ``local_step.from_gram``. Exact, like the rows route.
+    """
+    from dpsub_dist.engine.gram import tree_sum
+
+    grams = dask.delayed(partition_grams, pure=True)
+    leaves = [
+        grams(plan, loader, part, offset) for part, offset in zip(parts, offsets, strict=True)
+    ]
+    total = tree_sum(leaves, dask.delayed(add_grams, pure=True))
+    summaries = dask.delayed(gram_summaries, pure=True)(local_step, total)
+    if client is None:
+        return _compute_in_process(summaries)[0]
+    return _compute_with_progress(client, leaves, [summaries], progress)[0]
+
+
 def compute_subset_summaries(
     parts: Sequence[Any],
     offsets: Sequence[int],
@@ -111,7 +176,7 @@ def compute_subset_summaries(
     summarise = dask.delayed(bucket_summaries, pure=True)
     buckets = [summarise(plan, local_step, b, *[s[b] for s in shards]) for b in range(plan.buckets)]
     if client is None:
-        results = dask.compute(*buckets, scheduler="threads")
+        results = _compute_in_process(*buckets)
     else:
         results = _compute_with_progress(client, shards, buckets, progress)
     summaries = np.empty((plan.subsets, results[0][1].shape[1]))
@@ -120,20 +185,32 @@ def compute_subset_summaries(
     return summaries
 
 
+def _compute_in_process(*tasks: Any) -> tuple:
+    """Dask's thread pool with one BLAS thread per task, as on a worker: many small
+    factorisations run far slower when each also starts a BLAS thread pool."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        return dask.compute(*tasks, scheduler="threads")
+
+
 def _compute_with_progress(client: Any, shards: list, buckets: list, progress: bool) -> list:
-    """Run the graph on the cluster; the bar counts partitions split, then buckets summarised."""
+    """Run the graph on the cluster, gather only ``buckets``; the bar counts finished tasks."""
     from distributed import as_completed
 
     futures = client.compute([*shards, *buckets])
     bucket_futures = futures[len(shards) :]
+    total = len(futures)
     started = time.monotonic()
-    label = f"{len(shards)} partitions, {len(buckets)} buckets"
+    label = f"{len(shards)} partitions, {len(buckets)} summary tasks"
+    pending = as_completed(futures)
+    del futures  # finished partition results are freed once their dependents have run
     if progress:
-        progress_bar(0, len(futures), started, label)
-    for done, future in enumerate(as_completed(futures), start=1):
+        progress_bar(0, total, started, label)
+    for done, future in enumerate(pending, start=1):
         if future.status == "error":
             future.result()  # re-raise the worker's error here, with its message
         if progress:
-            progress_bar(done, len(futures), started, label)
-    del futures, future  # let the workers drop the split partitions
+            progress_bar(done, total, started, label)
+        del future
     return client.gather(bucket_futures)

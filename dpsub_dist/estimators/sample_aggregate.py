@@ -19,7 +19,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from dpsub_dist.linalg import top_left_singular_vectors, top_right_singular_vectors
+from dpsub_dist.linalg import (
+    top_left_singular_vectors,
+    top_right_singular_vectors,
+    top_right_singular_vectors_from_gram,
+)
 from dpsub_dist.privacy.accountant import Accountant, ApproxDP, Budget, laplace_epsilon
 from dpsub_dist.privacy.friendly import choose_radius, friendly_core_average, pairwise_sq_distances
 from dpsub_dist.privacy.histogram import choose_cell_side, shifted_grid_histogram
@@ -69,6 +73,13 @@ class ProjectedReferenceStep:
         if rows.shape[0] >= self.rank:
             sketch_rng = np.random.default_rng([self.seed, _SKETCH_TAG, subset])
             vt = top_right_singular_vectors(rows, self.rank, sketch_rng)
+        return self._project(vt)
+
+    def from_gram(self, gram: np.ndarray, rows: int, subset: int) -> np.ndarray:
+        """The same summary from the subset's Gram matrix XᵀX (exact eigh route)."""
+        return self._project(top_right_singular_vectors_from_gram(gram, self.rank, rows))
+
+    def _project(self, vt: np.ndarray | None) -> np.ndarray:
         if vt is None:
             return np.zeros(self.dim * self.ref_points)
         reference = reference_points(self.seed, self.dim, self.ref_points)
@@ -96,12 +107,21 @@ def minimum_subsets(method: Aggregator, grants: dict[str, Budget]) -> int:
     return max(50, math.ceil(2 * threshold))
 
 
+DEFAULT_MAX_SUBSETS = 4000
+"""The default t stops growing here: the driver holds a t×t distance matrix and more
+subsets gained little in the README's sweep (t = 2000 → 4000: error 0.023 → 0.019)."""
+
+MAX_SUBSETS = 20_000
+"""Largest t accepted at all (the t×t float64 distance matrix is 3.2 GB at this size)."""
+
+
 def default_subsets(
     method: Aggregator, grants: dict[str, Budget], n: int, dim: int, rank: int
 ) -> int:
-    """Default t: subsets of about max(10k, min(2d, 2000)) rows, but no fewer than the minimum."""
+    """Default t: subsets of about max(10k, min(2d, 2000)) rows, within [minimum, 4000]."""
     rows_per_subset = max(10 * rank, min(2 * dim, 2000))
-    return max(minimum_subsets(method, grants), n // rows_per_subset)
+    wanted = min(n // rows_per_subset, DEFAULT_MAX_SUBSETS)
+    return max(minimum_subsets(method, grants), wanted)
 
 
 SUMMARY_BYTES_LIMIT = 512 * 2**20
