@@ -213,23 +213,24 @@ class _Fields:
     def _fail(self, name: str, need: str, value: Any) -> InputError:
         return InputError(f"{self.where}: {name} must be {need} (got {value!r})")
 
-    def text(self, name: str, required: bool = True) -> Any:
+    def _given(self, name: str, required: bool) -> Any:
+        """The field's value; None if absent and optional; InputError if absent and required."""
         value = self.document.get(name)
-        if value is None:
-            if required:
-                raise InputError(f"{self.where}: {name} is required ({JOB_FIELDS[name]})")
-            return None
-        if not isinstance(value, str) or not value.strip():
+        if value is None and required:
+            raise InputError(f"{self.where}: {name} is required ({JOB_FIELDS[name]})")
+        return value
+
+    def text(self, name: str, required: bool = True) -> Any:
+        value = self._given(name, required)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
             raise self._fail(name, "a non-empty string", value)
-        return value.strip()
+        return None if value is None else value.strip()
 
     def positive_int(self, name: str, required: bool = True) -> Any:
-        value = self.document.get(name)
-        if value is None:
-            if required:
-                raise InputError(f"{self.where}: {name} is required ({JOB_FIELDS[name]})")
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        value = self._given(name, required)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
             raise self._fail(name, "a positive integer", value)
         return value
 
@@ -443,7 +444,7 @@ def run_job(
         record = reservation.record
         if adopt and reservation.kind == "resume":
             basis, manifest = read_run(output, options)
-            book.publish(dataset, run_id, manifest["outcome"], _json(manifest), _npy(basis))
+            book.publish(dataset, run_id, manifest["outcome"], json.dumps(manifest), _npy(basis))
             return RunOutcome(
                 run_id, "resumed", manifest["outcome"], output, charge, reservation.remaining
             )
@@ -465,7 +466,8 @@ def run_job(
         manifest = dict(result.manifest)
         manifest["ledger"] = _manifest_entry(job, record)
         write_run(output, result.basis, manifest, job.overwrite, options)
-        book.publish(dataset, run_id, result.outcome, _json(manifest), _npy(result.basis))
+        _, published = read_run(output, options)  # as written, with the outputs' checksums
+        book.publish(dataset, run_id, result.outcome, json.dumps(published), _npy(result.basis))
     status = "published" if reservation.kind == "new" else "resumed"
     return RunOutcome(run_id, status, result.outcome, output, charge, reservation.remaining)
 
@@ -525,18 +527,6 @@ def _readable_run(output: str, options: Mapping[str, Any]) -> bool:
     except InputError:
         return False
     return True
-
-
-def _json(manifest: dict[str, Any]) -> str:
-    return json.dumps(manifest, sort_keys=True, default=_jsonable)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(f"cannot store {type(value).__name__} in the ledger")
 
 
 def _npy(basis: np.ndarray | None) -> bytes | None:

@@ -4,8 +4,8 @@ Retries re-use the run id, so a retried task resumes the same release (same nois
 or returns the published one; it never charges the budget twice. Exit codes:
 0 published (or already published) · 3 published "no stable subspace" (skipped) ·
 4 refused: the dataset's budget is spent (skipped: retrying cannot help until more is
-granted) · 2 bad job or input, nothing spent (failed) · 1 unexpected failure (failed,
-retried).
+granted) · 2 bad job or input, nothing spent (failed) · 5 aborted: scheduler lost or
+output not writable (failed, retried: resumes) · 1 unexpected failure (failed, retried).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ EXIT_CODES = {
     2: "bad job file or input: nothing was spent; fix and re-run",
     3: "published: no stable subspace (the budget was spent)",
     4: "refused: the dataset's budget is spent; grant more or stop",
+    5: "aborted (scheduler lost or output not writable): retry, it resumes the same run",
 }
 
 

@@ -270,7 +270,14 @@ def test_exhaustion_idempotent_rerun_and_restore(
     assert (first.status, first.outcome) == ("published", "ok")
     basis_1, manifest = read_run(first.output)
     assert manifest["ledger"]["run_id"] == "day-1"
-    assert "noise_seed" not in json.dumps(manifest)
+    with open_ledger(ledger) as book:
+        seed = str(book.lookup(str(small_dataset.path), "day-1").noise_seed)
+    assert main(["budget", "history", "--ledger", ledger, "--json"]) == 0
+    assert main(["budget", "show", "--ledger", ledger]) == 0
+    shown = capsys.readouterr().out
+    assert "day-1" in shown and "remaining" in shown
+    for text in (json.dumps(manifest), shown, Path(first.output, "manifest.json").read_text()):
+        assert "noise_seed" not in text and seed not in text  # the private seed stays private
     again = run_job(job, "day-1", client=dask_client)
     assert again.status == "already_published"
     assert np.array_equal(read_run(again.output)[0], basis_1)

@@ -82,7 +82,7 @@ def test_prefect_flow_builds_an_accepted_command():
     assert argv[0] == "dpsub"
     args = parse_run(argv[1:])
     assert args.run_id == "events-basis-2024-06-01" and args.job == namespace["JOB"]
-    assert sorted(namespace["EXIT_CODES"]) == [0, 1, 2, 3, 4]
+    assert sorted(namespace["EXIT_CODES"]) == [0, 1, 2, 3, 4, 5]
 
 
 def test_example_job_is_valid_and_writes_one_folder_per_run():

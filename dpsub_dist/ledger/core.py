@@ -229,6 +229,11 @@ class DatasetStatus:
     report: dict[str, Any]
 
 
+GRANT_SELECT = (
+    "SELECT dataset, unit, mode, total_privacy, total_delta, granted_at FROM dpsub_datasets"
+)
+"""A grant row, as :func:`_grant_from_row` reads it."""
+
 _RUN_COLUMNS = (
     "dataset, run_id, state, mode, charge_privacy, charge_delta, job_fingerprint, "
     "input_fingerprint, public_seed, noise_seed, output, outcome, reserved_at, updated_at, "
@@ -240,6 +245,7 @@ class Ledger(ABC):
     """Budget ledger over a SQL database; subclasses supply the connection and locking."""
 
     blob_type = "BLOB"
+    _conn: Any  # the driver's connection, set by subclasses
 
     def __init__(self, location: str) -> None:
         self.location = location  # already redacted of passwords
@@ -257,9 +263,9 @@ class Ledger(ABC):
     def _lock_dataset(self, execute, dataset: str) -> tuple | None:
         """Lock and return the dataset's grant row inside a write transaction."""
 
-    @abstractmethod
     def close(self) -> None:
         """Release the connection."""
+        self._conn.close()
 
     def __enter__(self) -> Ledger:
         return self
@@ -341,11 +347,7 @@ class Ledger(ABC):
 
     def grants(self) -> list[Grant]:
         with self._transaction(write=False) as execute:
-            rows = execute(
-                "SELECT dataset, unit, mode, total_privacy, total_delta, granted_at "
-                "FROM dpsub_datasets ORDER BY dataset",
-                (),
-            )
+            rows = execute(f"{GRANT_SELECT} ORDER BY dataset", ())
         return [_grant_from_row(r) for r in rows]
 
     def status(self, dataset: str | None = None) -> list[DatasetStatus]:

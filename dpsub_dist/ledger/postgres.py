@@ -13,7 +13,7 @@ import contextlib
 import re
 from collections.abc import Iterator
 
-from dpsub_dist.ledger.core import Ledger, LedgerError, LedgerUnavailable
+from dpsub_dist.ledger.core import GRANT_SELECT, Ledger, LedgerError, LedgerUnavailable
 
 SCHEMA_LOCK_KEY = 0x44505355  # advisory lock held while creating the tables
 CONNECT_TIMEOUT_S = 15
@@ -91,15 +91,8 @@ class PostgresLedger(Ledger):
 
     def _lock_dataset(self, execute, dataset: str) -> tuple | None:
         execute("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (dataset,))
-        rows = execute(
-            "SELECT dataset, unit, mode, total_privacy, total_delta, granted_at "
-            "FROM dpsub_datasets WHERE dataset = ? FOR UPDATE",
-            (dataset,),
-        )
+        rows = execute(f"{GRANT_SELECT} WHERE dataset = ? FOR UPDATE", (dataset,))
         return rows[0] if rows else None
-
-    def close(self) -> None:
-        self._conn.close()
 
 
 def _first_line(err: BaseException) -> str:

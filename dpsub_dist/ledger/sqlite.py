@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
-from dpsub_dist.ledger.core import Ledger, LedgerError, translate_errors
+from dpsub_dist.ledger.core import GRANT_SELECT, Ledger, LedgerError, translate_errors
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 BUSY_TIMEOUT_S = 120.0
@@ -99,12 +99,5 @@ class SQLiteLedger(Ledger):
 
     def _lock_dataset(self, execute, dataset: str) -> tuple | None:
         # BEGIN IMMEDIATE already holds the database's write lock.
-        rows = execute(
-            "SELECT dataset, unit, mode, total_privacy, total_delta, granted_at "
-            "FROM dpsub_datasets WHERE dataset = ?",
-            (dataset,),
-        )
+        rows = execute(f"{GRANT_SELECT} WHERE dataset = ?", (dataset,))
         return rows[0] if rows else None
-
-    def close(self) -> None:
-        self._conn.close()
