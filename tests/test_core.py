@@ -280,3 +280,14 @@ def test_default_subsets_are_capped_and_large_t_refused():
     )
     with pytest.raises(InputError, match="subsets must be between"):
         EstimateConfig(rank=4, epsilon=1.0, delta=1e-6, subsets=sa.MAX_SUBSETS + 1).validate()
+
+
+def test_local_step_at_d_100000_uses_randomized_svd():
+    rng = np.random.default_rng(5)
+    d, k = 100_000, 3
+    basis = np.linalg.qr(rng.standard_normal((d, k)))[0]
+    rows = rng.standard_normal((300, k)) @ basis.T + 1e-4 * rng.standard_normal((300, d))
+    step = ProjectedReferenceStep(rank=k, dim=d, ref_points=2 * k, seed=1)
+    y = step(rows, subset=0).reshape(d, 2 * k)
+    truth = basis @ (basis.T @ reference_points(1, d, 2 * k))
+    assert np.linalg.norm(y - truth) / np.linalg.norm(truth) < 0.01
