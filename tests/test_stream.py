@@ -286,3 +286,29 @@ def test_stream_cli(tmp_path, batches, scheduler_address, capsys):
     assert main(["stream", "show", state, "--out", latest]) == 0
     assert np.array_equal(read_run(latest)[0], read_run(str(tmp_path / "day-2"))[0])
     assert Path(latest, "manifest.json").is_file()
+
+
+def test_an_append_racing_another_adds_nothing(tmp_path, batches, dask_client, monkeypatch):
+    """Two appends read their batches at once: the second to commit is refused (exit 1)."""
+    from dpsub_dist.estimators import online
+    from dpsub_dist.ledger import LedgerUnavailable
+
+    files, _ = batches
+    state = str(tmp_path / "s.db")
+    init_stream(state, horizon=4, rank=2, clip_norm=3.0, rho=1.0, delta=1e-6)
+    real, raced = online.compute_gram, []
+
+    def racing(*args, **kwargs):
+        if not raced:  # while this batch is being read, another append commits
+            raced.append(True)
+            with open_stream(state) as other:
+                other.append(files[1], batch_id="other", client=dask_client)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(online, "compute_gram", racing)
+    with open_stream(state) as stream, pytest.raises(LedgerUnavailable, match="again") as err:
+        stream.append(files[0], batch_id="mine", client=dask_client)
+    assert err.value.exit_code == 1
+    with open_stream(state) as stream:
+        assert [b.batch_id for b in stream.batches()] == ["other"]
+        assert stream.append(files[0], batch_id="mine", client=dask_client).step == 2

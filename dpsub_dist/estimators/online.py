@@ -39,6 +39,7 @@ from dpsub_dist.errors import BudgetRefused, InputError
 from dpsub_dist.job import versions
 from dpsub_dist.ledger.core import (
     LedgerError,
+    LedgerUnavailable,
     canonical_dataset,
     check_run_id,
     decode_array,
@@ -374,9 +375,9 @@ class Stream:
             if now != step or execute(
                 "SELECT 1 FROM dpsub_stream_batches WHERE batch_id = ?", (batch_id,)
             ):
-                raise InputError(
-                    f"another append changed stream {self.path} while this batch was read: "
-                    "run this append again"
+                raise LedgerUnavailable(
+                    f"another append changed stream {self.path} while this batch was read; "
+                    "nothing was added: run this append again"
                 )
             needed = nodes_containing(batch.step, s.horizon) + prefix_nodes(batch.step)
             tree = self._aggregator(execute, step, dataset.dim, needed)
