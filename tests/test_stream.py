@@ -99,7 +99,7 @@ def test_prefix_noise_has_the_calibrated_variance():
 
 # ------------------------------------------------------------------------ privacy audit
 
-AUDIT_RHO, AUDIT_DELTA, AUDIT_RUNS, AUDIT_HORIZON = 0.125, 1e-3, 20_000, 4
+AUDIT_RHO, AUDIT_DELTA, AUDIT_RUNS, AUDIT_HORIZON = 0.125, 1e-3, 15_000, 4
 
 
 def stream_releases(sigma: float):
