@@ -227,7 +227,7 @@ def run_covariance(
     )
     scaled_mean = release.pop("scaled_mean", None)
     if scaled_mean is not None:
-        release["mean"] = scaled_mean * float(config.row_norm)
+        release["mean"] = (scaled_mean * float(config.row_norm)).tolist()
         release["mean_note"] = "private mean of the rows clipped to norm ≤ row_norm, input units"
     timings["aggregate_s"] = time.monotonic() - mark
     timings["total_s"] = time.monotonic() - started

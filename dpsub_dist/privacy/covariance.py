@@ -171,8 +171,7 @@ def gap_perturbation(
     if not 1 <= k < dim:
         raise ValueError(f"k must be in [1, {dim - 1}] for a {dim}×{dim} matrix (got {k})")
     sens = SENSITIVITY[neighbours]
-    values, vectors = np.linalg.eigh(gram)
-    values, vectors = values[::-1], vectors[:, ::-1]
+    values, vectors = top_eigenvectors(gram, k + 1)
     gap = float(values[k - 1] - values[k])
     noisy_gap, lower, noise_name, noise_scale = noisy_gap_lower_bound(gap, sens.gap, gap_grant, rng)
     projector_sens = sens.projector(lower)
