@@ -58,10 +58,16 @@ def top_right_singular_vectors(
 
     Exact (eigh of the smaller Gram matrix) when cheap, randomized SVD otherwise;
     ``rng`` only drives the randomized sketch and must come from public randomness.
+    Rows are first scaled by a power of two to a largest magnitude in [½, 1) (exact; the
+    singular vectors do not change), so any finite input works: no overflow to inf, no
+    underflow to zero.
     """
     m, d = rows.shape
     if m < k:
         return None
+    if not rows.any():
+        return None
+    rows = np.ldexp(rows, -np.frexp(np.max(np.abs(rows)))[1])
     small = min(m, d)
     if m * d * small + 4 * small**3 > EXACT_FLOP_LIMIT and small > 4 * (k + 10):
         singular, vt = _randomized_right_vectors(rows, k, rng)

@@ -318,7 +318,18 @@ FAULTS: list[Fault] = [
         args=("--subsets", "4000"),
         rank=2,
     ),
-    Fault("one-subset", good_folder, r"subsets must be ≥ 2", args=("--subsets", "1")),
+    Fault(
+        "one-subset",
+        good_folder,
+        r"subsets must be between 2 and \d+ \(got 1\)",
+        args=("--subsets", "1"),
+    ),
+    Fault(
+        "too-many-subsets",
+        good_folder,
+        r"subsets must be between 2 and \d+ \(got 10000000\): the driver holds a t×t matrix",
+        args=("--subsets", "10000000"),
+    ),
     Fault(
         "ref-points-below-rank",
         good_folder,

@@ -94,10 +94,20 @@ def progress_bar(done: int, total: int, started: float, label: str) -> None:
     sys.stderr.flush()
 
 
-def partition_grams(
-    plan: SubsetPlan, loader: Loader, part: Any, offset: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per-subset Gram matrices XⱼᵀXⱼ (t×d×d) and row counts of one partition (on a worker)."""
+EMPTY_EXPONENT = -(2**20)
+"""Scale exponent of a subset with no rows: any other exponent wins when Grams are added."""
+
+ScaledGrams = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""Per-subset Gram matrices (t×d×d), row counts (t) and exponents e (t): Gⱼ·4^eⱼ = XⱼᵀXⱼ."""
+
+
+def partition_grams(plan: SubsetPlan, loader: Loader, part: Any, offset: int) -> ScaledGrams:
+    """Per-subset Gram matrices XⱼᵀXⱼ, row counts and scale exponents of one partition.
+
+    Each subset's rows are scaled by a power of two to a largest magnitude in [½, 1)
+    before XᵀX (exact, and no overflow or underflow whatever the data's magnitude);
+    the eigenvectors, hence the summaries, do not depend on the scale.
+    """
     from dpsub_dist.engine.gram import gram_of
 
     rows, units = loader(part)
@@ -108,21 +118,25 @@ def partition_grams(
     bounds = np.searchsorted(subset, np.arange(plan.subsets + 1))
     counts = np.diff(bounds)
     grams = np.zeros((plan.subsets, rows.shape[1], rows.shape[1]))
+    exponents = np.full(plan.subsets, EMPTY_EXPONENT, dtype=np.int64)
     for j in np.flatnonzero(counts):
-        grams[j] = gram_of(rows[bounds[j] : bounds[j + 1]])
-    return grams, counts
+        block = rows[bounds[j] : bounds[j + 1]]
+        exponents[j] = np.frexp(np.max(np.abs(block)))[1] if block.any() else EMPTY_EXPONENT
+        grams[j] = gram_of(np.ldexp(block, -exponents[j]))
+    return grams, counts, exponents
 
 
-def add_grams(
-    a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
-) -> tuple[np.ndarray, np.ndarray]:
+def add_grams(a: ScaledGrams, b: ScaledGrams) -> ScaledGrams:
     """Sum two partitions' per-subset Gram matrices and counts (a node of the tree)."""
-    return a[0] + b[0], a[1] + b[1]
+    exponents = np.maximum(a[2], b[2])
+    shift_a = np.maximum(2 * (a[2] - exponents), EMPTY_EXPONENT)[:, None, None]
+    shift_b = np.maximum(2 * (b[2] - exponents), EMPTY_EXPONENT)[:, None, None]
+    return np.ldexp(a[0], shift_a) + np.ldexp(b[0], shift_b), a[1] + b[1], exponents
 
 
-def gram_summaries(local_step: Any, total: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+def gram_summaries(local_step: Any, total: ScaledGrams) -> np.ndarray:
     """Run the local step on every subset's summed Gram matrix (on a worker)."""
-    grams, counts = total
+    grams, counts, _ = total
     return np.stack(
         [
             local_step.from_gram(g, int(c), j)
