@@ -304,3 +304,11 @@ def test_neighbouring_pairs_realise_the_designed_query_answers() -> None:
     assert weight_a == pytest.approx(38.0) and weight_b == pytest.approx(35.1)
     weights = friendly.core_weights(FRIENDLY_MEAN.input_a[1], 1.0)
     assert np.all(weights == weights[0]), "all points should be friends of all"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", AUDIT_CASES, ids=lambda case: case.name)
+def test_long_audit(case: AuditCase) -> None:
+    """5× the runs (``pytest -m slow tests/test_audit_core.py``; the docs/privacy.md table)."""
+    honest, planted = case.run(case.runs * 5), case.run(case.runs * 5, planted=True)
+    assert honest.epsilon_lower <= case.claimed_epsilon < planted.epsilon_lower, (honest, planted)
