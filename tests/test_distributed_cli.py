@@ -72,7 +72,7 @@ def test_estimate_on_command_line_cluster(cluster, dataset, tmp_path):
     basis, manifest = read_run(str(out))
     assert subspace_error(basis, dataset.load_basis()) <= MAX_ERROR
     assert manifest["files"] == 4 and manifest["n_rows"] == 100_000
-    assert {"inspect_file", "split_partition", "bucket_summaries"} <= task_prefixes(cluster.address)
+    assert "inspect_file" in task_prefixes(cluster.address)  # footers were read on its workers
     assert "local Dask cluster" not in run.stderr  # it used the scheduler, not its own cluster
 
 
