@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -20,9 +21,11 @@ class PrivateSubspace:
 
     Parameters mirror the CLI: ``rank``, ``epsilon``/``delta`` or ``rho`` (+ ``delta``),
     ``method``, ``subsets``, ``ref_points``, ``assign``, ``unit_column``, ``columns``,
-    ``seed`` (public randomness only), ``scale`` (public radius / cell side), and
-    ``client`` (a ``distributed.Client``; without one, NumPy input runs in-process and
-    Dask input on Dask's default scheduler).
+    ``seed`` (public randomness only), ``scale`` (public radius / cell side),
+    ``row_norm``/``center`` (gauss, gap-perturb), ``outliers``/``tolerance`` (exact),
+    ``boost``/``boost_alpha`` (SS21 Alg. 3 around any method), and ``client`` (a
+    ``distributed.Client``; without one, NumPy input runs in-process and Dask input on
+    Dask's default scheduler).
 
     Attributes after ``fit``: ``components_`` (k×d, orthonormal rows, like scikit-learn
     PCA), ``basis_`` (d×k), ``manifest_`` (what was spent and released).
@@ -44,40 +47,25 @@ class PrivateSubspace:
         columns: list[str] | None = None,
         seed: int | None = None,
         scale: float | None = None,
+        row_norm: float | None = None,
+        center: bool = False,
+        outliers: int | None = None,
+        tolerance: float | None = None,
+        boost: int | None = None,
+        boost_alpha: float | None = None,
         storage_options: dict[str, Any] | None = None,
         client: Any | None = None,
     ) -> None:
-        self.rank = rank
-        self.epsilon = epsilon
-        self.delta = delta
-        self.rho = rho
-        self.method = method
-        self.subsets = subsets
-        self.ref_points = ref_points
-        self.assign = assign
-        self.unit_column = unit_column
-        self.columns = columns
-        self.seed = seed
-        self.scale = scale
-        self.storage_options = storage_options
-        self.client = client
+        # scikit-learn convention: each parameter is kept as an attribute of the same name.
+        params = dict(locals())
+        for name in ("self", "__class__"):
+            params.pop(name, None)
+        for name, value in params.items():
+            setattr(self, name, value)
 
     def _config(self) -> EstimateConfig:
-        return EstimateConfig(
-            rank=self.rank,
-            epsilon=self.epsilon,
-            delta=self.delta,
-            rho=self.rho,
-            method=self.method,
-            subsets=self.subsets,
-            ref_points=self.ref_points,
-            assign=self.assign,
-            unit_column=self.unit_column,
-            columns=self.columns,
-            seed=self.seed,
-            scale=self.scale,
-            storage_options=dict(self.storage_options or {}),
-        )
+        values = {f.name: getattr(self, f.name) for f in fields(EstimateConfig)}
+        return EstimateConfig(**{**values, "storage_options": dict(self.storage_options or {})})
 
     def fit(self, X: Any, y: None = None) -> PrivateSubspace:
         """Estimate from a NumPy/Dask array, a pandas/Dask DataFrame, or a Parquet path/URI."""

@@ -244,6 +244,8 @@ def test_api_fit_transform_numpy_and_dask():
         np.testing.assert_allclose(est.components_ @ est.basis_, np.eye(3), atol=1e-10)
         assert subspace_error(est.basis_, basis) < 0.1
     assert est.transform(X[:7]).shape == (7, 3)
+    gauss = PrivateSubspace(3, epsilon=1.0, delta=1e-6, method="gauss", row_norm=5.0).fit(X)
+    assert gauss.manifest_["method"] == "gauss" and subspace_error(gauss.basis_, basis) < 0.1
 
 
 def test_gram_route_equals_row_shuffle_route():
