@@ -15,7 +15,7 @@ from dask.base import tokenize
 from s3server import S3Server, s3_server, upload
 
 from dpsub_dist.cli import main
-from dpsub_dist.errors import InputError
+from dpsub_dist.errors import InputError, RunAborted
 from dpsub_dist.io.output import check_output_dir, read_run, write_run
 from dpsub_dist.io.parquet import PartReader
 from dpsub_dist.io.storage import StorageOptions
@@ -244,6 +244,10 @@ def test_write_run_on_s3_manifest_last_overwrite_and_checksum(s3, dataset):
     s3.fs().pipe_file("data/runs/unit/basis.npy", stored[:-8] + bytes(8))
     with pytest.raises(InputError, match="does not match the checksum"):
         read_run(out, opts)
+    # A write refused after the checks (here: read-only credentials) aborts, leaving nothing.
+    with pytest.raises(RunAborted, match="access denied writing the run to"):
+        write_run("s3://data/runs/refused/", basis, {}, False, s3.storage_options("reader"))
+    assert objects(s3, "data/runs/refused") == []
     # No manifest: not a finished run, whatever else is there.
     s3.fs().rm_file("data/runs/unit/manifest.json")
     with pytest.raises(InputError, match="no manifest.json"):

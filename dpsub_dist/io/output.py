@@ -195,7 +195,8 @@ def _write_remote(
             except STORAGE_ERRORS:
                 pass
         if isinstance(err, STORAGE_ERRORS):
-            raise storage_error(err, out, "writing the run to") from None
+            reason = storage_error(err, out, "writing the run to")
+            raise RunAborted(f"{reason}; nothing was written or released, re-run") from None
         raise
     return out
 
