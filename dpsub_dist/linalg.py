@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import scipy.linalg
 
 EXACT_FLOP_LIMIT = 2e8
 """Above this estimated cost a local basis is computed by randomized SVD."""
@@ -10,9 +11,9 @@ EXACT_FLOP_LIMIT = 2e8
 
 def top_eigenvectors(sym: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-k eigenvalues (descending) and eigenvectors (columns) of a symmetric matrix."""
-    values, vectors = np.linalg.eigh(sym)
-    order = np.argsort(values)[::-1][:k]
-    return values[order], vectors[:, order]
+    d = sym.shape[0]
+    values, vectors = scipy.linalg.eigh(sym, subset_by_index=[d - k, d - 1])
+    return values[::-1], vectors[:, ::-1]
 
 
 def top_left_singular_vectors(matrix: np.ndarray, k: int) -> np.ndarray:
@@ -34,9 +35,18 @@ def _randomized_right_vectors(
     return s, vt
 
 
-def _rank_deficient(singular: np.ndarray, k: int, rows: int, dim: int) -> bool:
-    """True when the k-th singular value is numerically zero relative to the first."""
-    return bool(singular[0] == 0 or singular[k - 1] <= singular[0] * max(rows, dim) * _EPS)
+def _rank_deficient(
+    singular: np.ndarray, k: int, rows: int, dim: int, from_gram: bool = False
+) -> bool:
+    """True when the k-th singular value is numerically zero relative to the first.
+
+    Singular values taken as square roots of Gram eigenvalues carry an error of about
+    √(n·eps)·s₁, not n·eps·s₁, so that route uses the square-rooted tolerance.
+    """
+    tolerance = max(rows, dim) * _EPS
+    if from_gram:
+        tolerance = np.sqrt(tolerance)
+    return bool(singular[0] == 0 or singular[k - 1] <= singular[0] * tolerance)
 
 
 _EPS = float(np.finfo(float).eps)
@@ -48,7 +58,7 @@ def top_right_singular_vectors_from_gram(gram: np.ndarray, k: int, rows: int) ->
         return None
     values, vectors = top_eigenvectors(gram, k)
     singular = np.sqrt(np.maximum(values, 0.0))
-    return None if _rank_deficient(singular, k, rows, gram.shape[0]) else vectors.T
+    return None if _rank_deficient(singular, k, rows, gram.shape[0], from_gram=True) else vectors.T
 
 
 def top_right_singular_vectors(
@@ -76,7 +86,7 @@ def top_right_singular_vectors(
         return top_right_singular_vectors_from_gram(rows.T @ rows, k, m)
     values, vectors = top_eigenvectors(rows @ rows.T, k)
     singular = np.sqrt(np.maximum(values, 0.0))
-    if _rank_deficient(singular, k, m, d):
+    if _rank_deficient(singular, k, m, d, from_gram=True):
         return None
     vt, _ = np.linalg.qr(rows.T @ vectors / singular)  # re-orthonormalise after the m×m route
     return vt.T

@@ -293,3 +293,14 @@ def test_local_step_at_d_100000_uses_randomized_svd():
     y = step(rows, subset=0).reshape(d, 2 * k)
     truth = basis @ (basis.T @ reference_points(1, d, 2 * k))
     assert np.linalg.norm(y - truth) / np.linalg.norm(truth) < 0.01
+
+
+def test_rank_deficient_subsets_give_the_null_point_on_every_route():
+    rng = np.random.default_rng(6)
+    basis = np.linalg.qr(rng.standard_normal((30, 2)))[0]
+    rows = rng.standard_normal((500, 2)) @ basis.T  # exactly rank 2, asked for k = 3
+    step = ProjectedReferenceStep(rank=3, dim=30, ref_points=6, seed=2)
+    assert not step(rows, subset=0).any()
+    assert not step.from_gram(rows.T @ rows, 500, subset=0).any()
+    assert not step(rows[:20], subset=1).any()  # fewer rows than columns: the m×m route
+    assert ProjectedReferenceStep(rank=2, dim=30, ref_points=6, seed=2)(rows, 0).any()

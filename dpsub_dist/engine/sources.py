@@ -16,6 +16,7 @@ from dpsub_dist.io.parquet import (
     plan_parts,
     select_columns,
 )
+from dpsub_dist.io.storage import StorageOptions
 
 ARRAY_PART_ROWS = 1_000_000
 
@@ -45,6 +46,7 @@ def parquet_dataset(
     client: Any | None,
 ) -> Dataset:
     """List the files (driver), read their footers (workers), validate the columns."""
+    storage_options = StorageOptions.wrap(storage_options)  # redacted in reprs and task keys
     files = list_parquet_files(uri, storage_options)
     if client is not None:
         infos = client.gather(client.map(inspect_file, files, storage_options=storage_options))
@@ -53,9 +55,7 @@ def parquet_dataset(
     selected = select_columns(infos, columns, unit_column)
     parts = plan_parts(infos)
     offsets = list(np.cumsum([0] + [p.rows for p in parts[:-1]]).astype(int)) if parts else []
-    reader = PartReader(
-        tuple(selected), unit_column, tuple(sorted((storage_options or {}).items()))
-    )
+    reader = PartReader(tuple(selected), unit_column, storage_options)
     n_rows = sum(p.rows for p in parts)
     return Dataset(parts, offsets, reader, selected, n_rows, uri, files=len(files))
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpsub_dist.privacy.accountant import ApproxDP, Budget, gaussian_sigma, laplace_epsilon
-from dpsub_dist.privacy.noise import gaussian, laplace
+from dpsub_dist.privacy.noise import coarsen, gaussian, laplace
 from dpsub_dist.privacy.sparse_vector import above_threshold
 
 WEIGHT_SENSITIVITY = 4.0
@@ -76,7 +76,7 @@ def friendly_core_average(
     total = float(weights.sum())
     eps1, delta1 = _ptr_parameters(ptr_grant)
     scale = WEIGHT_SENSITIVITY / eps1
-    noisy_total = total + float(laplace(rng, scale))
+    noisy_total = coarsen(total + float(laplace(rng, scale)), scale)
     lower = noisy_total - scale * math.log(1 / (2 * delta1)) - WEIGHT_SENSITIVITY
     if lower < t / 4:
         return FriendlyRelease(None, noisy_total, lower, None)

@@ -20,7 +20,7 @@ from typing import Literal
 import numpy as np
 
 from dpsub_dist.privacy.accountant import ApproxDP, Budget, laplace_epsilon
-from dpsub_dist.privacy.noise import laplace
+from dpsub_dist.privacy.noise import coarsen, laplace
 from dpsub_dist.privacy.sparse_vector import above_threshold
 
 MAX_COUNT_SENSITIVITY = 1.0
@@ -77,7 +77,8 @@ def shifted_grid_histogram(
     if noisy[best] <= threshold:
         return HistogramRelease(None, None, threshold)
     inside = rng.uniform(0.0, 1.0, cells.shape[1]) if output == "uniform" else 0.5
-    return HistogramRelease((cells[best] + offset + inside) * side, float(noisy[best]), threshold)
+    released_count = coarsen(float(noisy[best]), 2 / epsilon)
+    return HistogramRelease((cells[best] + offset + inside) * side, released_count, threshold)
 
 
 def choose_cell_side(

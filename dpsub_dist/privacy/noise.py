@@ -80,3 +80,14 @@ def truncated_laplace(
     magnitude = -scale * np.log1p(rng.uniform(0.0, 1.0, size) * np.expm1(-bound / scale))
     sign = np.where(rng.uniform(0.0, 1.0, size) < 0.5, -1.0, 1.0)
     return sign * np.minimum(magnitude, bound)
+
+
+def coarsen(value: float, noise_scale: float, steps_per_scale: int = 64) -> float:
+    """Round a released noisy scalar to a grid of ``noise_scale / steps_per_scale``.
+
+    Post-processing that drops the low-order floating-point bits through which a raw
+    Laplace/Gaussian sample can leak its input (Mironov 2012); the grid is far finer
+    than the noise, so utility does not change.
+    """
+    step = noise_scale / steps_per_scale
+    return float(np.round(value / step) * step)
