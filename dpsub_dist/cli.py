@@ -65,6 +65,13 @@ def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_subset_arguments(parser: argparse.ArgumentParser) -> None:
+    """--subsets, --ref-points, --assign: the sample-and-aggregate plan (estimate, cluster)."""
+    parser.add_argument("--subsets", type=int, help="T, number of disjoint subsets")
+    parser.add_argument("--ref-points", type=int, help="Q, number of reference points")
+    parser.add_argument("--assign", choices=["random", "contiguous"], default="random")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpsub", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=_version())
@@ -96,9 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="friendly (default), histogram, gauss or gap-perturb (covariance: need --row-norm), "
         "or exact (SS21 GAP-MAX, small inputs only)",
     )
-    est.add_argument("--subsets", type=int, help="T, number of disjoint subsets")
-    est.add_argument("--ref-points", type=int, help="Q, number of reference points")
-    est.add_argument("--assign", choices=["random", "contiguous"], default="random")
+    add_subset_arguments(est)
     est.add_argument("--radius", type=float, help="public friendly radius (skips its search)")
     est.add_argument("--cell-side", type=float, help="public histogram cell side (skips search)")
     est.add_argument(
@@ -118,9 +123,29 @@ def build_parser() -> argparse.ArgumentParser:
         "--boost-alpha", type=float, help="with --boost: groups agree within 2α (default 0.1)"
     )
 
+    clu = sub.add_parser("cluster", help="private subspace clustering: K bases of one rank")
+    add_input_arguments(clu)
+    clu.add_argument("--clusters", type=int, required=True, help="K, the number of subspaces")
+    clu.add_argument("--rank", type=int, required=True, help="the dimension of each subspace")
+    add_budget_arguments(clu)
+    clu.add_argument(
+        "--method",
+        default="sample-aggregate",
+        help="sample-aggregate (default), sulq (Gaussian k-plane) or gibbs (small inputs)",
+    )
+    clu.add_argument("--aggregator", default="friendly", help="friendly (default) or histogram")
+    add_subset_arguments(clu)
+    clu.add_argument("--iterations", type=int, help="sulq: k-plane iterations (default 6)")
+    clu.add_argument("--sweeps", type=int, help="gibbs: sampler sweeps (default 50)")
+    clu.add_argument(
+        "--row-norm",
+        type=float,
+        help="sulq/gibbs: clip rows to this public norm (default: scale each row to length 1)",
+    )
+
     ev = sub.add_parser("evaluate", help="subspace error of a run against a true basis")
     ev.add_argument("run", help="the --out folder of a run")
-    ev.add_argument("--truth", required=True, help="true basis .npy (d×k)")
+    ev.add_argument("--truth", required=True, help="true basis .npy (d×k, or K×d×q)")
     add_storage_arguments(ev)
 
     demo = sub.add_parser("demo", help="generate data, estimate on a local cluster, print error")
@@ -171,9 +196,6 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from dpsub_dist.engine.cluster import dask_client
-    from dpsub_dist.engine.sources import parquet_dataset
-    from dpsub_dist.io.output import check_output_dir, write_run
     from dpsub_dist.io.storage import StorageOptions
     from dpsub_dist.job import EstimateConfig, run_estimate
 
@@ -203,6 +225,15 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         boost_alpha=args.boost_alpha,
         storage_options=storage_options,
     )
+    return run_to_output(args, config, run_estimate, storage_options)
+
+
+def run_to_output(args: argparse.Namespace, config, runner, storage_options) -> int:
+    """Validate, check --out, run on the Dask cluster, write atomically; exit 3 for ⊥."""
+    from dpsub_dist.engine.cluster import dask_client
+    from dpsub_dist.engine.sources import parquet_dataset
+    from dpsub_dist.io.output import check_output_dir, write_run
+
     config.validate()
     check_output_dir(args.out, args.overwrite, storage_options)
 
@@ -210,7 +241,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         return parquet_dataset(args.input, args.columns, args.unit_column, storage_options, client)
 
     with dask_client(args.scheduler, args.quiet, args.workers) as client:
-        result = run_estimate(config, open_dataset, client, progress=not args.quiet)
+        result = runner(config, open_dataset, client, progress=not args.quiet)
     out = write_run(args.out, result.basis, result.manifest, args.overwrite, storage_options)
     if result.basis is None:
         failed = result.manifest["release"].get("failed_step", "aggregation")
@@ -221,8 +252,36 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         )
         return 3
     where = out.rstrip("/")
-    print(f"wrote {where}/basis.npy ({result.manifest['dim']}×{args.rank}) and manifest.json")
+    shape = "×".join(str(size) for size in result.basis.shape)
+    print(f"wrote {where}/basis.npy ({shape}) and manifest.json")
     return 0
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from dpsub_dist.estimators.clustering import ClusterConfig, run_cluster
+    from dpsub_dist.io.storage import StorageOptions
+
+    storage_options = StorageOptions.from_pairs(args.storage_option)
+    config = ClusterConfig(
+        clusters=args.clusters,
+        rank=args.rank,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        rho=args.rho,
+        method=args.method,
+        aggregator=args.aggregator,
+        subsets=args.subsets,
+        ref_points=args.ref_points,
+        assign=args.assign,
+        unit_column=args.unit_column,
+        columns=args.columns,
+        seed=args.seed,
+        iterations=args.iterations,
+        sweeps=args.sweeps,
+        row_norm=args.row_norm,
+        storage_options=storage_options,
+    )
+    return run_to_output(args, config, run_cluster, storage_options)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -237,6 +296,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     truth = read_npy(args.truth, storage_options)
     if truth.shape != basis.shape:
         raise InputError(f"truth shape {truth.shape} differs from the basis {basis.shape}")
+    if basis.ndim == 3:  # a cluster run: K bases, matched to the true ones
+        from dpsub_dist.estimators.clustering import matched_subspace_errors
+
+        errors = matched_subspace_errors(basis, truth)
+        listed = ",".join(f"{e:.6f}" for e in errors)
+        print(f"subspace_error={errors.max():.6f} per_cluster={listed}")
+        return 0
     print(f"subspace_error={subspace_error(basis, truth):.6f}")
     return 0
 
@@ -483,6 +549,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
 COMMANDS = {
     "synth": cmd_synth,
     "estimate": cmd_estimate,
+    "cluster": cmd_cluster,
     "evaluate": cmd_evaluate,
     "demo": cmd_demo,
     "run": cmd_run,

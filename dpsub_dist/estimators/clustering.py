@@ -1,0 +1,646 @@
+"""Private subspace clustering (WWS15; ALGORITHMS.md §9): K subspaces of dimension q.
+
+Three methods behind one runner, :func:`run_cluster` (``dpsub cluster``):
+
+- ``sample-aggregate`` (default, §9 a): on the workers, each subset clusters its rows
+  with non-private k-plane iterations (:func:`k_plane_clustering`) and emits its K
+  subspaces' projected reference points ``vec(Π_ℓ R)`` in a canonical order
+  (:func:`canonical_order`), concatenated into one point of ``R^{K·d·Q}``. The driver
+  aggregates the ``t`` points with the project's private aggregator (friendly core or
+  histogram, :func:`sample_aggregate.aggregate`) and splits the result into K bases.
+  Changing one unit changes exactly one subset's point, so the method is exactly as
+  private as the aggregator (ALGORITHMS.md §1); the local step is deterministic given
+  the rows, the public seed and the subset id.
+- ``sulq`` (§9 b): k-plane iterations from public random subspaces. Each iteration
+  assigns rows to the nearest current subspace and sums each cluster's Gram matrix on
+  the workers (only d×d matrices travel), then releases them with the Gaussian
+  mechanism (:func:`privacy.clustering.release_cluster_grams`); T iterations are T
+  charges to the accountant. From random subspaces, plain k-plane ends in a local
+  optimum in most runs (two true clusters shared by two planes), so the first half of
+  the iterations use ``OVERCLUSTER·K`` planes (the sensitivity does not grow with the
+  number of planes: a row still leaves one Gram and joins one), and the released
+  Grams are then merged to K by Ward's rule (:func:`merge_grams`, post-processing).
+- ``gibbs`` (§9 c): the exponential-mechanism Gibbs sampler
+  (:func:`privacy.clustering.gibbs_subspace_clustering`), run as one task on a worker
+  for small inputs only (:data:`GIBBS_MAX_ROWS`). Exactly ε-DP only at stationarity;
+  see that function's module for what a finite chain gives.
+
+Rows for ``sulq`` and ``gibbs`` must have norm ≤ 1 (:func:`unit_bounded`): by default
+each row is scaled to unit length, which keeps its direction, so a row lies on a linear
+subspace iff its scaled copy does, and gives every row the largest weight that the
+sensitivity allows; ``row_norm=B`` clips rows to norm ``B`` and divides by ``B``
+instead. Both methods are row-level only (replace one row, ``n`` public).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import dask
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from dpsub_dist.engine.gram import clip_rows, gram_of, tree_sum
+from dpsub_dist.engine.sources import Dataset
+from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries, progress_bar
+from dpsub_dist.errors import InputError
+from dpsub_dist.estimators import sample_aggregate as sa
+from dpsub_dist.job import (
+    EstimateConfig,
+    EstimateResult,
+    build_manifest,
+    choose_buckets,
+    open_checked,
+    public_seed,
+)
+from dpsub_dist.linalg import subspace_error, top_eigenvectors
+from dpsub_dist.privacy.accountant import Accountant, Budget, laplace_epsilon
+from dpsub_dist.privacy.clustering import (
+    GRAM_SENSITIVITY,
+    gibbs_subspace_clustering,
+    gram_noise_sigma,
+    random_bases,
+    release_cluster_grams,
+    squared_distances,
+)
+from dpsub_dist.privacy.noise import new_noise_seed, noise_rng
+
+CLUSTER_METHODS = ("sample-aggregate", "sulq", "gibbs")
+
+GIBBS_MAX_ROWS = 100_000
+"""The Gibbs sampler holds all rows in one worker task and sweeps them many times."""
+GIBBS_MAX_DIM = 100
+"""Each sweep eigen-decomposes K·q matrices of size up to d×d."""
+
+DEFAULT_ITERATIONS = 6
+"""SuLQ iterations T: fewer than 4 often merges too early; each extra one adds noise."""
+DEFAULT_SWEEPS = 50
+"""Gibbs sweeps over (assignments, subspaces)."""
+LOCAL_RESTARTS = 2
+"""Seedings per subset in the local k-plane step; the lowest-cost result is kept."""
+LOCAL_ITERATIONS = 30
+"""Most k-plane iterations per seeding (they stop when the assignment is stable)."""
+MAX_SEED_CANDIDATES = 400
+"""Cap on the candidate subspaces (spans of q random rows) drawn per seeding."""
+OVERCLUSTER = 4
+"""SuLQ runs its first half of iterations with 4K planes, then merges them to K."""
+ROWS_PER_CLUSTER = 200
+"""Default rows per cluster in one subset: enough for subsets to agree on the order."""
+
+_RESTART_TAG = 0xC1A5
+_INIT_TAG = 0x1217
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def unit_bounded(rows: np.ndarray, row_norm: float | None) -> np.ndarray:
+    """Rows with norm ≤ 1: scaled to unit length (``row_norm=None``) or clipped to B, then /B."""
+    if row_norm is not None:
+        return clip_rows(rows, row_norm)
+    rows = np.asarray(rows, dtype=np.float64)
+    norms = np.sqrt(np.einsum("ij,ij->i", rows, rows))
+    return rows * np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)[:, None]
+
+
+# --------------------------------------------------------------------------- local k-plane
+
+
+def _fit_bases(rows: np.ndarray, labels: np.ndarray, clusters: int, rank: int):
+    """Top-q eigenvectors of each cluster's Gram matrix, or None if a cluster has < q rows."""
+    bases = []
+    for c in range(clusters):
+        members = rows[labels == c]
+        if members.shape[0] < rank:
+            return None
+        bases.append(top_eigenvectors(members.T @ members, rank)[1])
+    return np.stack(bases)
+
+
+def _seed_bases(rows: np.ndarray, clusters: int, rank: int, rng: np.random.Generator):
+    """Initial subspaces: spans of q random rows, chosen for many close rows (RANSAC-like).
+
+    Each candidate is scored by the residual quantile at half a cluster's share of the
+    rows not yet explained: a span of rows from one cluster has many rows near it, a
+    span mixing clusters has few. The best candidate is kept and the rows within 4×
+    its score are marked explained. (Measured while developing, d = 20, K = 3, q = 2:
+    greedy selection on the k-plane cost left 10–40% of subsets of 120–666 rows in a
+    mixed local optimum; this rule, with two seedings, none of 200.)
+    """
+    n = rows.shape[0]
+    count = min(MAX_SEED_CANDIDATES, max(12 * clusters, 3 * clusters**rank))
+    picks = np.stack([rng.choice(n, rank, replace=False) for _ in range(count)])
+    candidates = np.stack([np.linalg.qr(rows[p].T)[0] for p in picks])
+    residuals = squared_distances(rows, candidates)
+    chosen: list[int] = []
+    explained = np.zeros(n, dtype=bool)
+    for k in range(clusters):
+        pool = residuals[~explained]
+        if pool.shape[0] <= rank:
+            pool = residuals
+        jth = min(pool.shape[0] - 1, max(rank, pool.shape[0] // (2 * (clusters - k))))
+        scores = np.partition(pool, jth, axis=0)[jth]
+        scores[chosen] = np.inf
+        best = int(np.argmin(scores))
+        chosen.append(best)
+        explained |= residuals[:, best] <= max(4 * scores[best], 1e-12)
+    return candidates[chosen]
+
+
+def k_plane_clustering(
+    rows: np.ndarray,
+    clusters: int,
+    rank: int,
+    rng: np.random.Generator,
+    restarts: int = LOCAL_RESTARTS,
+    iterations: int = LOCAL_ITERATIONS,
+) -> np.ndarray | None:
+    """Non-private K-subspace clustering (k-plane, Bradley & Mangasarian 2000).
+
+    Rows are clustered by direction (scaled to unit length, so a few huge rows cannot
+    capture a cluster); the final bases are refitted on the rows at their own scale,
+    clipped to 3× the median norm, which lowers the local error where the noise is
+    isotropic. Returns K×d×q orthonormal bases of the lowest-cost seeding, or None if
+    the rows cannot fill K rank-q clusters. ``rng`` must be public (seed + subset id).
+    """
+    units = unit_bounded(rows, None)
+    nonzero = np.einsum("ij,ij->i", units, units) > 0
+    rows, units = rows[nonzero], units[nonzero]
+    if units.shape[0] < clusters * rank or np.linalg.matrix_rank(units) < rank:
+        return None
+    best_cost, best = math.inf, None
+    for _ in range(restarts):
+        bases = _seed_bases(units, clusters, rank, rng)
+        labels = None
+        for _ in range(iterations):
+            new_labels = np.argmin(squared_distances(units, bases), axis=1)
+            if labels is not None and np.array_equal(new_labels, labels):
+                break
+            labels = new_labels
+            refit = _fit_bases(units, labels, clusters, rank)
+            if refit is None:
+                break
+            bases = refit
+        cost = float(squared_distances(units, bases).min(axis=1).sum())
+        if cost < best_cost:
+            best_cost, best = cost, bases
+    labels = np.argmin(squared_distances(units, best), axis=1)
+    clipped = clip_rows(rows, 3 * float(np.median(np.linalg.norm(rows, axis=1))))
+    refit = _fit_bases(clipped, labels, clusters, rank)
+    return best if refit is None else refit
+
+
+def canonical_order(bases: np.ndarray, probe: np.ndarray) -> np.ndarray:
+    """Order of the K subspaces by ‖Π_ℓ p‖² for one fixed public vector p (ascending).
+
+    The order must be a function of the *set* of subspaces, so that subsets that found
+    the same subspaces under different labels emit the same point. Sorting by one
+    public key is such a function; subsets disagree only when two clusters' keys are
+    within their local estimation error of each other (measured in the tests: with
+    ~200 rows per cluster nearly all subsets agree; choosing the probe per subset by
+    the largest key gap was worse, as that choice itself flips between subsets).
+    """
+    keys = np.einsum("kdq,d->kq", bases, probe)
+    return np.argsort(np.einsum("kq,kq->k", keys, keys), kind="stable")
+
+
+@dataclass(frozen=True)
+class KPlaneStep:
+    """Local step of §9 a: y_j = [vec(Π_ℓ R)]_ℓ in canonical order, or the null point."""
+
+    clusters: int
+    rank: int
+    dim: int
+    ref_points: int
+    seed: int
+    restarts: int = LOCAL_RESTARTS
+
+    def __call__(self, rows: np.ndarray, subset: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, _RESTART_TAG, subset])
+        bases = k_plane_clustering(rows, self.clusters, self.rank, rng, self.restarts)
+        if bases is None:
+            return np.zeros(self.clusters * self.dim * self.ref_points)
+        reference = sa.reference_points(self.seed, self.dim, self.ref_points)
+        bases = bases[canonical_order(bases, reference[:, 0])]
+        coordinates = np.einsum("kdq,dr->kqr", bases, reference)
+        return np.einsum("kdq,kqr->kdr", bases, coordinates).ravel()
+
+
+# --------------------------------------------------------------------------- SuLQ reduction
+
+
+def cluster_grams(rows: np.ndarray, bases: np.ndarray) -> np.ndarray:
+    """K×d×d Gram matrices of the rows nearest to each subspace (ties: lowest index)."""
+    labels = np.argmin(squared_distances(rows, bases), axis=1)
+    return np.stack([gram_of(rows[labels == c]) for c in range(bases.shape[0])])
+
+
+@dataclass(frozen=True)
+class PartitionGrams:
+    """Worker task: load one partition, bound its rows, sum each cluster's Gram matrix."""
+
+    loader: Any
+    row_norm: float | None
+
+    def __call__(self, part: Any, bases: np.ndarray) -> np.ndarray:
+        rows, _ = self.loader(part)
+        return cluster_grams(unit_bounded(rows, self.row_norm), bases)
+
+
+def sum_over_partitions(task: PartitionGrams, parts: list, bases: np.ndarray, client: Any):
+    """Σ over partitions of ``task(part, bases)``: mapped on the workers, tree-summed there."""
+    mapped = dask.delayed(task, pure=True)
+    root = tree_sum([mapped(part, bases) for part in parts], dask.delayed(np.add, pure=True))
+    if client is None:
+        return dask.compute(root, scheduler="threads")[0]
+    return client.compute(root).result()
+
+
+# --------------------------------------------------------------------------- Gibbs task
+
+
+def gibbs_task(
+    loader: Any,
+    parts: list,
+    row_norm: float | None,
+    clusters: int,
+    rank: int,
+    epsilon: float,
+    sweeps: int,
+    private_seed: int,
+) -> np.ndarray:
+    """Worker task: load every partition (small input), run the exponential-mechanism chain."""
+    rows = np.concatenate([unit_bounded(loader(part)[0], row_norm) for part in parts])
+    rng = noise_rng(private_seed)
+    return gibbs_subspace_clustering(rows, clusters, rank, epsilon, sweeps, rng)
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def matched_subspace_errors(bases_hat: np.ndarray, bases_true: np.ndarray) -> np.ndarray:
+    """Per true cluster, ‖Π̂ − Π‖ after matching clusters (Hungarian, least total error)."""
+    if bases_hat.shape != bases_true.shape or bases_hat.ndim != 3:
+        raise ValueError(f"need two K×d×q stacks, got {bases_hat.shape} and {bases_true.shape}")
+    k = bases_true.shape[0]
+    cost = np.array(
+        [[subspace_error(bases_hat[i], bases_true[j]) for j in range(k)] for i in range(k)]
+    )
+    rows, cols = linear_sum_assignment(cost)
+    errors = np.empty(k)
+    errors[cols] = cost[rows, cols]
+    return errors
+
+
+# --------------------------------------------------------------------------- config and runners
+
+
+@dataclass
+class ClusterConfig:
+    """Parameters of ``dpsub cluster`` (validated in one place, :meth:`validate`).
+
+    ``rank`` is q, the dimension of each of the ``clusters`` subspaces. ``aggregator``
+    (friendly or histogram), ``subsets``, ``ref_points``, ``assign``, ``scale`` and
+    ``unit_column`` apply to sample-aggregate; ``iterations`` to sulq; ``sweeps`` to
+    gibbs; ``row_norm`` to sulq and gibbs.
+    """
+
+    clusters: int
+    rank: int
+    epsilon: float | None = None
+    delta: float | None = None
+    rho: float | None = None
+    method: str = "sample-aggregate"
+    aggregator: str = "friendly"
+    subsets: int | None = None
+    ref_points: int | None = None
+    assign: Literal["random", "contiguous"] = "random"
+    unit_column: str | None = None
+    columns: list[str] | None = None
+    seed: int | None = None
+    scale: float | None = None
+    iterations: int | None = None
+    sweeps: int | None = None
+    row_norm: float | None = None
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+    def estimate_config(self) -> EstimateConfig:
+        """The shared parameters as an estimate config: its checks, seed and manifest apply."""
+        return EstimateConfig(
+            rank=self.rank,
+            epsilon=self.epsilon,
+            delta=self.delta,
+            rho=self.rho,
+            method=self.aggregator,
+            subsets=self.subsets,
+            ref_points=self.ref_points,
+            assign=self.assign,
+            unit_column=self.unit_column,
+            columns=self.columns,
+            seed=self.seed,
+            scale=self.scale,
+            storage_options=self.storage_options,
+        )
+
+    def validate(self) -> None:
+        """Parameter checks that need no data: the estimate checks, then the clustering ones."""
+        if self.method not in CLUSTER_METHODS:
+            raise InputError(f"unknown method {self.method!r}: use one of {list(CLUSTER_METHODS)}")
+        if self.aggregator not in ("friendly", "histogram"):
+            raise InputError(f"unknown aggregator {self.aggregator!r}: use friendly or histogram")
+        self.estimate_config().validate()
+        if not _positive_int(self.clusters):
+            raise InputError(
+                f"clusters must be a positive integer (got {self.clusters}): pass --clusters K"
+            )
+        misplaced = (
+            {"--row-norm": self.row_norm is not None}
+            if self.method == "sample-aggregate"
+            else {
+                "--subsets": self.subsets is not None,
+                "--ref-points": self.ref_points is not None,
+                "--assign contiguous": self.assign != "random",
+                "--radius/--cell-side": self.scale is not None,
+                "--aggregator": self.aggregator != "friendly",
+                "--unit-column (user-level privacy)": self.unit_column is not None,
+            }
+        )
+        misplaced["--iterations"] = self.iterations is not None and self.method != "sulq"
+        misplaced["--sweeps"] = self.sweeps is not None and self.method != "gibbs"
+        for flag, given in misplaced.items():
+            if given:
+                raise InputError(f"{flag} does not apply to --method {self.method}: drop it")
+        for name, value in (("iterations", self.iterations), ("sweeps", self.sweeps)):
+            if value is not None and not _positive_int(value):
+                raise InputError(f"{name} must be a positive integer (got {value})")
+        if self.row_norm is not None and not (math.isfinite(self.row_norm) and self.row_norm > 0):
+            raise InputError(
+                f"row-norm must be a positive number (got {self.row_norm}): pass e.g. --row-norm 10"
+            )
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 1
+
+
+def _plan(config: ClusterConfig, shares: dict[str, tuple[float, float]]):
+    accountant = Accountant(config.estimate_config().budget())
+    grants = accountant.split(shares)
+    if not accountant.can_afford(grants):
+        raise InputError("the budget plan exceeds the budget: this is a bug, please report it")
+    return accountant, grants
+
+
+def budget_shares(config: ClusterConfig) -> dict[str, tuple[float, float]]:
+    """How the run's budget is split between the method's private steps."""
+    if config.method == "sample-aggregate":
+        return sa.budget_plan(config.aggregator, config.scale is not None)
+    if config.method == "sulq":
+        iterations = config.iterations or DEFAULT_ITERATIONS
+        return {f"iteration_{i + 1}": (1.0, 1.0) for i in range(iterations)}
+    return {"exponential_mechanism": (1.0, 0.0)}
+
+
+def _open(config: ClusterConfig, open_dataset, client) -> Dataset:
+    dataset = open_checked(config.estimate_config(), open_dataset, client)
+    k, q, d = config.clusters, config.rank, dataset.dim
+    if k * q >= d:
+        raise InputError(
+            f"clusters × rank = {k}×{q} = {k * q} must be smaller than the number of "
+            f"columns ({d}): lower --clusters or --rank"
+        )
+    return dataset
+
+
+def run_cluster(
+    config: ClusterConfig,
+    open_dataset: Callable[[Any], Dataset],
+    client: Any | None = None,
+    progress: bool = False,
+    noise_seed: int | None = None,
+) -> EstimateResult:
+    """Run ``config.method`` end to end; the result's basis is K×d×q (None for ⊥)."""
+    config.validate()
+    started = time.monotonic()
+    accountant, grants = _plan(config, budget_shares(config))
+    dataset = _open(config, open_dataset, client)
+    timings = {"inspect_s": time.monotonic() - started}
+    runner = {
+        "sample-aggregate": _run_sample_aggregate,
+        "sulq": _run_sulq,
+        "gibbs": _run_gibbs,
+    }[config.method]
+    bases, parameters, release, gathered = runner(
+        config, dataset, accountant, grants, client, progress, noise_seed, timings
+    )
+    timings["total_s"] = time.monotonic() - started
+    parameters = {"clusters": config.clusters, **parameters}
+    ok = bases is not None
+    manifest = build_manifest(
+        config.estimate_config(), dataset, accountant, ok, parameters, release, timings, gathered
+    )
+    manifest["method"] = config.method
+    manifest["clusters"] = config.clusters
+    manifest["basis_layout"] = "basis.npy is K×d×q: basis[c] is cluster c's orthonormal basis"
+    return EstimateResult(bases, manifest)
+
+
+def default_subsets(config: ClusterConfig, grants: dict[str, Budget], n: int) -> int:
+    """Default t: about ROWS_PER_CLUSTER rows per cluster per subset, at least the minimum."""
+    rows_per_subset = config.clusters * max(ROWS_PER_CLUSTER, 10 * config.rank)
+    wanted = min(n // rows_per_subset, sa.DEFAULT_MAX_SUBSETS)
+    return max(sa.minimum_subsets(config.aggregator, grants), wanted)
+
+
+def projection_residual(block: np.ndarray, reference: np.ndarray, rank: int) -> float:
+    """‖ŷ_c − vec(Û_cÛ_cᵀR)‖ / ‖vec(Û_cÛ_cᵀR)‖: how far a released block is from the rank-q
+    projection of R it is read as. About noise/signal when the subsets agreed (≲ 0.15 at
+    n = 10⁵ in the bench); about 0.5 or more when the core averaged subsets that disagreed
+    (e.g. on the order of two clusters), and then the bases are unreliable."""
+    dim, ref_points = reference.shape
+    basis = sa.basis_from_aggregate(block, dim, ref_points, rank)
+    projection = (basis @ (basis.T @ reference)).ravel()
+    return float(np.linalg.norm(block - projection) / np.linalg.norm(projection))
+
+
+def split_release(
+    point: np.ndarray, reference: np.ndarray, clusters: int, rank: int
+) -> tuple[np.ndarray | None, dict[str, Any]]:
+    """K bases from the aggregate (post-processing) and each block's projection residual;
+    ⊥ (None) when a block is the null point of failed subsets, as for ``estimate``."""
+    dim, ref_points = reference.shape
+    blocks = point.reshape(clusters, dim * ref_points)
+    found: dict[str, Any] = {
+        "projection_residual": [projection_residual(b, reference, rank) for b in blocks]
+    }
+    if any(sa.is_null_release(block, reference, rank) for block in blocks):
+        reason = {"failed_step": "null_check", "failure_reason": sa.NULL_RELEASE_REASON}
+        return None, {**found, **reason}
+    return np.stack([sa.basis_from_aggregate(b, dim, ref_points, rank) for b in blocks]), found
+
+
+def _run_sample_aggregate(
+    config, dataset, accountant, grants, client, progress, noise_seed, timings
+):
+    dim, k, q, n = dataset.dim, config.clusters, config.rank, dataset.n_rows
+    t = config.subsets or default_subsets(config, grants, n)
+    ref = config.ref_points or sa.default_ref_points(q, t, k * dim)
+    if n < t * k * q:
+        raise InputError(
+            f"too few rows: {n} rows cannot fill {t} subsets of at least {k * q} rows: use "
+            f"more data, fewer --subsets (≥ {sa.minimum_subsets(config.aggregator, grants)} at "
+            "this budget), or a larger budget"
+        )
+    seed = public_seed(config.estimate_config())
+    plan = SubsetPlan(
+        subsets=t,
+        n_rows=n,
+        seed=seed,
+        assign=config.assign,
+        user_level=config.unit_column is not None,
+        buckets=choose_buckets(n, dim, t, client),
+    )
+    step = KPlaneStep(clusters=k, rank=q, dim=dim, ref_points=ref, seed=seed)
+    mark = time.monotonic()
+    summaries = compute_subset_summaries(
+        dataset.parts, dataset.offsets, dataset.loader, plan, step, client, progress
+    )
+    timings["local_steps_s"] = time.monotonic() - mark
+    mark = time.monotonic()
+    # The aggregator uses (seed, dim, ref_points) only to draw the public reference that
+    # bounds the points' spread for its scale search; our points stack K blocks of d×Q.
+    agg = sa.aggregate(
+        summaries,
+        config.aggregator,
+        accountant,
+        grants,
+        noise_rng(noise_seed),
+        seed,
+        k * dim,
+        ref,
+        config.scale,
+    )
+    bases, release = None, dict(agg.details)
+    if agg.point is not None:
+        bases, found = split_release(agg.point, sa.reference_points(seed, dim, ref), k, q)
+        release.update(found)
+    timings["aggregate_s"] = time.monotonic() - mark
+    parameters = {
+        "aggregator": config.aggregator,
+        "subsets": t,
+        "ref_points": ref,
+        "assign": "unit-hash" if config.unit_column else config.assign,
+        "public_seed": seed,
+        "scale_given": config.scale,
+        "budget_shares": budget_shares(config),
+        "local_step": f"k-plane, {LOCAL_RESTARTS} seedings, ≤ {LOCAL_ITERATIONS} iterations",
+        "canonical_order": "ascending ‖Π_ℓ r₁‖², r₁ the first public reference point",
+        "shuffle_buckets": plan.buckets,
+        "partitions": len(dataset.parts),
+    }
+    return bases, parameters, release, int(summaries.nbytes)
+
+
+def residual_energy(gram: np.ndarray, rank: int) -> float:
+    """Energy of a (noisy) Gram matrix outside its best rank-q subspace (trace − top q)."""
+    values = np.linalg.eigvalsh(gram)
+    return float(values[:-rank].sum())
+
+
+def merge_grams(grams: np.ndarray, clusters: int, rank: int) -> np.ndarray:
+    """Merge M ≥ K Gram matrices into K, pairing at each step the two whose union adds the
+    least residual energy (Ward's rule for subspaces). Post-processing of released Grams."""
+    groups = list(grams)
+    energy = [residual_energy(g, rank) for g in groups]
+    while len(groups) > clusters:
+        best, pair = math.inf, (0, 1)
+        for i in range(len(groups)):
+            for j in range(i + 1, len(groups)):
+                cost = residual_energy(groups[i] + groups[j], rank) - energy[i] - energy[j]
+                if cost < best:
+                    best, pair = cost, (i, j)
+        i, j = pair
+        groups[i] = groups[i] + groups.pop(j)
+        energy.pop(j)
+        energy[i] = residual_energy(groups[i], rank)
+    return np.stack(groups)
+
+
+def _run_sulq(config, dataset, accountant, grants, client, progress, noise_seed, timings):
+    dim, k, q = dataset.dim, config.clusters, config.rank
+    seed = public_seed(config.estimate_config())
+    planes = OVERCLUSTER * k
+    bases = random_bases(np.random.default_rng([seed, _INIT_TAG]), planes, dim, q)
+    task = PartitionGrams(dataset.loader, config.row_norm)
+    rng = noise_rng(noise_seed)
+    sigmas, gathered = [], 0
+    mark = time.monotonic()
+    steps = list(grants.items())
+    for number, (step, grant) in enumerate(steps, start=1):
+        grams = sum_over_partitions(task, dataset.parts, bases, client)
+        gathered += int(grams.nbytes)
+        sigma = gram_noise_sigma(grant)
+        accountant.charge(step, grant)
+        noisy = release_cluster_grams(grams, sigma, rng)
+        sigmas.append(sigma)
+        if noisy.shape[0] > k and (number >= len(steps) // 2 or number == len(steps)):
+            noisy = merge_grams(noisy, k, q)
+        bases = np.stack([top_eigenvectors(g, q)[1] for g in noisy])
+        if progress:
+            progress_bar(number, len(steps), mark, f"sulq: {len(steps)} noisy iterations")
+    timings["iterations_s"] = time.monotonic() - mark
+    parameters = {
+        "iterations": len(grants),
+        "row_norm": config.row_norm,
+        "row_scaling": "unit length"
+        if config.row_norm is None
+        else "clip to row_norm, then /row_norm",
+        "gram_sensitivity": GRAM_SENSITIVITY,
+        "public_seed": seed,
+        "budget_shares": budget_shares(config),
+        "partitions": len(dataset.parts),
+    }
+    release = {
+        "noise_sigma_per_iteration": sigmas,
+        "noisy_cluster_mass": [float(np.trace(g)) for g in noisy],
+    }
+    return bases, parameters, release, gathered
+
+
+def _run_gibbs(config, dataset, accountant, grants, client, progress, noise_seed, timings):
+    n, dim = dataset.n_rows, dataset.dim
+    if n > GIBBS_MAX_ROWS or dim > GIBBS_MAX_DIM:
+        raise InputError(
+            f"--method gibbs is for small data (≤ {GIBBS_MAX_ROWS} rows and ≤ {GIBBS_MAX_DIM} "
+            f"columns), this input has {n} rows × {dim} columns: use --method sample-aggregate "
+            "or sulq, or a sample of the rows"
+        )
+    grant = grants["exponential_mechanism"]
+    epsilon = laplace_epsilon(grant)
+    sweeps = config.sweeps or DEFAULT_SWEEPS
+    private_seed = new_noise_seed() if noise_seed is None else noise_seed
+    accountant.charge("exponential_mechanism", grant)
+    mark = time.monotonic()
+    args = (dataset.loader, dataset.parts, config.row_norm, config.clusters, config.rank)
+    args += (epsilon, sweeps, private_seed)
+    if client is None:
+        bases = gibbs_task(*args)
+    else:
+        bases = client.submit(gibbs_task, *args, pure=False).result()
+    timings["sampler_s"] = time.monotonic() - mark
+    parameters = {
+        "sweeps": sweeps,
+        "row_norm": config.row_norm,
+        "row_scaling": "unit length"
+        if config.row_norm is None
+        else "clip to row_norm, then /row_norm",
+        "exponential_mechanism_epsilon": epsilon,
+        "guarantee": "ε-DP for an exact sample of the mechanism; a finite Gibbs chain only "
+        "approximates it (no bound on the remaining distance to stationarity)",
+        "budget_shares": budget_shares(config),
+    }
+    return bases, parameters, {}, int(bases.nbytes)
