@@ -1,0 +1,187 @@
+"""Smoke runs of every bench command with tiny parameters: each writes the JSON it promises.
+
+The full runs (docs/benchmarks.md) are outside CI; ``pytest -m slow tests/test_bench_smoke.py``
+also sets up the peers' own environments (network to PyPI, minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import (  # noqa: E402
+    mean_estimation,
+    memory,
+    peers,
+    speed,
+    utility_dim,
+    utility_n,
+    wide,
+)
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bench")
+    return {"results": root / "results", "img": root / "img", "data": root / "data"}
+
+
+def _common(dirs: dict[str, Path], plot: bool = False) -> list[str]:
+    argv = ["--results-dir", str(dirs["results"]), "--img-dir", str(dirs["img"])]
+    argv += ["--data-dir", str(dirs["data"])]
+    return argv if plot else [*argv, "--no-plot"]
+
+
+def _read(dirs: dict[str, Path], name: str) -> dict:
+    document = json.loads((dirs["results"] / f"{name}.json").read_text())
+    assert document["bench"] == name
+    assert document["command"].startswith(f"python -m bench.{name}")
+    assert document["machine"]["nproc"] >= 1
+    assert document["versions"]["dpsub_dist"]
+    return document
+
+
+def test_speed_runs_every_tool_side_by_side(dirs, scheduler_address):
+    argv = ["--rows", "4000,8000", "--dims", "6", "--wide-dims", "12", "--wide-rows", "4000"]
+    argv += ["--rank", "2", "--repeats", "2", "--scheduler", scheduler_address, "--profile"]
+    argv += ["--tools", "dpsub,dpsub_t60,dask_ml_randomized,dask_ml_tsqr,floor"]
+    assert speed.main(argv + _common(dirs)) == 0
+    document = _read(dirs, "speed")
+    timed = [r for r in document["records"] if not r.get("warmup")]
+    assert {(r["rows"], r["dim"]) for r in timed} == {(4000, 6), (8000, 6), (4000, 12)}
+    assert len(timed) == 3 * 2 * 5
+    for record in timed:
+        assert record["status"] in ("ok", "bottom"), record
+        assert record["wall_s"] > 0 and record["peak_worker_rss_mib"] > 0
+    for record in timed:
+        if record["tool"].startswith("dask_ml"):
+            assert record["error"] < 0.1  # non-private PCA finds the planted subspace
+    row = document["summary"]["table"][0]
+    assert set(row["tools"]) == {
+        "dpsub",
+        "dpsub_t60",
+        "dask_ml_randomized",
+        "dask_ml_tsqr",
+        "floor",
+    }
+    assert row["ratios"]["dpsub_over_dask_ml_tsqr"] > 0
+    floor_bytes = row["tools"]["floor"]["bytes_gathered"]
+    assert floor_bytes > 0 and floor_bytes % (6 * 6 * 8) == 0  # one d×d block per file
+    profile = document["summary"]["profiles"]["dpsub n=8000 d=6"]
+    assert {"partition_grams", "bucket_summaries"} & set(profile)  # the engine's local tasks
+
+
+def test_speed_skips_default_dpsub_when_its_driver_matrix_is_too_big(dirs, scheduler_address):
+    argv = ["--rows", "4000", "--dims", "6", "--wide-dims", "", "--rank", "2", "--repeats", "1"]
+    argv += ["--scheduler", scheduler_address, "--tools", "dpsub,floor"]
+    argv += ["--driver-matrix-limit-gib", "0"]
+    assert speed.main(argv + _common(dirs)) == 0
+    records = _read(dirs, "speed")["records"]
+    skipped = [r for r in records if r["tool"] == "dpsub" and not r.get("warmup")]
+    assert [r["status"] for r in skipped] == ["not_run_driver_memory"]
+
+
+def test_memory_reports_peak_rss_and_bytes_gathered(dirs, scheduler_address):
+    argv = ["--rows", "4000,8000", "--dim", "6", "--rank", "2", "--tools", "dpsub_t60,floor"]
+    assert memory.main(argv + ["--scheduler", scheduler_address] + _common(dirs)) == 0
+    records = _read(dirs, "memory")["records"]
+    assert len(records) == 4
+    dpsub = [r for r in records if r["tool"] == "dpsub_t60"]
+    # 60 summaries of q·d float64 whatever n is: traffic does not grow with n.
+    first, second = (r["bytes_gathered"] for r in dpsub)
+    assert first == second and first % (60 * 6 * 8) == 0
+    assert all(r["peak_worker_rss_mib"] >= r["baseline_worker_rss_mib"] > 0 for r in records)
+
+
+def test_wide_runs_what_fits_and_records_what_does_not(dirs, scheduler_address):
+    argv = ["--rows", "3000", "--dims", "200,5000000", "--max-data-gib", "0.1"]
+    assert wide.main(argv + ["--scheduler", scheduler_address] + _common(dirs)) == 0
+    ran, skipped = _read(dirs, "wide")["records"]
+    assert ran["dim"] == 200 and ran["status"] in ("ok", "bottom")
+    assert ran["meets_target"] == (ran["status"] == "ok" and ran["error"] <= 0.2)
+    assert skipped == {
+        "rows": 3000,
+        "dim": 5000000,
+        "shuffle_gib": 111.76,
+        "status": "not_run_memory",
+    }
+
+
+def test_utility_dim_reports_quantiles_over_seeds(dirs):
+    argv = ["--rows", "6000", "--dims", "5,20", "--seeds", "2", "--peers", "sklearn"]
+    argv += ["--methods", "friendly,histogram", "--time-limit", "60"]
+    assert utility_dim.main(argv + _common(dirs)) == 0
+    document = _read(dirs, "utility_dim")
+    assert len(document["records"]) == 2 * 2 * 3
+    by_tool = {(r["tool"], r["dim"]): r for r in document["summary"]}
+    assert set(by_tool) == {
+        (t, d) for t in ("dpsub friendly", "dpsub histogram", "sklearn") for d in (5, 20)
+    }
+    for row in document["summary"]:
+        assert row["runs"] == 2
+        assert 0 <= row["error"]["median"] <= row["error"]["p90"] <= 1
+    assert by_tool[("sklearn", 20)]["error"]["p90"] < 0.05
+
+
+def test_utility_n_reports_bottom_rate(dirs):
+    argv = ["--rows", "1000,8000", "--dim", "8", "--seeds", "2", "--methods", "friendly"]
+    assert utility_n.main(argv + _common(dirs)) == 0
+    summary = _read(dirs, "utility_n")["summary"]
+    assert [(r["tool"], r["rows"]) for r in summary] == [
+        ("dpsub friendly", 1000),
+        ("dpsub friendly", 8000),
+    ]
+    for row in summary:
+        assert 0 <= row["bottom_rate"] <= 1
+        assert sum(row["statuses"].values()) == 2
+
+
+def test_mean_estimation_compares_direct_and_via_basis(dirs):
+    argv = ["--rows", "6000", "--dims", "8", "--seeds", "1", "--methods", "friendly"]
+    assert mean_estimation.main(argv + _common(dirs)) == 0
+    records = _read(dirs, "mean_estimation")["records"]
+    assert [r["tool"] for r in records] == ["direct", "via friendly"]
+    for record in records:
+        assert 0 <= record["error"] < 1  # the mean has norm 0.5; noise is ~1e-3 here
+
+
+def test_peers_report_timeouts_as_such(dirs):
+    argv = ["--rows", "3000", "--dims", "6", "--methods", "friendly", "--peers", "sklearn"]
+    assert peers.main(argv + ["--time-limit", "0.01"] + _common(dirs)) == 0
+    records = _read(dirs, "peers")["records"]
+    assert {r["tool"]: r["status"] for r in records}["sklearn"] == "timeout"
+
+
+def test_peers_missing_environment_is_reported_not_installed(dirs, tmp_path):
+    argv = ["--rows", "3000", "--dims", "6", "--methods", "", "--peers", "opendp"]
+    argv += ["--no-install", "--venv-dir", str(tmp_path)]
+    assert peers.main(argv + _common(dirs)) == 0
+    [record] = _read(dirs, "peers")["records"]
+    assert record["status"] == "unavailable"
+    assert not (tmp_path / "opendp").exists()
+
+
+def test_plots_are_written(dirs):
+    pytest.importorskip("matplotlib")
+    argv = ["--rows", "6000", "--dims", "5,10", "--seeds", "1", "--peers", ""]
+    argv += ["--methods", "histogram"]
+    assert utility_dim.main(argv + _common(dirs, plot=True)) == 0
+    png = dirs["img"] / "utility_dim.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert _read(dirs, "utility_dim")["plots"] == [str(png)]
+
+
+@pytest.mark.slow
+def test_peer_environments_install_and_fit(dirs):
+    """Creates bench/.venvs/{diffprivlib,opendp} from PyPI (minutes) and fits both."""
+    argv = ["--rows", "3000", "--dims", "6", "--methods", "", "--peers", "diffprivlib,opendp"]
+    assert peers.main(argv + _common(dirs)) == 0
+    for record in _read(dirs, "peers")["records"]:
+        assert record["status"] == "ok", record
+        assert 0 <= record["error"] <= 1
