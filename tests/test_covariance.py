@@ -285,8 +285,10 @@ def test_gram_matches_numpy_and_the_driver_receives_only_a_d_by_d_summary(
     finally:
         del dask_client.gather
     dim = dataset.dim
-    assert len(gathered) == 1 and isinstance(gathered[0], GramSummary)
-    assert gathered[0].gram.shape == (dim, dim) and gathered[0].row_sum.shape == (dim,)
+    assert len(gathered) == 1 and len(gathered[0]) == 1  # one gather, of the root only
+    (received,) = gathered[0]
+    assert isinstance(received, GramSummary)
+    assert received.gram.shape == (dim, dim) and received.row_sum.shape == (dim,)
     assert summary.nbytes == (dim * dim + dim) * 8  # 20,000 rows read, 880 bytes gathered
     gram, row_sum = _reference_gram(_read_rows(dataset), 1.5)
     assert np.allclose(summary.gram, gram, rtol=1e-10, atol=1e-9)

@@ -93,8 +93,11 @@ def test_killed_worker_gives_the_same_basis_and_one_charge(dataset, tmp_path):
 
     loads = calls_by_process(calls)
     survivor = next(pid for pid in loads if pid != victim)
-    assert loads[victim] >= 2  # one partition loaded and lost, one lost in flight …
-    assert loads[survivor] >= PARTS  # … so the survivor loaded every partition itself
+    assert loads[victim] >= 2  # one partition loaded, one lost in flight …
+    # … so that one was read again: partitions already folded into a sum held by the
+    # survivor need not be, the one in flight must.
+    assert loads[victim] + loads[survivor] >= PARTS + 1
+    assert loads[survivor] >= PARTS - 1
     # Same release, bit for bit, and the same single set of charges.
     np.testing.assert_array_equal(disturbed.basis, undisturbed.basis)
     assert disturbed.manifest["release"] == undisturbed.manifest["release"]

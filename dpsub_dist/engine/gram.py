@@ -15,7 +15,6 @@ workers (every worker holds the whole table: about 100 bytes a user); the driver
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +24,7 @@ import numpy as np
 import pandas as pd
 from scipy.linalg.blas import dsyrk
 
-from dpsub_dist.engine.subsets import Loader, progress_bar
+from dpsub_dist.engine.subsets import Loader, compute_in_process, compute_on_cluster
 from dpsub_dist.errors import InputError
 
 
@@ -140,31 +139,8 @@ def compute_gram(
     tasks += blocks
     root = tree_sum(blocks, dask.delayed(GramSummary.__add__, pure=True), tasks)
     if client is None:
-        (summary,) = dask.compute(root, scheduler="threads")
+        (summary,) = compute_in_process(root)
         return summary
-    return _compute_root(client, tasks, root, f"{len(parts)} partitions → Gram", progress)
-
-
-def _compute_root(client: Any, tasks: list, root: Any, label: str, progress: bool) -> GramSummary:
-    """Run every task on the cluster and gather only the root; the bar counts finished tasks.
-
-    Finished futures are dropped as they complete, so the workers free each block once the
-    tree has added it.
-    """
-    from distributed import as_completed
-
-    futures = client.compute([t for t in tasks if t is not root] + [root])
-    root_future = futures[-1]
-    total = len(futures)
-    started = time.monotonic()
-    pending = as_completed(futures)
-    del futures
-    if progress:
-        progress_bar(0, total, started, label)
-    for done, future in enumerate(pending, start=1):
-        if future.status == "error":
-            future.result()  # re-raise the worker's error here, with its message
-        if progress:
-            progress_bar(done, total, started, label)
-        del future
-    return client.gather(root_future)
+    others = [t for t in tasks if t is not root]
+    label = f"{len(parts)} partitions → Gram"
+    return compute_on_cluster(client, others, [root], label, progress)[0]

@@ -169,8 +169,9 @@ def compute_subset_summaries_from_grams(
     total = tree_sum(leaves, dask.delayed(add_grams, pure=True))
     summaries = dask.delayed(gram_summaries, pure=True)(local_step, total)
     if client is None:
-        return _compute_in_process(summaries)[0]
-    return _compute_with_progress(client, leaves, [summaries], progress)[0]
+        return compute_in_process(summaries)[0]
+    label = f"{len(leaves)} partitions → per-subset Grams"
+    return compute_on_cluster(client, leaves, [summaries], label, progress)[0]
 
 
 def compute_subset_summaries(
@@ -190,16 +191,17 @@ def compute_subset_summaries(
     summarise = dask.delayed(bucket_summaries, pure=True)
     buckets = [summarise(plan, local_step, b, *[s[b] for s in shards]) for b in range(plan.buckets)]
     if client is None:
-        results = _compute_in_process(*buckets)
+        results = compute_in_process(*buckets)
     else:
-        results = _compute_with_progress(client, shards, buckets, progress)
+        label = f"{len(shards)} partitions → {len(buckets)} buckets"
+        results = compute_on_cluster(client, shards, buckets, label, progress)
     summaries = np.empty((plan.subsets, results[0][1].shape[1]))
     for ids, block in results:
         summaries[ids] = block
     return summaries
 
 
-def _compute_in_process(*tasks: Any) -> tuple:
+def compute_in_process(*tasks: Any) -> tuple:
     """Dask's thread pool with one BLAS thread per task, as on a worker: many small
     factorisations run far slower when each also starts a BLAS thread pool."""
     from threadpoolctl import threadpool_limits
@@ -208,23 +210,29 @@ def _compute_in_process(*tasks: Any) -> tuple:
         return dask.compute(*tasks, scheduler="threads")
 
 
-def _compute_with_progress(client: Any, shards: list, buckets: list, progress: bool) -> list:
-    """Run the graph on the cluster, gather only ``buckets``; the bar counts finished tasks."""
+def compute_on_cluster(
+    client: Any, tasks: Sequence[Any], outputs: Sequence[Any], label: str, progress: bool
+) -> list:
+    """Run ``tasks`` and ``outputs`` on the cluster and gather only ``outputs``.
+
+    The bar counts finished tasks; finished futures are dropped as they complete, so the
+    workers free each intermediate result once its dependents have run. A worker's error
+    is re-raised here with its own message.
+    """
     from distributed import as_completed
 
-    futures = client.compute([*shards, *buckets])
-    bucket_futures = futures[len(shards) :]
+    futures = client.compute([*tasks, *outputs])
+    output_futures = futures[len(tasks) :]
     total = len(futures)
     started = time.monotonic()
-    label = f"{len(shards)} partitions, {len(buckets)} summary tasks"
     pending = as_completed(futures)
-    del futures  # finished partition results are freed once their dependents have run
+    del futures
     if progress:
         progress_bar(0, total, started, label)
     for done, future in enumerate(pending, start=1):
         if future.status == "error":
-            future.result()  # re-raise the worker's error here, with its message
+            future.result()
         if progress:
             progress_bar(done, total, started, label)
         del future
-    return client.gather(bucket_futures)
+    return client.gather(output_futures)
