@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -360,3 +361,19 @@ def test_cli_bad_input_exits_2_and_writes_nothing(
     assert "40000 rows" in capsys.readouterr().err
     assert not out.exists()
     assert not list(tmp_path.glob(".never*"))
+
+
+def test_error_vs_n_bench_writes_its_table(scheduler_address, tmp_path, capsys) -> None:
+    """Smoke run of bench/clustering_error_vs_n.py (the docs/clustering.md table)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench import clustering_error_vs_n
+
+    argv = ["--rows", "3000", "--seeds", "1", "--methods", "sample-aggregate,sulq,gibbs"]
+    argv += ["--dim", "8", "--clusters", "2", "--epsilon", "10", "--no-plot"]
+    argv += ["--scheduler", scheduler_address]
+    for name in ("results", "img", "data"):
+        argv += [f"--{name}-dir", str(tmp_path / name)]
+    assert clustering_error_vs_n.main(argv) == 0
+    document = json.loads((tmp_path / "results" / "clustering_error_vs_n.json").read_text())
+    assert {r["method"] for r in document["records"]} == {"sample-aggregate", "sulq", "gibbs"}
+    assert "| 3,000 |" in capsys.readouterr().out

@@ -3,17 +3,17 @@
 Input domain of both mechanisms: rows ``x ∈ R^d`` with ``‖x‖ ≤ 1`` (the estimator
 scales or clips them first). Neighbour relation: replace one row (``n`` public).
 
-- :func:`release_cluster_grams` (SuLQ k-plane, WWS15 §3.2): one iteration releases the
-  ``K`` per-cluster Gram matrices ``A_ℓᵀA_ℓ``, each plus symmetric Gaussian noise
-  (upper triangle and diagonal i.i.d. ``N(0, σ²)``). The assignment of rows to
-  clusters uses only the previous (already released) subspaces, so replacing one
-  row moves at most that row: ``−xxᵀ`` in one cluster and ``+x′x′ᵀ`` in one
+- :func:`release_cluster_grams` (WWS15 SuLQ k-plane; ALGORITHMS.md §9 b): one iteration
+  releases the per-cluster Gram matrices ``A_ℓᵀA_ℓ`` (any number of clusters), each plus
+  symmetric Gaussian noise (upper triangle and diagonal i.i.d. ``N(0, σ²)``). The
+  assignment of rows to clusters uses only the previous (already released) subspaces, so
+  replacing one row moves at most that row: ``−xxᵀ`` in one cluster and ``+x′x′ᵀ`` in one
   cluster, each of Frobenius norm ≤ 1. We calibrate the Gaussian mechanism on the
   concatenated upper triangles with the L2 sensitivity ``Δ = 2`` of ALGORITHMS.md
   §9 (the triangle inequality; the exact value is ``√2``, so Δ = 2 is
   conservative). One iteration is one charge; ``T`` iterations compose in the
   run's mode (basic (ε, δ) composition, or zCDP, which is much tighter).
-- :func:`gibbs_subspace_clustering` (exponential mechanism, WWS15 §4): a Gibbs
+- :func:`gibbs_subspace_clustering` (WWS15 exponential mechanism; §9 c): a Gibbs
   sampler over assignments ``z`` and subspaces ``S`` targeting
   ``p(z, S) ∝ exp(−(ε/2) Σ_i d²(x_i, S_{z_i}))``. Only ``S`` is released. Its exact
   marginal is ``p(S) ∝ Π_i Σ_ℓ exp(−(ε/2) d²(x_i, S_ℓ))``; replacing one row changes
@@ -174,7 +174,7 @@ def gibbs_subspace_clustering(
     rng: np.random.Generator,
     temperature_factor: float = 0.5,
 ) -> np.ndarray:
-    """K×d×q bases from a Gibbs chain for the exponential mechanism (WWS15 §4; see module doc).
+    """K×d×q bases from a Gibbs chain for the exponential mechanism (WWS15, §9 c; see module doc).
 
     ``rows`` must have norms ≤ 1. The chain starts from Haar-random subspaces drawn
     with ``rng`` (data-independent) and runs ``sweeps`` sweeps of: assignments given
