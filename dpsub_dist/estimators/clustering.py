@@ -46,7 +46,13 @@ from scipy.optimize import linear_sum_assignment
 
 from dpsub_dist.engine.gram import clip_rows, gram_of, tree_sum
 from dpsub_dist.engine.sources import Dataset
-from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries, progress_bar
+from dpsub_dist.engine.subsets import (
+    SubsetPlan,
+    compute_in_process,
+    compute_on_cluster,
+    compute_subset_summaries,
+    progress_bar,
+)
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import sample_aggregate as sa
 from dpsub_dist.job import (
@@ -254,10 +260,12 @@ class PartitionGrams:
 def sum_over_partitions(task: PartitionGrams, parts: list, bases: np.ndarray, client: Any):
     """Σ over partitions of ``task(part, bases)``: mapped on the workers, tree-summed there."""
     mapped = dask.delayed(task, pure=True)
-    root = tree_sum([mapped(part, bases) for part in parts], dask.delayed(np.add, pure=True))
+    built = [mapped(part, bases) for part in parts]
+    root = tree_sum(built, dask.delayed(np.add, pure=True), built)
     if client is None:
-        return dask.compute(root, scheduler="threads")[0]
-    return client.compute(root).result()
+        return compute_in_process(root)[0]
+    others = [t for t in built if t is not root]
+    return compute_on_cluster(client, others, [root], "cluster Grams", False)[0]
 
 
 # --------------------------------------------------------------------------- Gibbs task
@@ -628,7 +636,7 @@ def _run_gibbs(config, dataset, accountant, grants, client, progress, noise_seed
     args = (dataset.loader, dataset.parts, config.row_norm, config.clusters, config.rank)
     args += (epsilon, sweeps, private_seed)
     if client is None:
-        bases = gibbs_task(*args)
+        (bases,) = compute_in_process(dask.delayed(gibbs_task, pure=False)(*args))
     else:
         bases = client.submit(gibbs_task, *args, pure=False).result()
     timings["sampler_s"] = time.monotonic() - mark
