@@ -113,9 +113,30 @@ def base_parser(name: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--img-dir", type=Path, default=IMG_DIR, help="PNG output folder")
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help="generated data cache")
     parser.add_argument("--no-plot", action="store_true", help="write the JSON only")
+    parser.add_argument("--tag", help="suffix of the output names (NAME-TAG.json, NAME-TAG.png)")
+    parser.add_argument(
+        "--replot",
+        type=Path,
+        help="redraw the plots from this JSON (its records, command and machine); run nothing",
+    )
     parser.add_argument("--epsilon", type=float, default=EPSILON)
     parser.add_argument("--delta", type=float, default=DELTA)
     return parser
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse argv; with ``--replot JSON``, the JSON's own command line (so plots match it)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
+    args.argv = argv
+    if args.replot:
+        command = json.loads(Path(args.replot).read_text())["command"]
+        original = shlex.split(command)[3:]  # drop "python -m bench.NAME"
+        args = parser.parse_args(
+            [*original, "--replot", str(args.replot), "--img-dir", str(args.img_dir)]
+        )
+        args.argv = original
+    return args
 
 
 def int_list(text: str) -> list[int]:
@@ -137,9 +158,14 @@ class BenchRun:
     versions: dict[str, str]
     started: str
     started_s: float
+    replayed: dict[str, Any] | None = None
 
     @classmethod
     def start(cls, name: str, args: argparse.Namespace) -> BenchRun:
+        if getattr(args, "replot", None):
+            document = json.loads(Path(args.replot).read_text())
+            run = cls(name, args, document["machine"], document["versions"], "", 0.0, document)
+            return run
         for folder in (args.results_dir, args.data_dir):
             Path(folder).mkdir(parents=True, exist_ok=True)
         return cls(
@@ -152,8 +178,17 @@ class BenchRun:
         )
 
     @property
+    def stem(self) -> str:
+        """Output file name without extension: the bench name, plus ``-TAG`` if given."""
+        tag = getattr(self.args, "tag", None)
+        return f"{self.name}-{tag}" if tag else self.name
+
+    @property
     def command(self) -> str:
-        return "python -m bench." + self.name + " " + shlex.join(sys.argv[1:])
+        if self.replayed:
+            return self.replayed["command"]
+        argv = getattr(self.args, "argv", sys.argv[1:])
+        return "python -m bench." + self.name + " " + shlex.join(argv)
 
     def footer(self, parameters: str) -> str:
         """Text printed under a figure: command, machine, versions, parameters."""
@@ -166,8 +201,10 @@ class BenchRun:
         summary: Any,
         plots: Sequence[str] = (),
     ) -> Path:
-        """Write RESULTS/<name>.json and return its path."""
-        out = Path(self.args.results_dir) / f"{self.name}.json"
+        """Write RESULTS/<name>.json and return its path (a replot writes nothing)."""
+        out = Path(self.args.results_dir) / f"{self.stem}.json"
+        if self.replayed:
+            return Path(self.args.replot)
         document = {
             "bench": self.name,
             "command": self.command,
@@ -435,7 +472,7 @@ def save(fig: Any, run: BenchRun, suffix: str = "") -> Path:
     import matplotlib.pyplot as plt
 
     Path(run.args.img_dir).mkdir(parents=True, exist_ok=True)
-    out = Path(run.args.img_dir) / f"{run.name}{suffix}.png"
+    out = Path(run.args.img_dir) / f"{run.stem}{suffix}.png"
     fig.savefig(out, dpi=110)
     plt.close(fig)
     log(f"wrote {out}")

@@ -53,70 +53,73 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shift", type=float, default=0.5, help="‖a‖, the mean's norm")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--methods", type=common.str_list, default=["friendly", "gauss"])
-    args = parser.parse_args(argv)
+    args = common.parse_args(parser, argv)
     run = common.BenchRun.start("mean_estimation", args)
     methods = common.available_methods(args.methods)
     records: list[dict[str, Any]] = []
-    half_eps, half_delta = args.epsilon / 2, args.delta / 2
-    for d in args.dims:
-        gamma = args.gamma_dim / d
-        for seed in range(1, args.seeds + 1):
-            path, truth = common.dataset(
-                args.data_dir,
-                rows=args.rows,
-                dim=d,
-                rank=args.rank,
-                gamma=gamma,
-                model="sphere",
-                seed=seed,
-            )
-            shift = np.random.default_rng([seed, 6]).standard_normal(args.rank)
-            shift *= args.shift / np.linalg.norm(shift)
-            rows = common.load_rows(path)
-            rows += truth @ shift
-            target = rows.mean(axis=0)
-            bound = args.shift + 1 + 3 * gamma * math.sqrt(d)
-            base = {"dim": d, "seed": seed, "rows": args.rows, "bound": bound}
-            direct = gaussian_mean(rows, bound, args.epsilon, args.delta)
-            records.append(
-                {
-                    **base,
-                    "tool": "direct",
-                    "status": "ok",
-                    "error": float(np.linalg.norm(direct - target)),
-                }
-            )
-            for method in methods:
-                fit = common.run_dpsub(
-                    method,
-                    common.array_opener(rows),
+    if run.replayed:
+        records = run.replayed["records"]
+    else:
+        half_eps, half_delta = args.epsilon / 2, args.delta / 2
+        for d in args.dims:
+            gamma = args.gamma_dim / d
+            for seed in range(1, args.seeds + 1):
+                path, truth = common.dataset(
+                    args.data_dir,
+                    rows=args.rows,
+                    dim=d,
                     rank=args.rank,
-                    epsilon=half_eps,
-                    delta=half_delta,
+                    gamma=gamma,
+                    model="sphere",
                     seed=seed,
-                    truth=truth,
-                    **peers.method_config(method, bound),
                 )
-                if fit["status"] == "ok":
-                    basis = fit["basis"]
-                    coords = gaussian_mean(rows @ basis, bound, half_eps, half_delta)
-                    estimate = basis @ coords
-                else:  # ⊥ or failure: spend the other half directly
-                    estimate = gaussian_mean(rows, bound, half_eps, half_delta)
+                shift = np.random.default_rng([seed, 6]).standard_normal(args.rank)
+                shift *= args.shift / np.linalg.norm(shift)
+                rows = common.load_rows(path)
+                rows += truth @ shift
+                target = rows.mean(axis=0)
+                bound = args.shift + 1 + 3 * gamma * math.sqrt(d)
+                base = {"dim": d, "seed": seed, "rows": args.rows, "bound": bound}
+                direct = gaussian_mean(rows, bound, args.epsilon, args.delta)
                 records.append(
                     {
                         **base,
-                        "tool": f"via {method}",
-                        "status": fit["status"],
-                        "basis_error": fit.get("error"),
-                        "error": float(np.linalg.norm(estimate - target)),
+                        "tool": "direct",
+                        "status": "ok",
+                        "error": float(np.linalg.norm(direct - target)),
                     }
                 )
-            del rows
-            for r in records[-1 - len(methods) :]:
-                common.log(
-                    f"D={d} seed={seed} {r['tool']:>14}: {r['status']} error={r['error']:.4g}"
-                )
+                for method in methods:
+                    fit = common.run_dpsub(
+                        method,
+                        common.array_opener(rows),
+                        rank=args.rank,
+                        epsilon=half_eps,
+                        delta=half_delta,
+                        seed=seed,
+                        truth=truth,
+                        **peers.method_config(method, bound),
+                    )
+                    if fit["status"] == "ok":
+                        basis = fit["basis"]
+                        coords = gaussian_mean(rows @ basis, bound, half_eps, half_delta)
+                        estimate = basis @ coords
+                    else:  # ⊥ or failure: spend the other half directly
+                        estimate = gaussian_mean(rows, bound, half_eps, half_delta)
+                    records.append(
+                        {
+                            **base,
+                            "tool": f"via {method}",
+                            "status": fit["status"],
+                            "basis_error": fit.get("error"),
+                            "error": float(np.linalg.norm(estimate - target)),
+                        }
+                    )
+                del rows
+                for r in records[-1 - len(methods) :]:
+                    common.log(
+                        f"D={d} seed={seed} {r['tool']:>14}: {r['status']} error={r['error']:.4g}"
+                    )
     table = peers.summarise(records, "dim")
     plots = [] if args.no_plot else plot(run, table, args)
     parameters = {

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--driver-matrix-limit-gib", type=float, default=4.0)
-    args = parser.parse_args(argv)
+    args = common.parse_args(parser, argv)
     run = common.BenchRun.start("memory", args)
     records: list[dict[str, Any]] = []
     for n in args.rows:

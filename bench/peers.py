@@ -313,18 +313,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=1)
     add_peer_arguments(parser, "diffprivlib,opendp,sklearn")
-    args = parser.parse_args(argv)
+    args = common.parse_args(parser, argv)
     check_peers(parser, args.peers)
     run = common.BenchRun.start("peers", args)
     methods = common.available_methods(args.methods)
     records: list[dict[str, Any]] = []
     failures: dict[str, tuple[int, int, str]] = {}
-    for n in args.rows:
-        for d in args.dims:
-            path, truth, params = dataset_for(args, n, d, args.seed)
-            records += run_private_tools(
-                path, truth, params, methods, args.peers, args, args.seed, True, failures
-            )
+    if run.replayed:
+        records = run.replayed["records"]
+    else:
+        for n in args.rows:
+            for d in args.dims:
+                path, truth, params = dataset_for(args, n, d, args.seed)
+                records += run_private_tools(
+                    path, truth, params, methods, args.peers, args, args.seed, True, failures
+                )
     table = summarise(records, "dim")
     for row in table:
         row["rows"] = args.rows
@@ -366,13 +369,14 @@ def plot(run: common.BenchRun, records: list[dict[str, Any]], args: Any) -> list
             time_ax.plot(xs, [r["fit_s"] for r in ok], "o-", label=tool)
         for r in records:
             if r["tool"] == tool and r["status"] not in ("ok", "bottom"):
-                time_ax.annotate(r["status"], (r["dim"], args.time_limit), fontsize=6, rotation=30)
+                time_ax.annotate(r["status"], (r["dim"], args.time_limit), fontsize=6, rotation=20)
     for ax, label in ((err_ax, "subspace error ||P_hat - P|| (⊥ = 1)"), (time_ax, "fit time, s")):
         ax.set_xscale("log")
         ax.set_xlabel("D")
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
+    time_ax.axhline(args.time_limit, color="grey", ls=":", label="time limit")
     time_ax.set_yscale("log")
     err_ax.set_title("error, same rows, in memory")
     time_ax.set_title("fit time (data already loaded)")

@@ -86,7 +86,7 @@ def records_table(doc: dict[str, Any], columns: list[str]) -> list[str]:
 def section(path: Path) -> list[str]:
     doc = json.loads(path.read_text())
     name = doc["bench"]
-    lines = [f"### {name} ({path.name})", "", *header(doc)]
+    lines = [f"### {path.stem}", "", *header(doc)]
     if name == "speed":
         lines += speed_table(doc)
     elif name in ("utility_dim", "peers", "mean_estimation"):

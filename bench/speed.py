@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile", action="store_true", help="task-stream breakdown per tool")
-    args = parser.parse_args(argv)
+    args = common.parse_args(parser, argv)
     unknown = {t for t in args.tools if not t.startswith("dpsub_t")} - set(TOOLS)
     if unknown:
         parser.error(f"unknown tools {sorted(unknown)}: use {','.join(TOOLS)}")

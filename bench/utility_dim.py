@@ -22,11 +22,20 @@ def plot_error(
     run: common.BenchRun, table: list[dict[str, Any]], key: str, footer: str, title: str
 ) -> list[Path]:
     """Median error with a bar up to the 90th percentile, one line per tool."""
-    fig, axes = common.figure(run, footer, ncols=2 if key == "rows" else 1)
+    fig, axes = common.figure(run, footer, ncols=2 if key == "rows" else 1, width=9.5)
     err_ax = axes[0]
     tools = sorted({r["tool"] for r in table})
     for i, tool in enumerate(tools):
         rows = sorted((r for r in table if r["tool"] == tool), key=lambda r: r[key])
+        for r in rows:  # nothing finished (time-outs, skipped): say so instead of a point
+            if not {"ok", "bottom"} & set(r["statuses"]):
+                err_ax.annotate(
+                    f"{tool}: {'/'.join(sorted(r['statuses']))}",
+                    (r[key], 0.95 - 0.06 * i),
+                    fontsize=6,
+                    ha="center",
+                )
+        rows = [r for r in rows if {"ok", "bottom"} & set(r["statuses"])]
         xs = [r[key] * (1 + 0.04 * (i - len(tools) / 2)) for r in rows]  # dodge overlaps
         med = [r["error"]["median"] for r in rows]
         p90 = [r["error"]["p90"] for r in rows]
@@ -42,7 +51,7 @@ def plot_error(
             axes[1].plot([r[key] for r in rows], [r["bottom_rate"] for r in rows], "o-", label=tool)
     err_ax.set_xscale("log")
     err_ax.set_xlabel("D (columns)" if key == "dim" else "n (rows)")
-    err_ax.set_ylabel("subspace error ||P_hat - P||: median, bar to p90 (⊥ = 1)")
+    err_ax.set_ylabel("||P_hat - P||, median (bar: p90)")
     err_ax.set_ylim(-0.02, 1.05)
     err_ax.grid(True, which="both", alpha=0.3)
     err_ax.legend(fontsize=7)
@@ -69,18 +78,21 @@ def main(argv: list[str] | None = None) -> int:
         "--methods", type=common.str_list, default=["friendly", "histogram", "gauss"]
     )
     peers.add_peer_arguments(parser, "diffprivlib,opendp")
-    args = parser.parse_args(argv)
+    args = common.parse_args(parser, argv)
     peers.check_peers(parser, args.peers)
     run = common.BenchRun.start("utility_dim", args)
     methods = common.available_methods(args.methods)
     records = []
     failures: dict = {}
-    for d in args.dims:
-        for seed in range(1, args.seeds + 1):
-            path, truth, params = peers.dataset_for(args, args.rows, d, seed)
-            records += peers.run_private_tools(
-                path, truth, params, methods, args.peers, args, seed, False, failures
-            )
+    if run.replayed:
+        records = run.replayed["records"]
+    else:
+        for d in args.dims:
+            for seed in range(1, args.seeds + 1):
+                path, truth, params = peers.dataset_for(args, args.rows, d, seed)
+                records += peers.run_private_tools(
+                    path, truth, params, methods, args.peers, args, seed, False, failures
+                )
     table = peers.summarise(records, "dim")
     footer = (
         f"n={args.rows}, rank k={args.rank}, gaussian gap model gamma={args.gamma_dim}/D, "

@@ -24,18 +24,21 @@ def main(argv: list[str] | None = None) -> int:
         "--methods", type=common.str_list, default=["friendly", "histogram", "gauss"]
     )
     peers.add_peer_arguments(parser, "")
-    args = parser.parse_args(argv)
+    args = common.parse_args(parser, argv)
     peers.check_peers(parser, args.peers)
     run = common.BenchRun.start("utility_n", args)
     methods = common.available_methods(args.methods)
     records = []
     failures: dict = {}
-    for n in args.rows:
-        for seed in range(1, args.seeds + 1):
-            path, truth, params = peers.dataset_for(args, n, args.dim, seed)
-            records += peers.run_private_tools(
-                path, truth, params, methods, args.peers, args, seed, False, failures
-            )
+    if run.replayed:
+        records = run.replayed["records"]
+    else:
+        for n in args.rows:
+            for seed in range(1, args.seeds + 1):
+                path, truth, params = peers.dataset_for(args, n, args.dim, seed)
+                records += peers.run_private_tools(
+                    path, truth, params, methods, args.peers, args, seed, False, failures
+                )
     table = peers.summarise(records, "rows")
     footer = (
         f"D={args.dim}, rank k={args.rank}, gaussian gap model gamma={args.gamma_dim}/D, "

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-data-gib", type=float, default=3.0)
     parser.add_argument("--target-s", type=float, default=600.0)
     parser.add_argument("--target-error", type=float, default=0.2)
-    args = parser.parse_args(argv)
+    args = common.parse_args(parser, argv)
     run = common.BenchRun.start("wide", args)
     records: list[dict[str, Any]] = []
     with common.local_cluster(args.workers, args.scheduler) as client:

@@ -41,7 +41,7 @@ def _common(dirs: dict[str, Path], plot: bool = False) -> list[str]:
 def _read(dirs: dict[str, Path], name: str) -> dict:
     document = json.loads((dirs["results"] / f"{name}.json").read_text())
     assert document["bench"] == name
-    assert document["command"].startswith(f"python -m bench.{name}")
+    assert document["command"].startswith(f"python -m bench.{name} --")  # the bench's argv
     assert document["machine"]["nproc"] >= 1
     assert document["versions"]["dpsub_dist"]
     return document
@@ -167,7 +167,7 @@ def test_peers_missing_environment_is_reported_not_installed(dirs, tmp_path):
     assert not (tmp_path / "opendp").exists()
 
 
-def test_plots_are_written(dirs):
+def test_plots_are_written(dirs, tmp_path):
     pytest.importorskip("matplotlib")
     argv = ["--rows", "6000", "--dims", "5,10", "--seeds", "1", "--peers", ""]
     argv += ["--methods", "histogram"]
@@ -175,6 +175,13 @@ def test_plots_are_written(dirs):
     png = dirs["img"] / "utility_dim.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert _read(dirs, "utility_dim")["plots"] == [str(png)]
+    # --replot redraws from the JSON alone, with the JSON's own command, and writes no JSON
+    before = (dirs["results"] / "utility_dim.json").read_bytes()
+    again = tmp_path / "again"
+    replot = ["--replot", str(dirs["results"] / "utility_dim.json"), "--img-dir", str(again)]
+    assert utility_dim.main(replot) == 0
+    assert (again / "utility_dim.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (dirs["results"] / "utility_dim.json").read_bytes() == before
 
 
 @pytest.mark.slow
