@@ -19,6 +19,7 @@ from bench import (  # noqa: E402
     mean_estimation,
     memory,
     peers,
+    report,
     speed,
     utility_dim,
     utility_n,
@@ -182,6 +183,16 @@ def test_plots_are_written(dirs, tmp_path):
     assert utility_dim.main(replot) == 0
     assert (again / "utility_dim.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (dirs["results"] / "utility_dim.json").read_bytes() == before
+
+
+def test_report_prints_the_published_tables(capsys):
+    """docs/benchmarks.md's tables come from docs/bench-data via bench.report."""
+    assert report.main([str(ROOT / "docs" / "bench-data")]) == 0
+    out = capsys.readouterr().out
+    for name in ("speed", "memory", "utility_dim", "utility_n", "peers", "wide"):
+        assert f"### {name}\n" in out
+    assert "| 1e+07 | 32 | dpsub_fraction_of_floor_throughput |" in out
+    assert "| 100000 | 100000 | not_run_memory |" in out
 
 
 @pytest.mark.slow
