@@ -264,6 +264,9 @@ def run_sample_aggregate(
     ):
         reason = {"failed_step": "null_check", "failure_reason": sa.NULL_RELEASE_REASON}
         agg = sa.Aggregate(None, {**agg.details, **reason})
+    elif sa.is_spread_release(agg):
+        reason = {"failed_step": "core_spread", "failure_reason": sa.CORE_SPREAD_REASON}
+        agg = sa.Aggregate(None, {**agg.details, **reason})
     basis = None if agg.point is None else sa.basis_from_aggregate(agg.point, dim, q, k)
     timings["aggregate_s"] = time.monotonic() - mark
     timings["total_s"] = time.monotonic() - started

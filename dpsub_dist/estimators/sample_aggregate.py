@@ -49,6 +49,11 @@ HISTOGRAM_SEARCH_FRACTION = 0.1
 smaller sides mean less rounding error, and the histogram only needs ~2τ points per cell.
 Measured at n = 200k, d = 50, k = 4 (README): 0.8 gave ⊥ in 3/3 runs, 0.1 errors 0.3–0.9."""
 
+CORE_SPREAD_REASON = (
+    "the friend radius is as large as the subsets' projected points: the subsets disagree "
+    "on the subspace (too few rows per subset, or data not close to a rank-k subspace)"
+)
+
 GRID_SPAN = 1e7
 """Ratio of the largest to the smallest radius/side on the public search grid."""
 
@@ -228,6 +233,21 @@ def is_null_release(point: np.ndarray, reference: np.ndarray, rank: int) -> bool
     basis = basis_from_aggregate(point, dim, ref_points, rank)
     projection = (basis @ (basis.T @ reference)).ravel()
     return float(np.linalg.norm(point)) < float(np.linalg.norm(point - projection))
+
+
+def is_spread_release(agg: Aggregate) -> bool:
+    """Whether a friendly release averaged subsets that disagree on the subspace.
+
+    Post-processing of releases only (radius r, noisy mean ŷ, its σ): friends as far apart
+    as the mean is long — r² ≥ ‖ŷ‖² − σ²·dim (unbiased for ‖μ‖²) less three of that
+    estimate's standard deviations σ²·√(2·dim) — means the radius search had to take in
+    points from different subspaces, and their average encodes no subspace.
+    """
+    if agg.point is None or "radius" not in agg.details or not agg.details.get("noise_sigma"):
+        return False
+    noise_sq, size = agg.details["noise_sigma"] ** 2, agg.point.size
+    signal_sq = float(agg.point @ agg.point) - noise_sq * size
+    return agg.details["radius"] ** 2 + 3 * noise_sq * np.sqrt(2 * size) >= signal_sq
 
 
 def basis_from_aggregate(point: np.ndarray, dim: int, ref_points: int, rank: int) -> np.ndarray:
