@@ -16,6 +16,7 @@ from typing import Any, Literal
 import numpy as np
 
 from dpsub_dist import __version__
+from dpsub_dist.engine.in_place import compute_subset_summaries_in_place
 from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.engine.subsets import (
     SubsetPlan,
@@ -147,6 +148,24 @@ def choose_buckets(n_rows: int, dim: int, subsets: int, client: Any | None) -> i
     return int(min(subsets, max(2 * workers, by_size, 1)))
 
 
+LOCAL_ROUTES = {
+    "subsets in place": compute_subset_summaries_in_place,
+    "per-subset Gram matrices": compute_subset_summaries_from_grams,
+    "row shuffle": compute_subset_summaries,
+}
+"""How the local steps reach their subsets' rows (all give the same summaries)."""
+
+
+def local_route(plan: SubsetPlan, dim: int) -> str:
+    """Contiguous subsets are summarised where they lie (no shuffle, any d); hashed
+    subsets use per-subset Grams while t·d² floats are small, else a row shuffle."""
+    if plan.assign == "contiguous" and not plan.user_level:
+        return "subsets in place"
+    if plan.subsets * dim * dim * 8 <= GRAM_ROUTE_BYTES:
+        return "per-subset Gram matrices"
+    return "row shuffle"
+
+
 def run_estimate(
     config: EstimateConfig,
     open_dataset: Callable[[Any], Dataset],
@@ -247,9 +266,8 @@ def run_sample_aggregate(
     )
     step = sa.ProjectedReferenceStep(rank=k, dim=dim, ref_points=q, seed=seed)
     mark = time.monotonic()
-    use_grams = t * dim * dim * 8 <= GRAM_ROUTE_BYTES
-    compute = compute_subset_summaries_from_grams if use_grams else compute_subset_summaries
-    summaries = compute(
+    route = local_route(plan, dim)
+    summaries = LOCAL_ROUTES[route](
         dataset.parts, dataset.offsets, dataset.loader, plan, step, client, progress
     )
     timings["local_steps_s"] = time.monotonic() - mark
@@ -277,8 +295,8 @@ def run_sample_aggregate(
         "public_seed": seed,
         "scale_given": config.scale,
         "budget_shares": sa.budget_plan(config.method, config.scale is not None),
-        "local_route": "per-subset Gram matrices" if use_grams else "row shuffle",
-        "shuffle_buckets": None if use_grams else plan.buckets,
+        "local_route": route,
+        "shuffle_buckets": plan.buckets if route == "row shuffle" else None,
         "partitions": len(dataset.parts),
     }
     manifest = build_manifest(
