@@ -192,7 +192,10 @@ def test_top_right_singular_vectors_orthonormal_or_none(rows, k) -> None:
 def test_randomized_route_orthonormal_or_none(rows, k) -> None:
     m, d = rows.shape
     assert min(m, d) > 4 * (k + 10)  # the exact route is skipped
-    with mock.patch.object(linalg, "EXACT_FLOP_LIMIT", 0):
+    with (
+        mock.patch.object(linalg, "EXACT_FLOP_LIMIT", 0),
+        mock.patch.object(linalg, "EXACT_SPEED_RATIO", 0),
+    ):
         vt = top_right_singular_vectors(rows, k, np.random.default_rng(1))
     if vt is not None:
         assert_orthonormal_rows(vt, k, d)
