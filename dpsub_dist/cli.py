@@ -43,7 +43,12 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", help="Parquet file, folder or glob (local or s3://)")
     parser.add_argument("--out", required=True, help="output folder (must not exist)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    parser.add_argument("--columns", type=_columns, help="comma-separated feature columns")
+    parser.add_argument(
+        "--columns",
+        type=_columns,
+        help="comma-separated feature columns (default: every numeric column); a vector "
+        "column (fixed_size_list or list of numbers, e.g. embeddings) adds its width",
+    )
     parser.add_argument("--unit-column", help="user id column: user-level privacy")
     parser.add_argument("--scheduler", help="tcp://host:port of a running Dask scheduler")
     parser.add_argument("--workers", type=int, help="workers of the local cluster (default: cores)")
@@ -88,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--outlier-fraction", type=float, default=0.0)
     synth.add_argument("--partitions", type=int)
     synth.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    synth.add_argument(
+        "--vector-column",
+        action="store_true",
+        help="write the features as one fixed_size_list<DTYPE>[DIM] column named x (the "
+        "layout of embeddings; fast to read at large --dim) instead of columns x0..x{DIM-1}; "
+        "same rows, values and truth",
+    )
     synth.add_argument("--clusters", type=int, help="points near a union of K subspaces")
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--overwrite", action="store_true")
@@ -188,10 +200,14 @@ def cmd_synth(args: argparse.Namespace) -> int:
             clusters=args.clusters,
             overwrite=args.overwrite,
             progress=report,
+            vector_column=args.vector_column,
         )
     except (ValueError, FileExistsError) as err:
         raise InputError(str(err)) from None
-    print(f"wrote {result.rows} rows × {args.dim} columns to {args.out}")
+    if args.vector_column:
+        print(f"wrote {result.rows} rows × {args.dim} features (vector column x) to {args.out}")
+    else:
+        print(f"wrote {result.rows} rows × {args.dim} columns to {args.out}")
     return 0
 
 

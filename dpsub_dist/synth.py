@@ -2,7 +2,12 @@
 
 ``generate`` writes ``OUT/part-00000.parquet ...`` (columns ``x0..x{dim-1}``) one partition
 at a time, so memory stays bounded by one row group whatever ``rows`` is, and the truth
-(never read by the estimators) to ``OUT/_truth/``:
+(never read by the estimators) to ``OUT/_truth/``. With ``vector_column=True`` (CLI
+``--vector-column``) the features are instead one column ``x`` of type
+``fixed_size_list<float32|float64>[dim]`` (the usual layout of embeddings, and the fast one
+at large ``dim``: one column chunk per row group instead of ``dim``); rows, values, files,
+row groups and truth are the same as in the scalar layout, only ``params.json`` records
+``"layout": "vector"`` and ``"columns": "x[0..dim-1]"``.
 
 - ``basis.npy``: the true basis ``U`` (``dim × rank``, float64, orthonormal columns); with
   ``clusters=K`` instead ``basis_0.npy .. basis_{K-1}.npy`` and ``bases.npy`` (``K × dim × rank``);
@@ -242,6 +247,7 @@ def _write_partition(
     n: int,
     n_outliers: int,
     schema: pa.Schema,
+    vector: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Write rows ``start .. start+n`` to ``path``; return (outlier indices, labels)."""
     if n_outliers:
@@ -254,14 +260,24 @@ def _write_partition(
     with pq.ParquetWriter(path, schema, compression="snappy", use_dictionary=False) as writer:
         for g0 in range(start, start + n, plan.row_group_rows):
             g = min(plan.row_group_rows, start + n - g0)
-            buf = np.empty((plan.dim, g), dtype=plan.dtype)  # column j is buf[j], contiguous
+            # scalar layout: column j is buf[j], contiguous; vector layout: row i is buf[i]
+            shape = (g, plan.dim) if vector else (plan.dim, g)
+            buf = np.empty(shape, dtype=plan.dtype)
             for c0 in range(g0, g0 + g, plan.chunk_rows):
                 m = min(plan.chunk_rows, g0 + g - c0)
                 lo, hi = np.searchsorted(outliers, [c0, c0 + m])
                 xt, lab = _chunk(plan, rng, c0, m, outliers[lo:hi])
-                buf[:, c0 - g0 : c0 - g0 + m] = xt
+                if vector:
+                    buf[c0 - g0 : c0 - g0 + m] = xt.T
+                else:
+                    buf[:, c0 - g0 : c0 - g0 + m] = xt
                 labels[c0 - start : c0 - start + m] = lab
-            table = pa.Table.from_arrays([pa.array(buf[j]) for j in range(plan.dim)], names=names)
+            if vector:
+                values = pa.FixedSizeListArray.from_arrays(pa.array(buf.reshape(-1)), plan.dim)
+                table = pa.Table.from_arrays([values], schema=schema)
+            else:
+                arrays = [pa.array(buf[j]) for j in range(plan.dim)]
+                table = pa.Table.from_arrays(arrays, names=names)
             writer.write_table(table, row_group_size=g)
             del table, buf
     return outliers, labels
@@ -312,14 +328,16 @@ def generate(
     row_group_size: int = 65536,
     progress: Callable[[int, int], None] | None = None,
     overwrite: bool = False,
+    vector_column: bool = False,
 ) -> SynthResult:
     """Write a Parquet dataset with a known subspace (BENCHMARKS.md §1); see the module doc.
 
     Builds everything in a sibling ``OUT.tmp-*`` folder and renames it into place at the end,
     so ``OUT`` is either absent/untouched or complete. ``progress(done, total)`` is called
-    after each partition file. Raises ``ValueError`` (``SynthParameterError``) for a bad
-    parameter and ``FileExistsError`` (``SynthExistsError``) if ``OUT`` is not empty and
-    ``overwrite`` is false.
+    after each partition file. ``vector_column=True`` writes the features as one
+    ``fixed_size_list`` column ``x`` instead of ``dim`` scalar columns. Raises ``ValueError``
+    (``SynthParameterError``) for a bad parameter and ``FileExistsError``
+    (``SynthExistsError``) if ``OUT`` is not empty and ``overwrite`` is false.
     """
     rows = _int("rows", rows, 1, None, "an integer >= 1")
     dim = _int("dim", dim, 2, None, "an integer >= 2")
@@ -343,6 +361,9 @@ def generate(
     row_group_size = _int("row_group_size", row_group_size, 1, None, "an integer >= 1")
     if progress is not None and not callable(progress):
         raise _fail("progress", "a callable (done, total) or None", progress)
+    if not isinstance(vector_column, bool | np.bool_):
+        raise _fail("vector_column", "True or False", vector_column)
+    vector_column = bool(vector_column)
 
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -404,7 +425,8 @@ def generate(
         "row_group_size": row_group_size,
         "row_group_rows": row_group_rows,
         "rows_per_partition": part_rows,
-        "columns": f"x0..x{dim - 1}",
+        "layout": "vector" if vector_column else "scalar",
+        "columns": f"x[0..{dim - 1}]" if vector_column else f"x0..x{dim - 1}",
         "adversarial_block_rows": block if order == "adversarial" else None,
         "outlier_count": n_outliers,
         "outliers_per_partition": part_outliers,
@@ -433,7 +455,11 @@ def generate(
         )
         lab_writer = _NpyAppender(truth / "labels.npy", "int32", rows) if clusters else None
 
-        schema = pa.schema([pa.field(f"x{j}", pa.from_numpy_dtype(np_dtype)) for j in range(dim)])
+        value_type = pa.from_numpy_dtype(np_dtype)
+        if vector_column:
+            schema = pa.schema([pa.field("x", pa.list_(value_type, dim), nullable=False)])
+        else:
+            schema = pa.schema([pa.field(f"x{j}", value_type) for j in range(dim)])
         names: list[str] = []
         start = 0
         for i, n in enumerate(part_rows):
@@ -441,7 +467,7 @@ def generate(
             ss = np.random.SeedSequence(seed, spawn_key=(2, i))
             rng = np.random.Generator(np.random.PCG64(ss))
             outl, labels = _write_partition(
-                plan, tmp / name, rng, start, n, part_outliers[i], schema
+                plan, tmp / name, rng, start, n, part_outliers[i], schema, vector_column
             )
             if out_writer is not None:
                 out_writer.append(outl)

@@ -195,6 +195,71 @@ def _nulls(root: Path) -> Path:
     return write(root / "nulls.parquet", table)
 
 
+def _as_vector(cols: dict, list_type: pa.DataType | None = None) -> pa.Array:
+    """Columns x0..x{DIM-1} as one vector column: fixed_size_list, or ``list_type``."""
+    data = np.column_stack([cols[f"x{j}"] for j in range(DIM)])
+    if list_type is None:
+        return pa.FixedSizeListArray.from_arrays(pa.array(data.reshape(-1)), DIM)
+    return pa.array([list(row) for row in data], list_type)
+
+
+def _vector(fault: Callable[[np.ndarray], pa.Array] | None = None) -> Callable[[Path], Path]:
+    """Good files with features in a vector column ``x`` (and a scalar ``w``); ``fault``
+    builds the ``x`` of one more file from its rows."""
+
+    def build(root: Path) -> Path:
+        folder = root / "data"
+        for i in range(2):
+            cols = features(seed=i)
+            write(folder / f"part-{i}.parquet", {"w": cols["x0"], "x": _as_vector(cols)})
+        if fault is not None:
+            cols = features(seed=5)
+            data = np.column_stack([cols[f"x{j}"] for j in range(DIM)])
+            write(folder / "part-5.parquet", {"w": cols["x0"], "x": fault(data)})
+        return folder
+
+    return build
+
+
+def _ragged(data: np.ndarray) -> pa.Array:
+    rows = [list(row) for row in data]
+    rows[40] = rows[40][:3]
+    return pa.array(rows, pa.list_(pa.float64()))
+
+
+def _null_element(data: np.ndarray) -> pa.Array:
+    mask = np.zeros(data.shape, dtype=bool)
+    mask[[5, 6], 2] = True
+    return pa.FixedSizeListArray.from_arrays(pa.array(data.reshape(-1), mask=mask.reshape(-1)), DIM)
+
+
+def _null_list(data: np.ndarray) -> pa.Array:
+    valid = np.ones(len(data), dtype=bool)
+    valid[11] = False
+    return pa.FixedSizeListArray.from_arrays(pa.array(data.reshape(-1)), DIM, mask=pa.array(~valid))
+
+
+def _nan_element(data: np.ndarray) -> pa.Array:
+    data = data.copy()
+    data[[3, 99], 1] = np.nan
+    return pa.FixedSizeListArray.from_arrays(pa.array(data.reshape(-1)), DIM)
+
+
+def _ragged_folder(root: Path) -> Path:
+    folder = root / "data"
+    list_type = pa.list_(pa.float64())
+    for i in range(2):
+        write(folder / f"part-{i}.parquet", {"x": _as_vector(features(seed=i), list_type)})
+    data = np.column_stack(list(features(seed=5).values()))
+    write(folder / "part-5.parquet", {"x": _ragged(data)})
+    return folder
+
+
+def _string_lists(root: Path) -> Path:
+    cols = features()
+    return write(root / "t.parquet", {"x": _as_vector(cols), "tags": [["a", "b"]] * ROWS})
+
+
 def _synth(rows: int, dim: int, rank: int, scale: float = 1.0) -> Callable[[Path], Path]:
     def build(root: Path) -> Path:
         generate(root / "synth", rows=rows, dim=dim, rank=rank, seed=3, partitions=2)
@@ -355,7 +420,37 @@ FAULTS: list[Fault] = [
         r"cannot reach the Dask scheduler at tcp://127.0.0.1:9",
         args=("--scheduler", "tcp://127.0.0.1:9"),
     ),
+    Fault(
+        "vector-ragged-list",
+        _ragged_folder,
+        r"part-5.parquet: list column x has rows of different lengths \(row 40 has 3 values, "
+        r"expected 4\)",
+    ),
+    Fault(
+        "vector-null-element",
+        _vector(_null_element),
+        r"part-5.parquet: column x\[2\] has 2 missing values \(null elements of vector column x\)",
+    ),
+    Fault("vector-null-list", _vector(_null_list), r"column x has 1 missing \(null\) lists"),
+    Fault(
+        "vector-nan-values",
+        _vector(_nan_element),
+        r"part-5.parquet: column x\[1\] has 2 NaN or infinite values",
+    ),
+    Fault(
+        "non-numeric-list-requested",
+        _string_lists,
+        r"non-numeric columns requested: \['tags \(list<",
+        args=("--columns", "x,tags"),
+    ),
     # Inputs that are unusual but valid: they must run, not fail or silently degrade.
+    Fault(
+        "vector-and-scalar-columns",
+        _vector(),
+        r"wrote .*basis.npy \(5×1\)",
+        code=0,
+        budget=EASY,
+    ),
     Fault("mixed-numeric-types", _mixed_types, r"wrote .*basis.npy", code=0, budget=EASY),
     Fault("one-zero-row-file", _one_zero_row_file, r"wrote .*basis.npy", code=0, budget=EASY),
     Fault(

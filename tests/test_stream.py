@@ -243,11 +243,16 @@ def test_bad_inputs_and_corrupt_state(tmp_path, batches, dask_client):
                 + ["--delta", "1e-6"]) == 0  # fmt: skip
     with pytest.raises(InputError, match="not a dpsub stream"):
         open_stream(str(ledger))
+    narrow = str(tmp_path / "narrow.db")  # rank ≥ D is found at append (footers), not init
+    init_stream(narrow, horizon=3, rank=2, clip_norm=1.0, rho=1, delta=1e-6, columns=["x0", "x1"])
+    with (
+        open_stream(narrow) as stream,
+        pytest.raises(InputError, match=r"rank 2 must be smaller than the number of columns \(2\)"),
+    ):
+        stream.append(files[0], client=dask_client)
+    with open_stream(narrow) as stream:
+        assert stream.status()["step"] == 0
     state = str(tmp_path / "s.db")
-    with pytest.raises(InputError, match="rank 2 must be smaller than the number of columns"):
-        init_stream(
-            state, horizon=3, rank=2, clip_norm=1.0, rho=1, delta=1e-6, columns=["x0", "x1"]
-        )
     init_stream(
         state, horizon=3, rank=2, clip_norm=1.0, rho=1, delta=1e-6, columns=["x0", "x1", "z"]
     )

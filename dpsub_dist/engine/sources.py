@@ -11,6 +11,8 @@ from dpsub_dist.errors import InputError
 from dpsub_dist.io.parquet import (
     PartReader,
     check_finite,
+    column_widths,
+    feature_name,
     inspect_file,
     list_parquet_files,
     plan_parts,
@@ -23,7 +25,12 @@ ARRAY_PART_ROWS = 1_000_000
 
 @dataclass
 class Dataset:
-    """Partitions of a table, where they are loaded, and public facts about it."""
+    """Partitions of a table, where they are loaded, and public facts about it.
+
+    ``columns`` are the source columns; ``widths`` (None: all scalar) gives each one's
+    width, None for a scalar column, so a vector column ``x`` of width 10⁵ is one entry
+    in ``columns`` and 10⁵ features in ``dim``.
+    """
 
     parts: list[Any]
     offsets: list[int]
@@ -32,10 +39,24 @@ class Dataset:
     n_rows: int
     input: str
     files: int = 0
+    widths: list[int | None] | None = None
 
     @property
     def dim(self) -> int:
-        return len(self.columns)
+        """Number of features: the total width of the columns."""
+        if not self.widths:
+            return len(self.columns)
+        return sum(1 if w is None else w for w in self.widths)
+
+    @property
+    def vector_columns(self) -> dict[str, int]:
+        """Width of each vector column, by name (empty for scalar-only data)."""
+        pairs = zip(self.columns, self.widths or [], strict=False)
+        return {name: width for name, width in pairs if width is not None}
+
+    def feature_name(self, j: int) -> str:
+        """Name of feature ``j``: its column, or ``x[17]`` for element 17 of vector x."""
+        return feature_name(self.columns, self.widths, j)
 
 
 def parquet_dataset(
@@ -53,11 +74,16 @@ def parquet_dataset(
     else:
         infos = [inspect_file(f, storage_options) for f in files]
     selected = select_columns(infos, columns, unit_column)
+    widths = column_widths(infos, selected)
+    if all(w is None for w in widths):
+        widths = []  # scalar columns only: one feature per column
     parts = plan_parts(infos)
     offsets = list(np.cumsum([0] + [p.rows for p in parts[:-1]]).astype(int)) if parts else []
-    reader = PartReader(tuple(selected), unit_column, storage_options)
+    reader = PartReader(tuple(selected), unit_column, storage_options, tuple(widths))
     n_rows = sum(p.rows for p in parts)
-    return Dataset(parts, offsets, reader, selected, n_rows, uri, files=len(files))
+    return Dataset(
+        parts, offsets, reader, selected, n_rows, uri, files=len(files), widths=widths or None
+    )
 
 
 @dataclass(frozen=True)

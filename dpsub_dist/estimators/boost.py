@@ -143,7 +143,16 @@ def group_dataset(
         counts = sizes[:, group]
         offsets = [int(x) for x in np.cumsum(counts) - counts]
         n_rows = int(counts.sum())
-    return Dataset(parts, offsets, loader, dataset.columns, n_rows, dataset.input, dataset.files)
+    return Dataset(
+        parts,
+        offsets,
+        loader,
+        dataset.columns,
+        n_rows,
+        dataset.input,
+        dataset.files,
+        widths=dataset.widths,
+    )
 
 
 def _part_rows(dataset: Dataset) -> list[int]:

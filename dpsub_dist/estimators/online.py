@@ -148,8 +148,8 @@ def init_stream(
     """
     _check_settings(horizon, rank, clip_norm)
     parse_budget(epsilon, delta, rho)  # validates (InputError, exit 2)
-    if columns is not None and rank >= len(columns):
-        raise InputError(f"rank {rank} must be smaller than the number of columns ({len(columns)})")
+    # rank < D is checked at each append, before any row is read: a named column may be a
+    # vector column whose width only the footers tell.
     if Path(path).exists():
         raise InputError(f"stream state {path} already exists: choose a new path")
     total_rho = rho if rho is not None else rho_for_approx_dp(float(epsilon), float(delta))
@@ -286,7 +286,11 @@ class Stream:
 
     @staticmethod
     def _manifest(
-        s: StreamSettings, batch: StreamBatch, upto: list[StreamBatch], values: np.ndarray
+        s: StreamSettings,
+        batch: StreamBatch,
+        upto: list[StreamBatch],
+        values: np.ndarray,
+        dim: int,
     ) -> dict[str, Any]:
         """The manifest of the release after ``batch`` (public facts only)."""
         columns = s.columns or []
@@ -298,7 +302,7 @@ class Stream:
             "n_rows": batch.n_rows,
             "n_rows_note": "rows of this batch, from the Parquet footers; public under "
             "replace-one neighbours",
-            "dim": len(columns),
+            "dim": dim,  # total width: a vector column counts its width
             "rank": s.rank,
             "stream": {
                 "step": batch.step,
@@ -364,6 +368,13 @@ class Stream:
                 f"rank {s.rank} must be smaller than the number of columns ({dataset.dim}): "
                 "pass more columns at stream init"
             )
+        if batches:
+            before = self.release(step).manifest.get("dim", dataset.dim)
+            if before != dataset.dim:
+                raise InputError(
+                    f"{uri} has {dataset.dim} features but the stream's earlier batches have "
+                    f"{before}: vector columns must keep their width across batches"
+                )
         summary = compute_gram(
             dataset.parts, dataset.loader, s.clip_norm, client=client, progress=progress
         )
@@ -383,7 +394,7 @@ class Stream:
             tree = self._aggregator(execute, step, dataset.dim, needed)
             touched = tree.add(summary.gram, noise_rng())
             values, basis = top_eigenvectors(tree.prefix(batch.step), s.rank)
-            manifest = self._manifest(settings, batch, [*batches, batch], values)
+            manifest = self._manifest(settings, batch, [*batches, batch], values, dataset.dim)
             manifest["timings"] = {"append_s": time.monotonic() - started}
             manifest["summary_bytes_gathered"] = summary.nbytes
             for level, idx in touched:

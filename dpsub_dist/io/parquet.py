@@ -2,12 +2,20 @@
 
 The driver only *lists* files. Footers (schema, row counts) and rows are read by
 tasks on the workers; the driver receives schemas and counts, never rows.
+
+Feature columns are scalar numeric columns or *vector* columns: a ``fixed_size_list``,
+``list`` or ``large_list`` of numbers (e.g. ``x: fixed_size_list<float>[100000]``, the
+usual layout of embeddings). A vector column contributes its width to the dimension;
+features are concatenated in column order. A fixed-size list's width is in the schema;
+a variable ``list``'s width is the length of its first row, and every row must have it.
+Features of a vector column ``x`` are named ``x[0]``, ``x[1]``, … in messages.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -32,9 +40,18 @@ TARGET_PART_ROWS = 1_000_000
 
 @dataclass(frozen=True)
 class ColumnInfo:
+    """One column of a footer's schema.
+
+    ``numeric``: a number, or a list of numbers (a vector column). ``width``: values per
+    row of a numeric vector column (from the type for fixed-size lists, from the first
+    row for variable lists; None for scalars and for a list file without rows).
+    """
+
     name: str
     type: str
     numeric: bool
+    vector: bool = False
+    width: int | None = None
 
 
 @dataclass(frozen=True)
@@ -109,14 +126,52 @@ def _is_numeric(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
 
 
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
+def _column_info(field: pa.Field) -> ColumnInfo:
+    t = field.type
+    if not _is_list(t):
+        return ColumnInfo(field.name, str(t), _is_numeric(t))
+    numeric = _is_numeric(t.value_type)
+    width = t.list_size if pa.types.is_fixed_size_list(t) and numeric else None
+    return ColumnInfo(field.name, str(t), numeric, vector=True, width=width)
+
+
+def _first_row_width(pf: pq.ParquetFile, name: str, path: str) -> int | None:
+    """Length of the first row of a variable list column (None: the file has no rows)."""
+    for batch in pf.iter_batches(batch_size=1, columns=[name], use_threads=False):
+        if batch.num_rows:
+            first = batch.column(0)
+            if first.null_count:
+                raise InputError(
+                    f"{path}: column {name} has a missing (null) list in row 0: fill or drop "
+                    "the rows with missing values before estimating"
+                )
+            return len(first[0])
+    return None
+
+
 def inspect_file(path: str, storage_options: Mapping[str, Any] | None = None) -> FileInfo:
     """Read one file's footer (runs on a worker)."""
     try:
         fs, local = filesystem(path, storage_options)
         with fs.open(local, "rb") as handle:
-            meta = pq.ParquetFile(handle).metadata
+            pf = pq.ParquetFile(handle, buffer_size=1 << 20)  # the width probe streams
+            meta = pf.metadata
             schema = meta.schema.to_arrow_schema()
             groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+            columns = tuple(_column_info(f) for f in schema)
+            counts = Counter(schema.names)
+            columns = tuple(
+                replace(c, width=_first_row_width(pf, c.name, path))
+                if c.vector and c.numeric and c.width is None and counts[c.name] == 1
+                else c
+                for c in columns
+            )
+    except InputError:
+        raise
     except FileNotFoundError:
         raise InputError(
             f"{path}: file disappeared while reading: re-run when the input is stable"
@@ -129,7 +184,6 @@ def inspect_file(path: str, storage_options: Mapping[str, Any] | None = None) ->
         ) from None
     except STORAGE_ERRORS as err:
         raise storage_error(err, path, "reading") from None
-    columns = tuple(ColumnInfo(f.name, str(f.type), _is_numeric(f.type)) for f in schema)
     return FileInfo(path, groups, columns)
 
 
@@ -142,8 +196,9 @@ def select_columns(
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise InputError(f"{first.path}: duplicate column names {dup}: rename them in the data")
+    schema = [(c.name, c.type) for c in first.columns]
     for info in infos[1:]:
-        if info.columns != first.columns:
+        if [(c.name, c.type) for c in info.columns] != schema:
             raise InputError(
                 f"schema differs between {first.path} and {info.path}: "
                 "write all files with the same columns and types"
@@ -151,6 +206,11 @@ def select_columns(
     by_name = {c.name: c for c in first.columns}
     if unit_column is not None and unit_column not in by_name:
         raise InputError(f"unit column {unit_column!r} not found: available columns {names[:20]}")
+    if unit_column is not None and by_name[unit_column].vector:
+        raise InputError(
+            f"unit column {unit_column!r} is a list ({by_name[unit_column].type}): "
+            "pass a scalar user id column"
+        )
     if requested:
         missing = [c for c in requested if c not in by_name]
         if missing:
@@ -167,6 +227,45 @@ def select_columns(
             f"no numeric columns in {first.path}: pass --columns naming numeric columns"
         )
     return numeric
+
+
+def column_widths(infos: Sequence[FileInfo], selected: Sequence[str]) -> list[int | None]:
+    """Width of each selected column (None: scalar), the same in every file that has rows."""
+    widths: list[int | None] = []
+    vectors = {c.name for c in infos[0].columns if c.vector}
+    for name in selected:
+        if name not in vectors:
+            widths.append(None)
+            continue
+        found = [(info.path, c) for info in infos for c in info.columns if c.name == name]
+        known = [(path, c.width) for path, c in found if c.width is not None]
+        if not known:
+            raise InputError(
+                f"list column {name} has no rows in any file, so its length is unknown: "
+                "pass data with rows, or store it as a fixed_size_list"
+            )
+        path, width = known[0]
+        for other, w in known[1:]:
+            if w != width:
+                raise InputError(
+                    f"list column {name} has rows of length {width} in {path} but {w} in "
+                    f"{other}: every row of a vector column must have the same length"
+                )
+        widths.append(width)
+    return widths
+
+
+def feature_name(columns: Sequence[str], widths: Sequence[int | None] | None, j: int) -> str:
+    """Name of feature ``j``: the column for a scalar, ``x[17]`` for element 17 of vector x."""
+    if not widths:
+        return columns[j]
+    start = 0
+    for name, width in zip(columns, widths, strict=True):
+        size = 1 if width is None else width
+        if j < start + size:
+            return name if width is None else f"{name}[{j - start}]"
+        start += size
+    raise IndexError(f"feature {j} is beyond the {start} features")
 
 
 def plan_parts(infos: Sequence[FileInfo], target_rows: int = TARGET_PART_ROWS) -> list[Part]:
@@ -190,6 +289,8 @@ def plan_parts(infos: Sequence[FileInfo], target_rows: int = TARGET_PART_ROWS) -
 class PartReader:
     """Picklable loader: reads a Part's feature columns (and unit column) on a worker.
 
+    ``widths`` gives each column's width (None: a scalar column; empty: all scalar).
+    Vector columns are converted a chunk at a time (flatten + reshape), never per element.
     ``storage_options`` (pairs or a mapping) is held as :class:`StorageOptions`, so the
     reader's ``repr`` (which Dask logs when a task fails) never shows a secret.
     """
@@ -197,16 +298,27 @@ class PartReader:
     columns: tuple[str, ...]
     unit_column: str | None = None
     storage_options: StorageOptions | tuple[tuple[str, Any], ...] = ()
+    widths: tuple[int | None, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "storage_options", StorageOptions.wrap(self.storage_options))
+        object.__setattr__(self, "widths", tuple(self.widths))
+
+    @property
+    def dim(self) -> int:
+        if not self.widths:
+            return len(self.columns)
+        return sum(1 if w is None else w for w in self.widths)
 
     def __call__(self, part: Part) -> tuple[np.ndarray, np.ndarray | None]:
         wanted = list(self.columns) + ([self.unit_column] if self.unit_column else [])
         try:
             fs, local = filesystem(part.path, self.storage_options)
             with fs.open(local, "rb") as handle:
-                table = pq.ParquetFile(handle).read_row_groups(list(part.row_groups), wanted)
+                pf = pq.ParquetFile(handle)
+                table = pf.read_row_groups(list(part.row_groups), wanted)
+                first = part.row_groups[0] if part.row_groups else 0
+                file_row = sum(pf.metadata.row_group(i).num_rows for i in range(first))
         except PermissionError as err:
             raise storage_error(err, part.path, "reading") from None
         except (pa.ArrowInvalid, OSError, ValueError) as err:
@@ -220,27 +332,76 @@ class PartReader:
                 f"{part.path}: footer declares {part.rows} rows but {table.num_rows} were read: "
                 "the file is corrupt; rewrite it"
             )
-        rows = np.empty((table.num_rows, len(self.columns)), dtype=np.float64)
-        for j, name in enumerate(self.columns):
+        rows = np.empty((table.num_rows, self.dim), dtype=np.float64)
+        widths = self.widths or (None,) * len(self.columns)
+        j = 0
+        for name, width in zip(self.columns, widths, strict=True):
             column = table.column(name)
             if column.null_count:
+                what = "missing values" if width is None else "missing (null) lists"
                 raise InputError(
-                    f"{part.path}: column {name} has {column.null_count} missing values: "
+                    f"{part.path}: column {name} has {column.null_count} {what}: "
                     "fill or drop them before estimating"
                 )
-            rows[:, j] = column.to_numpy()
-        check_finite(rows, self.columns, part.path)
+            if width is None:
+                rows[:, j] = column.to_numpy()
+                j += 1
+            else:
+                _read_vector(column, width, rows[:, j : j + width], name, part.path, file_row)
+                j += width
+        check_finite(rows, self.columns, part.path, self.widths)
         units = table.column(self.unit_column).to_pandas() if self.unit_column else None
         return rows, units
 
 
-def check_finite(rows: np.ndarray, columns: Sequence[str], where: str) -> None:
-    """Raise InputError naming the first column with NaN or infinite values."""
+def _read_vector(
+    column: pa.ChunkedArray, width: int, out: np.ndarray, name: str, path: str, file_row: int
+) -> None:
+    """Fill ``out`` (rows × width) from a list column with no null lists, chunk by chunk."""
+    null_counts: np.ndarray | None = None
+    r = 0
+    for chunk in column.chunks:
+        m = len(chunk)
+        if not pa.types.is_fixed_size_list(chunk.type):
+            lengths = np.diff(chunk.offsets.to_numpy())
+            wrong = np.flatnonzero(lengths != width)
+            if wrong.size:
+                row = int(wrong[0])
+                raise InputError(
+                    f"{path}: list column {name} has rows of different lengths (row "
+                    f"{file_row + r + row} has {int(lengths[row])} values, expected {width}): "
+                    "every row of a vector column must have the same length"
+                )
+        flat = chunk.flatten()  # honours the chunk's offset (slices)
+        if flat.null_count:
+            where = np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False)) % width
+            counts = np.bincount(where, minlength=width)
+            null_counts = counts if null_counts is None else null_counts + counts
+        elif null_counts is None and m:
+            if pa.types.is_decimal(flat.type):
+                flat = flat.cast(pa.float64())
+            out[r : r + m] = flat.to_numpy(zero_copy_only=False).reshape(m, width)
+        r += m
+    if null_counts is not None:
+        element = int(np.argmax(null_counts > 0))
+        raise InputError(
+            f"{path}: column {name}[{element}] has {int(null_counts[element])} missing values "
+            f"(null elements of vector column {name}): fill or drop them before estimating"
+        )
+
+
+def check_finite(
+    rows: np.ndarray,
+    columns: Sequence[str],
+    where: str,
+    widths: Sequence[int | None] | None = None,
+) -> None:
+    """Raise InputError naming the first feature (``x`` or ``x[17]``) with NaN or inf values."""
     finite = np.isfinite(rows)
     if not finite.all():
         bad = int(np.argmin(finite.all(axis=0)))
         count = int((~finite[:, bad]).sum())
         raise InputError(
-            f"{where}: column {columns[bad]} has {count} NaN or infinite values: "
-            "clean or drop those rows before estimating"
+            f"{where}: column {feature_name(columns, widths, bad)} has {count} NaN or infinite "
+            "values: clean or drop those rows before estimating"
         )
