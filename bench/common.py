@@ -271,11 +271,13 @@ def dataset(
     seed: int = 0,
     dtype: str = "float32",
     partitions: int | None = None,
+    vector_column: bool = False,
 ) -> tuple[Path, np.ndarray]:
     """A cached synthetic Parquet dataset (dpsub_dist.synth) and its true basis."""
     from dpsub_dist.synth import generate, read_truth
 
     name = f"{model}-n{rows}-d{dim}-k{rank}-g{gamma:.3g}-s{seed}-{dtype}-p{partitions or 'auto'}"
+    name += "-vector" if vector_column else ""
     path = Path(data_dir) / name
     if not (path / "_truth" / "params.json").exists():
         log(f"generating {name}")
@@ -289,6 +291,7 @@ def dataset(
             seed=seed,
             dtype=dtype,
             partitions=partitions,
+            vector_column=vector_column,
             overwrite=True,
         )
     basis, _ = read_truth(path)
@@ -352,6 +355,7 @@ def run_dpsub(
         "timings": manifest.get("timings", {}),
         "summary_bytes_gathered": manifest.get("summary_bytes_gathered"),
         "subsets": manifest["parameters"].get("subsets"),
+        "local_route": manifest["parameters"].get("local_route"),
         "failed_step": manifest.get("release", {}).get("failed_step"),
     }
     if truth is not None:

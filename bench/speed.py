@@ -27,7 +27,7 @@ import numpy as np
 
 from bench import common
 
-TOOLS = ("dpsub", "dask_ml_randomized", "dask_ml_tsqr", "floor")
+TOOLS = ("dpsub", "dpsub_contiguous", "dask_ml_randomized", "dask_ml_tsqr", "floor")
 
 
 def parquet_files(path: Path) -> list[str]:
@@ -87,7 +87,8 @@ def run_tool(tool: str, path: Path, truth: np.ndarray, args: Any, client: Any) -
     with common.PeakMemory(client, interval=0.05) as memory:
         started = time.monotonic()
         if tool.startswith("dpsub"):
-            subsets = int(tool.removeprefix("dpsub_t")) if tool != "dpsub" else None
+            subsets = int(tool.removeprefix("dpsub_t")) if tool.startswith("dpsub_t") else None
+            assign = "contiguous" if tool == "dpsub_contiguous" else "random"
             record = common.run_dpsub(
                 args.method,
                 common.parquet_opener(path),
@@ -98,6 +99,7 @@ def run_tool(tool: str, path: Path, truth: np.ndarray, args: Any, client: Any) -
                 truth=truth,
                 client=client,
                 subsets=subsets,
+                assign=assign,
             )
             record["bytes_gathered"] = record.pop("summary_bytes_gathered", None)
         elif tool == "floor":
@@ -204,6 +206,7 @@ def plot(run: common.BenchRun, table: list[dict[str, Any]], args: Any) -> list[P
     styles = {
         "dpsub": "o-",
         "dpsub_t2000": "D-",
+        "dpsub_contiguous": "v-",
         "dask_ml_randomized": "s--",
         "dask_ml_tsqr": "^--",
         "floor": "k:",
@@ -243,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         "--tools",
         type=common.str_list,
         default=["dpsub", "dpsub_t2000", *TOOLS[1:]],
-        help=f"from {','.join(TOOLS)}; dpsub_tT = dpsub with --subsets T",
+        help=f"from {','.join(TOOLS)}; dpsub_tT = dpsub with --subsets T; "
+        "dpsub_contiguous = dpsub with --assign contiguous",
     )
     parser.add_argument(
         "--driver-matrix-limit-gib",

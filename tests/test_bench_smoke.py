@@ -10,6 +10,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,6 +26,7 @@ from bench import (  # noqa: E402
     utility_n,
     wide,
 )
+from dpsub_dist.linalg import subspace_error  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +104,7 @@ def test_memory_reports_peak_rss_and_bytes_gathered(dirs, scheduler_address):
 
 def test_wide_runs_what_fits_and_records_what_does_not(dirs, scheduler_address):
     argv = ["--rows", "3000", "--dims", "200,5000000", "--max-data-gib", "0.1"]
+    argv += ["--source", "parquet", "--assign", "random"]
     assert wide.main(argv + ["--scheduler", scheduler_address] + _common(dirs)) == 0
     ran, skipped = _read(dirs, "wide")["records"]
     assert ran["dim"] == 200 and ran["status"] in ("ok", "bottom")
@@ -112,6 +115,25 @@ def test_wide_runs_what_fits_and_records_what_does_not(dirs, scheduler_address):
         "shuffle_gib": 111.76,
         "status": "not_run_memory",
     }
+
+
+def test_wide_generates_array_blocks_on_the_workers(dirs, scheduler_address):
+    argv = ["--rows", "60000", "--dims", "100", "--block-rows", "7000"]
+    assert wide.main(argv + ["--scheduler", scheduler_address] + _common(dirs)) == 0
+    (record,) = _read(dirs, "wide")["records"]
+    assert record["status"] == "ok" and record["error"] < 0.2
+    assert record["local_route"] == "subsets in place"
+
+
+def test_wide_array_blocks_follow_the_model():
+    rows = np.concatenate([wide.gaussian_block(3, i, 500, 40, 2, 0.01) for i in range(4)])
+    basis = wide.true_basis(3, 40, 2)
+    np.testing.assert_allclose(basis.T @ basis, np.eye(2), atol=1e-12)
+    # Covariance UUᵀ + γ²(I − UUᵀ): the top-2 eigenvectors are U's span, the rest ≈ γ².
+    values, vectors = np.linalg.eigh(rows.T.astype(np.float64) @ rows / len(rows))
+    assert subspace_error(vectors[:, -2:], basis) < 0.01
+    assert np.median(values[:-2]) == pytest.approx(1e-4, rel=0.2)
+    np.testing.assert_array_equal(rows[:500], wide.gaussian_block(3, 0, 500, 40, 2, 0.01))
 
 
 def test_utility_dim_reports_quantiles_over_seeds(dirs):

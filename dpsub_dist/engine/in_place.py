@@ -47,8 +47,8 @@ def summarise_partition(
     ]
     stacked = np.stack(summaries) if summaries else np.empty((0, 0))
     end = offset + rows.shape[0]
-    edges = {
-        int(j): rows[max(starts[j], offset) - offset : min(starts[j + 1], end) - offset]
+    edges = {  # copies: a view would keep the whole partition alive until the joins run
+        int(j): rows[max(starts[j], offset) - offset : min(starts[j + 1], end) - offset].copy()
         for j in crossing
     }
     return (whole, stacked), edges
