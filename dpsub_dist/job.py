@@ -189,7 +189,7 @@ def open_checked(config: EstimateConfig, open_dataset, client) -> Dataset:
     dataset: Dataset = open_dataset(client)
     if config.rank >= dataset.dim:
         raise InputError(
-            f"rank {config.rank} must be smaller than the number of columns ({dataset.dim}): "
+            f"rank {config.rank} must be smaller than the number of features ({dataset.dim}): "
             "lower --rank or add columns"
         )
     return dataset
@@ -217,6 +217,7 @@ def build_manifest(
         "input": dataset.input,
         "files": dataset.files,
         "columns": dataset.columns,
+        "vector_columns": dataset.vector_columns,
         "n_rows": None if user_level else dataset.n_rows,
         "n_rows_note": "not released: row counts are private at user level"
         if user_level

@@ -330,7 +330,7 @@ FAULTS: list[Fault] = [
         lambda root: lying_footer_file(root / "liar.parquet"),
         r"liar.parquet: (footer declares 1000000000 rows|cannot read rows)",
     ),
-    Fault("d-equals-1", _one_column, r"rank 1 must be smaller than the number of columns \(1\)"),
+    Fault("d-equals-1", _one_column, r"rank 1 must be smaller than the number of features \(1\)"),
     Fault("rank-equals-d", good_folder, r"rank 4 must be smaller than .* \(4\)", rank=DIM),
     Fault("rank-above-d", good_folder, r"rank 9 must be smaller than .* \(4\)", rank=9),
     Fault("rank-zero", good_folder, r"rank must be a positive integer \(got 0\)", rank=0),

@@ -247,7 +247,7 @@ def test_bad_inputs_and_corrupt_state(tmp_path, batches, dask_client):
     init_stream(narrow, horizon=3, rank=2, clip_norm=1.0, rho=1, delta=1e-6, columns=["x0", "x1"])
     with (
         open_stream(narrow) as stream,
-        pytest.raises(InputError, match=r"rank 2 must be smaller than the number of columns \(2\)"),
+        pytest.raises(InputError, match=r"rank 2 must be smaller than the number of features \(2"),
     ):
         stream.append(files[0], client=dask_client)
     with open_stream(narrow) as stream:

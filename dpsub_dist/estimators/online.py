@@ -365,7 +365,7 @@ class Stream:
             )
         if s.rank >= dataset.dim:
             raise InputError(
-                f"rank {s.rank} must be smaller than the number of columns ({dataset.dim}): "
+                f"rank {s.rank} must be smaller than the number of features ({dataset.dim}): "
                 "pass more columns at stream init"
             )
         if batches:
