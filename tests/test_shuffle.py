@@ -150,3 +150,11 @@ def test_bucket_ranges_cover_every_subset_once():
         j = np.arange(t)
         for i, (lo, hi) in enumerate(ranges):
             assert np.array_equal(j[(j * b) // t == i], np.arange(lo, hi))
+
+
+def test_workers_count_a_shards_rows():
+    """Dask sizes results to decide spilling: a shard must weigh what its rows weigh."""
+    from dask.sizeof import sizeof
+
+    shard = subsets.Shard(0, np.arange(3), np.array([1, 1, 998]), np.ones((1000, 10)))
+    assert sizeof(shard) >= shard.rows.nbytes

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import dask
 import numpy as np
+from dask.sizeof import sizeof
 
 from dpsub_dist.engine.assign import contiguous_row_subsets, random_row_subsets, unit_subsets
 
@@ -62,6 +63,12 @@ class Shard:
     subsets: np.ndarray
     counts: np.ndarray
     rows: np.ndarray
+
+
+@sizeof.register(Shard)
+def _shard_bytes(shard: Shard) -> int:
+    """What a shard holds, so workers count (and can spill) shuffled rows."""
+    return int(shard.rows.nbytes + shard.subsets.nbytes + shard.counts.nbytes)
 
 
 def bucket_range(plan: SubsetPlan, bucket: int) -> tuple[int, int]:
