@@ -20,8 +20,7 @@ from dpsub_dist.engine.subsets import (
     Loader,
     LocalStep,
     SubsetPlan,
-    compute_in_process,
-    compute_on_cluster,
+    gather_summaries,
 )
 
 
@@ -54,9 +53,11 @@ def summarise_partition(
     return (whole, stacked), edges
 
 
-def summarise_crossing(local_step: LocalStep, subset: int, *pieces: np.ndarray) -> np.ndarray:
+def summarise_crossing(
+    local_step: LocalStep, subset: int, *pieces: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Summary of one subset whose rows are split across partitions (pieces in order)."""
-    return local_step(np.concatenate(pieces), subset)
+    return np.array([subset]), local_step(np.concatenate(pieces), subset)[None, :]
 
 
 def compute_subset_summaries_in_place(
@@ -85,23 +86,10 @@ def compute_subset_summaries_in_place(
         crossing = np.flatnonzero(~is_whole & (first <= p) & (last >= p))
         tasks.append(split(local_step, loader, part, int(offset), starts, whole, crossing))
     join = dask.delayed(summarise_crossing, pure=True)
-    crossers = {
-        int(j): join(
-            local_step, int(j), *[tasks[p][1][int(j)] for p in range(first[j], last[j] + 1)]
-        )
+    crossers = [
+        join(local_step, int(j), *[tasks[p][1][int(j)] for p in range(first[j], last[j] + 1)])
         for j in np.flatnonzero(~is_whole)
-    }
-    outputs = [t[0] for t in tasks] + list(crossers.values())
-    if client is None:
-        results = compute_in_process(*outputs)
-    else:
-        label = f"{len(parts)} partitions → {plan.subsets} contiguous subsets in place"
-        results = compute_on_cluster(client, [], outputs, label, progress)
-    blocks = [(ids, block) for ids, block in results[: len(tasks)] if len(ids)]
-    blocks += [
-        (np.array([j]), s[None, :]) for j, s in zip(crossers, results[len(tasks) :], strict=True)
     ]
-    summaries = np.empty((plan.subsets, blocks[0][1].shape[1]))
-    for ids, block in blocks:
-        summaries[ids] = block
-    return summaries
+    outputs = [t[0] for t in tasks] + crossers
+    label = f"{len(parts)} partitions → {plan.subsets} contiguous subsets in place"
+    return gather_summaries(client, [], outputs, plan.subsets, label, progress)

@@ -283,15 +283,40 @@ def compute_subset_summaries(
     ]
     summarise = dask.delayed(bucket_summaries, pure=True)
     buckets = [summarise(plan, local_step, b, *[s[b] for s in shards]) for b in range(plan.buckets)]
+    label = f"{len(shards)} partitions → {len(buckets)} buckets"
+    return gather_summaries(client, shards, buckets, plan.subsets, label, progress)
+
+
+def gather_summaries(
+    client: Any | None,
+    tasks: Sequence[Any],
+    outputs: Sequence[Any],
+    subsets: int,
+    label: str,
+    progress: bool,
+) -> np.ndarray:
+    """Compute ``outputs`` (each an ``(ids, block)`` of summaries) into one t×out_dim array.
+
+    On a cluster each output is placed as it arrives and then dropped, so the driver holds
+    the summaries once (4 GB at t = 676, q = 8, d = 10⁵), not a list of blocks plus a table.
+    """
+    table: np.ndarray | None = None
+
+    def place(result: tuple[np.ndarray, np.ndarray]) -> None:
+        nonlocal table
+        ids, block = result
+        if len(ids):
+            if table is None:
+                table = np.empty((subsets, block.shape[1]))
+            table[ids] = block
+
     if client is None:
-        results = compute_in_process(*buckets)
+        for result in compute_in_process(*outputs):
+            place(result)
     else:
-        label = f"{len(shards)} partitions → {len(buckets)} buckets"
-        results = compute_on_cluster(client, shards, buckets, label, progress)
-    summaries = np.empty((plan.subsets, results[0][1].shape[1]))
-    for ids, block in results:
-        summaries[ids] = block
-    return summaries
+        compute_on_cluster(client, tasks, outputs, label, progress, on_output=place)
+    assert table is not None, "every subset has a summary"
+    return table
 
 
 def compute_in_process(*tasks: Any) -> tuple:
@@ -304,18 +329,27 @@ def compute_in_process(*tasks: Any) -> tuple:
 
 
 def compute_on_cluster(
-    client: Any, tasks: Sequence[Any], outputs: Sequence[Any], label: str, progress: bool
+    client: Any,
+    tasks: Sequence[Any],
+    outputs: Sequence[Any],
+    label: str,
+    progress: bool,
+    on_output: Callable[[Any], None] | None = None,
 ) -> list:
     """Run ``tasks`` and ``outputs`` on the cluster and gather only ``outputs``.
 
     The bar counts finished tasks; finished futures are dropped as they complete, so the
     workers free each intermediate result once its dependents have run. A worker's error
-    is re-raised here with its own message.
+    is re-raised here with its own message. With ``on_output``, each output is handed to
+    it as it arrives (then dropped) and the list returned is empty.
     """
     from distributed import as_completed
 
     futures = client.compute([*tasks, *outputs])
     output_futures = futures[len(tasks) :]
+    output_keys = {f.key for f in output_futures}
+    if on_output is not None:
+        output_futures = []
     total = len(futures)
     started = time.monotonic()
     pending = as_completed(futures)
@@ -325,6 +359,8 @@ def compute_on_cluster(
     for done, future in enumerate(pending, start=1):
         if future.status == "error":
             future.result()
+        if on_output is not None and future.key in output_keys:
+            on_output(future.result())
         if progress:
             progress_bar(done, total, started, label)
         del future
