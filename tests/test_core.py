@@ -284,6 +284,21 @@ def test_default_subsets_are_capped_and_large_t_refused():
         EstimateConfig(rank=4, epsilon=1.0, delta=1e-6, subsets=sa.MAX_SUBSETS + 1).validate()
 
 
+def test_friendly_default_subsets_stay_clear_of_the_minimum_when_rows_allow():
+    from dpsub_dist.estimators import sample_aggregate as sa
+    from dpsub_dist.job import plan_budget
+
+    _, grants = plan_budget(EstimateConfig(rank=2, epsilon=1.0, delta=1e-6))
+    minimum = sa.minimum_subsets("friendly", grants)
+    robust = sa.ROBUST_SUBSETS_FACTOR * minimum
+    assert sa.default_subsets("friendly", grants, 20_000, 10, 2) == robust  # 14 rows each
+    assert sa.default_subsets("friendly", grants, 100_000, 10**5, 2) == robust
+    # Fewer than 5k rows per subset at twice the minimum: as many as keep 5k rows.
+    assert sa.default_subsets("friendly", grants, 10 * minimum * 3 // 2, 10, 2) == 3 * minimum // 2
+    assert sa.default_subsets("friendly", grants, 5_000, 10, 2) == minimum
+    assert sa.default_subsets("friendly", grants, 10**7, 32, 2) == sa.DEFAULT_MAX_SUBSETS
+
+
 def test_local_step_at_d_100000_is_accurate():
     rng = np.random.default_rng(5)
     d, k = 100_000, 3
