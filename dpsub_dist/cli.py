@@ -74,7 +74,13 @@ def add_subset_arguments(parser: argparse.ArgumentParser) -> None:
     """--subsets, --ref-points, --assign: the sample-and-aggregate plan (estimate, cluster)."""
     parser.add_argument("--subsets", type=int, help="T, number of disjoint subsets")
     parser.add_argument("--ref-points", type=int, help="Q, number of reference points")
-    parser.add_argument("--assign", choices=["random", "contiguous"], default="random")
+    parser.add_argument(
+        "--assign",
+        choices=["random", "contiguous"],
+        default="random",
+        help="rows to subsets: keyed hash of position (default; any row order), or blocks "
+        "of consecutive rows (rows stored in random order; no shuffle, least memory)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
