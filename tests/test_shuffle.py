@@ -158,3 +158,33 @@ def test_workers_count_a_shards_rows():
 
     shard = subsets.Shard(0, np.arange(3), np.array([1, 1, 998]), np.ones((1000, 10)))
     assert sizeof(shard) >= shard.rows.nbytes
+
+
+def _reference_grams(plan, rows):
+    """Per subset: rows in position order, scaled to a largest |x| in [½, 1), then XᵀX."""
+    subset = plan.subset_of(np.arange(rows.shape[0]), None)
+    grams = np.zeros((plan.subsets, rows.shape[1], rows.shape[1]))
+    exponents = np.full(plan.subsets, subsets.EMPTY_EXPONENT)
+    for j in range(plan.subsets):
+        block = rows[subset == j]
+        if block.any():
+            exponents[j] = np.frexp(np.max(np.abs(block)))[1]
+            scaled = np.ldexp(block, -exponents[j])
+            grams[j] = scaled.T @ scaled
+    return grams, np.bincount(subset, minlength=plan.subsets), exponents
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-3, 1e200, 1e-200, 1e-310])
+def test_partition_grams_equal_a_per_subset_reference(scale):
+    """Raw products scaled afterwards equal rows scaled first, at any magnitude."""
+    rng = np.random.default_rng(1)
+    rows = rng.standard_normal((3000, 7)) * scale
+    if scale == 1.0:
+        rows[rng.random(3000) < 0.3] *= 1e250  # some subsets beyond the raw route's range
+    rows[:200] = 0.0
+    plan = subsets.SubsetPlan(subsets=50, n_rows=3000, seed=2)
+    grams, counts, exponents = subsets.partition_grams(plan, lambda part: (rows, None), 0, 0)
+    expected = _reference_grams(plan, rows)
+    np.testing.assert_array_equal(counts, expected[1])
+    np.testing.assert_array_equal(exponents, expected[2])
+    np.testing.assert_allclose(grams, expected[0], rtol=1e-13, atol=0)

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import dask
 import numpy as np
 from dask.sizeof import sizeof
+from scipy.linalg.blas import dsyrk
 
 from dpsub_dist.engine.assign import contiguous_row_subsets, random_row_subsets, unit_subsets
 
@@ -95,6 +96,20 @@ def shipping_rows(rows: np.ndarray) -> np.ndarray:
     return narrow
 
 
+def subset_order(
+    plan: SubsetPlan, n_rows: int, units: Any, offset: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Stable order of a partition's rows by subset, rows per subset, and each subset's
+    first index in that order (t + 1 edges): each subset's rows stay in position order."""
+    positions = offset + np.arange(n_rows, dtype=np.int64)
+    subset = plan.subset_of(positions, units)
+    # The narrowest unsigned type that holds every id: a radix sort below 2¹⁶ subsets.
+    keys = subset.astype(np.min_scalar_type(max(plan.subsets - 1, 0)))
+    order = np.argsort(keys, kind="stable")
+    counts = np.bincount(subset, minlength=plan.subsets)
+    return order, counts, np.concatenate([[0], np.cumsum(counts)])
+
+
 def split_partition(plan: SubsetPlan, loader: Loader, part: Any, offset: int) -> tuple[Shard, ...]:
     """Load one partition (on a worker) and split its rows into the plan's buckets.
 
@@ -102,13 +117,7 @@ def split_partition(plan: SubsetPlan, loader: Loader, part: Any, offset: int) ->
     order); buckets are contiguous ranges of subset ids, so each shard is one slice.
     """
     rows, units = loader(part)
-    positions = offset + np.arange(rows.shape[0], dtype=np.int64)
-    subset = plan.subset_of(positions, units)
-    # The narrowest unsigned type that holds every id: a radix sort below 2¹⁶ subsets.
-    keys = subset.astype(np.min_scalar_type(max(plan.subsets - 1, 0)))
-    order = np.argsort(keys, kind="stable")
-    counts = np.bincount(subset, minlength=plan.subsets)
-    edges = np.concatenate([[0], np.cumsum(counts)])
+    order, counts, edges = subset_order(plan, rows.shape[0], units, offset)
     ship = shipping_rows(rows)
     del rows
     ship = np.take(ship, order, axis=0)
@@ -194,28 +203,39 @@ ScaledGrams = tuple[np.ndarray, np.ndarray, np.ndarray]
 """Per-subset Gram matrices (t×d×d), row counts (t) and exponents e (t): Gⱼ·4^eⱼ = XⱼᵀXⱼ."""
 
 
+SAFE_EXPONENT = 400
+"""Subsets whose largest |x| is within 2^±400 multiply their raw rows: no product can
+overflow, and what underflows is below 2⁻²⁷⁴ of the largest term."""
+
+
 def partition_grams(plan: SubsetPlan, loader: Loader, part: Any, offset: int) -> ScaledGrams:
     """Per-subset Gram matrices XⱼᵀXⱼ, row counts and scale exponents of one partition.
 
-    Each subset's rows are scaled by a power of two to a largest magnitude in [½, 1)
-    before XᵀX (exact, and no overflow or underflow whatever the data's magnitude);
-    the eigenvectors, hence the summaries, do not depend on the scale.
+    Each Gram is scaled by the power of two that brings its subset's largest |x| into
+    [½, 1) (exact), so sums never overflow or underflow whatever the data's magnitude;
+    the eigenvectors, hence the summaries, do not depend on the scale. Usual magnitudes
+    multiply the raw rows and scale the t Grams at once (the same values: powers of two
+    commute with rounding); extreme ones scale each subset's rows first.
     """
-    from dpsub_dist.engine.gram import gram_of
-
     rows, units = loader(part)
-    positions = offset + np.arange(rows.shape[0], dtype=np.int64)
-    subset = plan.subset_of(positions, units)
-    order = np.argsort(subset, kind="stable")
-    subset, rows = subset[order], rows[order]
-    bounds = np.searchsorted(subset, np.arange(plan.subsets + 1))
-    counts = np.diff(bounds)
+    order, counts, bounds = subset_order(plan, rows.shape[0], units, offset)
     grams = np.zeros((plan.subsets, rows.shape[1], rows.shape[1]))
+    peaks = np.zeros(plan.subsets)
+    for j in np.flatnonzero(counts):  # each subset's rows gathered on their own: cache-sized
+        block = rows[order[bounds[j] : bounds[j + 1]]]
+        peaks[j] = max(block.max(), -block.min())
+        grams[j] = dsyrk(1.0, block.T, lower=0)
+    nonzero = peaks > 0
     exponents = np.full(plan.subsets, EMPTY_EXPONENT, dtype=np.int64)
-    for j in np.flatnonzero(counts):
-        block = rows[bounds[j] : bounds[j + 1]]
-        exponents[j] = np.frexp(np.max(np.abs(block)))[1] if block.any() else EMPTY_EXPONENT
-        grams[j] = gram_of(np.ldexp(block, -exponents[j]))
+    exponents[nonzero] = np.frexp(peaks[nonzero])[1]
+    extreme = nonzero & (np.abs(exponents) >= SAFE_EXPONENT)
+    for j in np.flatnonzero(extreme):  # the raw product may have overflowed: scale rows first
+        block = np.ldexp(rows[order[bounds[j] : bounds[j + 1]]], -exponents[j])
+        grams[j] = dsyrk(1.0, block.T, lower=0)
+    shift = np.where(nonzero & ~extreme, -2 * exponents, 0)
+    grams = np.ldexp(grams, shift[:, None, None])
+    upper = np.triu_indices(rows.shape[1], 1)
+    grams[:, upper[1], upper[0]] = grams[:, upper[0], upper[1]]  # dsyrk fills the upper half
     return grams, counts, exponents
 
 
