@@ -297,6 +297,10 @@ def test_friendly_default_subsets_stay_clear_of_the_minimum_when_rows_allow():
     assert sa.default_subsets("friendly", grants, 10 * minimum * 3 // 2, 10, 2) == 3 * minimum // 2
     assert sa.default_subsets("friendly", grants, 5_000, 10, 2) == minimum
     assert sa.default_subsets("friendly", grants, 10**7, 32, 2) == sa.DEFAULT_MAX_SUBSETS
+    # Not at the price of reference points: at D = 10⁴ t stops where q = 4k still fits.
+    wide = sa.default_subsets("friendly", grants, 20_000, 10**4, 2)
+    assert minimum < wide < robust and sa.default_ref_points(2, wide, 10**4) == 8
+    assert sa.default_ref_points(2, wide + 1, 10**4) < 8
 
 
 def test_local_step_at_d_100000_is_accurate():

@@ -123,20 +123,27 @@ MAX_SUBSETS = 20_000
 ROBUST_SUBSETS_FACTOR = 2
 """Friendly's default t is at least this multiple of the minimum while subsets keep 5k rows:
 at the minimum the noisy radius search often stops where the core test then fails (README:
-n = 20,000, k = 2, ε = 1, t = 676 → 1352: ⊥ in 4 → 0 of 20 runs at D = 10, median error
-0.30 → 0.18; D = 100: 0.34 → 0.18)."""
+n = 20,000, k = 2, ε = 1, t = 676 → 1352: ⊥ in 2 → 0 of 20 runs at D = 10, median error
+0.28 → 0.18; D = 100: 0.34 → 0.17). Not at the price of reference points: at D = 10⁴,
+t = 1352 forced q from 8 to 4 and the median error rose from 0.29 to 0.41 (n = 20,000,
+bench.utility_dim, 3 seeds each)."""
 
 
 def default_subsets(
     method: Aggregator, grants: dict[str, Budget], n: int, dim: int, rank: int
 ) -> int:
     """Default t: subsets of about max(10k, min(2d, 2000)) rows, within [minimum, 4000];
-    for friendly at least twice the minimum when that leaves 5k rows per subset."""
+    for friendly at least twice the minimum when that leaves 5k rows per subset and does
+    not cost reference points (q is lowered to keep t·q·d floats under the byte cap)."""
     minimum = minimum_subsets(method, grants)
     rows_per_subset = max(10 * rank, min(2 * dim, 2000))
     wanted = n // rows_per_subset
     if method == "friendly":
-        wanted = max(wanted, min(ROBUST_SUBSETS_FACTOR * minimum, n // (5 * rank)))
+        robust = min(ROBUST_SUBSETS_FACTOR * minimum, n // (5 * rank))
+        q = default_ref_points(rank, minimum, dim)
+        if q > rank + 2:  # no more subsets than keep q reference points under the byte cap
+            robust = min(robust, SUMMARY_BYTES_LIMIT // (8 * q * dim))
+        wanted = max(wanted, robust)
     return max(minimum, min(wanted, DEFAULT_MAX_SUBSETS))
 
 
