@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="first seed (data and public)")
     parser.add_argument("--seeds", type=int, default=1, help="runs per size, seeds seed, seed+1…")
     parser.add_argument("--ref-points", type=int, help="q (default: the library's)")
+    parser.add_argument("--subsets", type=int, help="t (default: the library's)")
     parser.add_argument("--vector-column", action="store_true", help="Parquet: one list column")
     parser.add_argument("--source", choices=("array", "parquet"), default="array")
     parser.add_argument("--assign", choices=("contiguous", "random"), default="contiguous")
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         "vector_column": args.vector_column if args.source == "parquet" else None,
         "seeds": list(range(args.seed, args.seed + args.seeds)),
         "ref_points": args.ref_points or "library default",
+        "subsets": args.subsets or "library default",
         "target": f"wall <= {args.target_s}s and error <= {args.target_error}",
     }
     run.write(parameters, records, None, ())
@@ -131,6 +133,7 @@ def run_one(args: Any, client: Any, rows: int, dim: int, seed: int, base: dict) 
             client=client,
             assign=args.assign,
             ref_points=args.ref_points,
+            subsets=args.subsets,
         )
     record = {**base, "seed": seed, **common.drop_arrays(record), **memory.report()}
     record["meets_target"] = (
