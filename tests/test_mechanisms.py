@@ -243,3 +243,24 @@ def test_choose_cell_side_queries_largest_count_with_sensitivity_one() -> None:
     assert seen["epsilon"] == 0.7
     assert seen["threshold"] == pytest.approx(0.8 * 4)
     assert seen["answers"] == [3, 4]
+
+
+def test_grid_core_weights_equal_one_pass_per_radius() -> None:
+    """The radius search's one-pass W(r) is bit for bit core_weights(r).sum(), ties too."""
+    rng = np.random.default_rng(3)
+    for t, dim in [(1, 2), (9, 1), (37, 3), (701, 5)]:
+        points = rng.standard_normal((t, dim))
+        points[: t // 3] = points[0]  # repeated points: zero distances
+        sq = friendly.pairwise_sq_distances(points)
+        exact = np.sqrt(np.unique(sq)[:4])  # radii exactly at some distances
+        grid = np.sort(np.concatenate([sparse_vector.geometric_grid(1e-3, 20.0), exact[exact > 0]]))
+        expected = [friendly.core_weights(sq, r).sum() for r in grid]
+        np.testing.assert_array_equal(friendly.grid_core_weights(sq, grid), expected)
+
+
+def test_pairwise_sq_distances_are_the_plain_expression() -> None:
+    points = np.random.default_rng(4).standard_normal((50, 7)) * 1e3
+    gram = points @ points.T
+    norms = np.diag(gram)
+    plain = np.maximum(norms[:, None] + norms[None, :] - 2 * gram, 0.0)
+    np.testing.assert_array_equal(friendly.pairwise_sq_distances(points), plain)
