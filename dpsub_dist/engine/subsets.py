@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, Literal
 
 import dask
@@ -247,15 +248,17 @@ def add_grams(a: ScaledGrams, b: ScaledGrams) -> ScaledGrams:
     return np.ldexp(a[0], shift_a) + np.ldexp(b[0], shift_b), a[1] + b[1], exponents
 
 
-def gram_summaries(local_step: Any, total: ScaledGrams) -> np.ndarray:
-    """Run the local step on every subset's summed Gram matrix (on a worker)."""
+GRAM_SUMMARY_TASKS = 4
+"""The t Grams' local steps are split over this many tasks, so every worker takes a share."""
+
+
+def gram_summaries(
+    local_step: Any, total: ScaledGrams, lo: int, hi: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Run the local step on the summed Gram matrices of subsets ``lo..hi-1`` (a worker)."""
     grams, counts, _ = total
-    return np.stack(
-        [
-            local_step.from_gram(g, int(c), j)
-            for j, (g, c) in enumerate(zip(grams, counts, strict=True))
-        ]
-    )
+    ids = np.arange(lo, hi)
+    return ids, np.stack([local_step.from_gram(grams[j], int(counts[j]), int(j)) for j in ids])
 
 
 def compute_subset_summaries_from_grams(
@@ -270,7 +273,7 @@ def compute_subset_summaries_from_grams(
     """Summaries of all subsets via per-subset Gram matrices: no shuffle, memory flat in n.
 
     For small d (t·d² floats per partition): each partition emits XⱼᵀXⱼ for every subset
-    j, the blocks are tree-summed on the workers, and one worker task turns the t Grams
+    j, the blocks are tree-summed on the workers, and a few worker tasks turn the t Grams
     into t summaries with ``local_step.from_gram``. Exact, like the rows route.
     """
     from dpsub_dist.engine.gram import tree_sum
@@ -280,11 +283,11 @@ def compute_subset_summaries_from_grams(
         grams(plan, loader, part, offset) for part, offset in zip(parts, offsets, strict=True)
     ]
     total = tree_sum(leaves, dask.delayed(add_grams, pure=True))
-    summaries = dask.delayed(gram_summaries, pure=True)(local_step, total)
-    if client is None:
-        return compute_in_process(summaries)[0]
+    summarise = dask.delayed(gram_summaries, pure=True)
+    cuts = np.linspace(0, plan.subsets, min(GRAM_SUMMARY_TASKS, plan.subsets) + 1).astype(int)
+    outputs = [summarise(local_step, total, int(a), int(b)) for a, b in pairwise(cuts)]
     label = f"{len(leaves)} partitions → per-subset Grams"
-    return compute_on_cluster(client, leaves, [summaries], label, progress)[0]
+    return gather_summaries(client, leaves, outputs, plan.subsets, label, progress)
 
 
 def compute_subset_summaries(
