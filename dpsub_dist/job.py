@@ -248,7 +248,10 @@ def run_sample_aggregate(
     dataset = open_checked(config, open_dataset, client)
     timings["inspect_s"] = time.monotonic() - started
     dim, k, n = dataset.dim, config.rank, dataset.n_rows
-    t = config.subsets or sa.default_subsets(config.method, grants, n, dim, k)
+    user_level = config.unit_column is not None  # the row count is then private
+    t = config.subsets or sa.default_subsets(
+        config.method, grants, None if user_level else n, dim, k
+    )
     q = config.ref_points or sa.default_ref_points(k, t, dim)
     if n < t * k:
         raise InputError(

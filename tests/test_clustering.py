@@ -377,3 +377,13 @@ def test_error_vs_n_bench_writes_its_table(scheduler_address, tmp_path, capsys) 
     document = json.loads((tmp_path / "results" / "clustering_error_vs_n.json").read_text())
     assert {r["method"] for r in document["records"]} == {"sample-aggregate", "sulq", "gibbs"}
     assert "| 3,000 |" in capsys.readouterr().out
+
+
+def test_user_level_default_subsets_do_not_depend_on_the_private_row_count():
+    from dpsub_dist.estimators import sample_aggregate as sa
+
+    config = ClusterConfig(clusters=3, rank=2, epsilon=1.0, delta=1e-6, unit_column="u")
+    _, grants = cl._plan(config, cl.budget_shares(config))
+    at_user_level = cl.default_subsets(config, grants, None)
+    assert at_user_level == sa.minimum_subsets(config.aggregator, grants)
+    assert cl.default_subsets(config, grants, 10**6) > at_user_level  # rows public: grows

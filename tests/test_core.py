@@ -208,6 +208,13 @@ def test_user_level_keeps_each_user_in_one_subset(tmp_path, dask_client):
     ids = unit_subsets(table["user"].to_numpy(), 4, 50)
     per_user = pd.Series(ids).groupby(table["user"].to_numpy()).nunique()
     assert (per_user == 1).all()
+    # The row count is private here, so the default t must not depend on it: a neighbour
+    # with one more user (of 5,000 rows) is split into the same number of subsets.
+    extra = pd.DataFrame(rows[:5_000], columns=table.columns[:8]).assign(user="newcomer")
+    neighbour = tmp_path / "neighbour.parquet"
+    pq.write_table(pa.Table.from_pandas(pd.concat([table, extra])), neighbour)
+    _, other = estimate_parquet(neighbour, dask_client, rank=2, unit_column="user", seed=4)
+    assert other["parameters"]["subsets"] == manifest["parameters"]["subsets"]
 
 
 def test_assignment_depends_on_position_not_values():
@@ -297,6 +304,8 @@ def test_friendly_default_subsets_stay_clear_of_the_minimum_when_rows_allow():
     assert sa.default_subsets("friendly", grants, 10 * minimum * 3 // 2, 10, 2) == 3 * minimum // 2
     assert sa.default_subsets("friendly", grants, 5_000, 10, 2) == minimum
     assert sa.default_subsets("friendly", grants, 10**7, 32, 2) == sa.DEFAULT_MAX_SUBSETS
+    # Row count private (user level): the row-free part of the rule.
+    assert sa.default_subsets("friendly", grants, None, 10, 2) == robust
     # Not at the price of reference points: at D = 10⁴ t stops where q = 4k still fits.
     wide = sa.default_subsets("friendly", grants, 20_000, 10**4, 2)
     assert minimum < wide < robust and sa.default_ref_points(2, wide, 10**4) == 8

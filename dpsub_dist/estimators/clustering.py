@@ -457,11 +457,15 @@ def run_cluster(
     return EstimateResult(bases, manifest)
 
 
-def default_subsets(config: ClusterConfig, grants: dict[str, Budget], n: int) -> int:
-    """Default t: about ROWS_PER_CLUSTER rows per cluster per subset, at least the minimum."""
+def default_subsets(config: ClusterConfig, grants: dict[str, Budget], n: int | None) -> int:
+    """Default t: about ROWS_PER_CLUSTER rows per cluster per subset, at least the minimum;
+    the minimum when the row count is private (``n=None``, user level), as t must not
+    depend on it."""
+    minimum = sa.minimum_subsets(config.aggregator, grants)
+    if n is None:
+        return minimum
     rows_per_subset = config.clusters * max(ROWS_PER_CLUSTER, 10 * config.rank)
-    wanted = min(n // rows_per_subset, sa.DEFAULT_MAX_SUBSETS)
-    return max(sa.minimum_subsets(config.aggregator, grants), wanted)
+    return max(minimum, min(n // rows_per_subset, sa.DEFAULT_MAX_SUBSETS))
 
 
 def projection_residual(block: np.ndarray, reference: np.ndarray, rank: int) -> float:
@@ -495,7 +499,8 @@ def _run_sample_aggregate(
     config, dataset, accountant, grants, client, progress, noise_seed, timings
 ):
     dim, k, q, n = dataset.dim, config.clusters, config.rank, dataset.n_rows
-    t = config.subsets or default_subsets(config, grants, n)
+    private_n = config.unit_column is not None  # user level: the row count is private
+    t = config.subsets or default_subsets(config, grants, None if private_n else n)
     ref = config.ref_points or sa.default_ref_points(q, t, k * dim)
     if n < t * k * q:
         raise InputError(

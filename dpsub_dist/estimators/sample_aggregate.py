@@ -130,16 +130,23 @@ bench.utility_dim, 3 seeds each)."""
 
 
 def default_subsets(
-    method: Aggregator, grants: dict[str, Budget], n: int, dim: int, rank: int
+    method: Aggregator, grants: dict[str, Budget], n: int | None, dim: int, rank: int
 ) -> int:
     """Default t: subsets of about max(10k, min(2d, 2000)) rows, within [minimum, 4000];
     for friendly at least twice the minimum when that leaves 5k rows per subset and does
-    not cost reference points (q is lowered to keep t·q·d floats under the byte cap)."""
+    not cost reference points (q is lowered to keep t·q·d floats under the byte cap).
+
+    ``n=None`` when the row count is private (user level: adding or removing a user
+    changes it): t must then not depend on it, or neighbouring inputs would be split
+    into different subsets; the default is the row-free part of the rule.
+    """
     minimum = minimum_subsets(method, grants)
     rows_per_subset = max(10 * rank, min(2 * dim, 2000))
-    wanted = n // rows_per_subset
+    wanted = minimum if n is None else n // rows_per_subset
     if method == "friendly":
-        robust = min(ROBUST_SUBSETS_FACTOR * minimum, n // (5 * rank))
+        robust = ROBUST_SUBSETS_FACTOR * minimum
+        if n is not None:
+            robust = min(robust, n // (5 * rank))
         q = default_ref_points(rank, minimum, dim)
         if q > rank + 2:  # no more subsets than keep q reference points under the byte cap
             robust = min(robust, SUMMARY_BYTES_LIMIT // (8 * q * dim))
