@@ -265,7 +265,7 @@ def run_sample_aggregate(
         n_rows=n,
         seed=seed,
         assign=config.assign,
-        user_level=config.unit_column is not None,
+        user_level=user_level,
         buckets=choose_buckets(n, dim, t, client),
     )
     step = sa.ProjectedReferenceStep(rank=k, dim=dim, ref_points=q, seed=seed)

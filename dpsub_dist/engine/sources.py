@@ -12,6 +12,7 @@ from dpsub_dist.io.parquet import (
     PartReader,
     check_finite,
     column_widths,
+    feature_count,
     feature_name,
     inspect_file,
     list_parquet_files,
@@ -44,9 +45,7 @@ class Dataset:
     @property
     def dim(self) -> int:
         """Number of features: the total width of the columns."""
-        if not self.widths:
-            return len(self.columns)
-        return sum(1 if w is None else w for w in self.widths)
+        return feature_count(self.columns, self.widths)
 
     @property
     def vector_columns(self) -> dict[str, int]:

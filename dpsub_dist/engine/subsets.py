@@ -145,20 +145,20 @@ def bucket_summaries(
     """
     lo, hi = bucket_range(plan, bucket)
     ordered = sorted(shards, key=lambda s: s.offset)
-    dim = max((s.rows.shape[1] for s in shards), default=0)
     slices = sum(len(s.subsets) for s in shards)
     values = sum(s.rows.size for s in shards)
     build = joined_blocks if values >= SLICE_MIN_VALUES * slices else gathered_blocks
     ids = np.arange(lo, hi)
-    blocks = build(ordered, lo, hi, dim)
+    blocks = build(ordered, lo, hi)
     summaries = [local_step(block, j) for j, block in zip(ids.tolist(), blocks, strict=True)]
     return ids, np.stack(summaries)
 
 
-def joined_blocks(shards: Sequence[Shard], lo: int, hi: int, dim: int) -> Iterator[np.ndarray]:
+def joined_blocks(shards: Sequence[Shard], lo: int, hi: int) -> Iterator[np.ndarray]:
     """Subsets ``lo..hi-1`` one at a time, each joined from its slices of the shards
     (given in position order) and widened to float64 in the same copy: each row is
     copied once; an empty subset is a (0, dim) array."""
+    dim = max((s.rows.shape[1] for s in shards), default=0)
     pieces: list[list[np.ndarray]] = [[] for _ in range(hi - lo)]
     for shard in shards:
         ends = np.cumsum(shard.counts).tolist()
@@ -172,7 +172,7 @@ def joined_blocks(shards: Sequence[Shard], lo: int, hi: int, dim: int) -> Iterat
             yield np.empty((0, dim))
 
 
-def gathered_blocks(shards: Sequence[Shard], lo: int, hi: int, dim: int) -> Iterator[np.ndarray]:
+def gathered_blocks(shards: Sequence[Shard], lo: int, hi: int) -> Iterator[np.ndarray]:
     """The blocks of :func:`joined_blocks`, for shards of many tiny slices: one join of
     the shards as shipped, a stable sort of their rows by subset (position order kept),
     and one gather per subset."""

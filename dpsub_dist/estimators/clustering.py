@@ -499,8 +499,8 @@ def _run_sample_aggregate(
     config, dataset, accountant, grants, client, progress, noise_seed, timings
 ):
     dim, k, q, n = dataset.dim, config.clusters, config.rank, dataset.n_rows
-    private_n = config.unit_column is not None  # user level: the row count is private
-    t = config.subsets or default_subsets(config, grants, None if private_n else n)
+    user_level = config.unit_column is not None  # the row count is then private
+    t = config.subsets or default_subsets(config, grants, None if user_level else n)
     ref = config.ref_points or sa.default_ref_points(q, t, k * dim)
     if n < t * k * q:
         raise InputError(
@@ -514,7 +514,7 @@ def _run_sample_aggregate(
         n_rows=n,
         seed=seed,
         assign=config.assign,
-        user_level=config.unit_column is not None,
+        user_level=user_level,
         buckets=choose_buckets(n, dim, t, client),
     )
     step = KPlaneStep(clusters=k, rank=q, dim=dim, ref_points=ref, seed=seed)

@@ -255,6 +255,13 @@ def column_widths(infos: Sequence[FileInfo], selected: Sequence[str]) -> list[in
     return widths
 
 
+def feature_count(columns: Sequence[str], widths: Sequence[int | None] | None) -> int:
+    """Number of features: one per scalar column, its width per vector column."""
+    if not widths:
+        return len(columns)
+    return sum(1 if w is None else w for w in widths)
+
+
 def feature_name(columns: Sequence[str], widths: Sequence[int | None] | None, j: int) -> str:
     """Name of feature ``j``: the column for a scalar, ``x[17]`` for element 17 of vector x."""
     if not widths:
@@ -306,9 +313,7 @@ class PartReader:
 
     @property
     def dim(self) -> int:
-        if not self.widths:
-            return len(self.columns)
-        return sum(1 if w is None else w for w in self.widths)
+        return feature_count(self.columns, self.widths)
 
     def __call__(self, part: Part) -> tuple[np.ndarray, np.ndarray | None]:
         wanted = list(self.columns) + ([self.unit_column] if self.unit_column else [])

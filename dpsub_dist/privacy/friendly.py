@@ -55,8 +55,12 @@ def pairwise_sq_distances(points: np.ndarray) -> np.ndarray:
 
 def core_weights(sq_dists: np.ndarray, radius: float) -> np.ndarray:
     """Deterministic FriendlyCore weights for friend radius ``radius`` (§3)."""
-    t = sq_dists.shape[0]
     friends = np.count_nonzero(sq_dists <= radius * radius, axis=1)
+    return _weights(friends, sq_dists.shape[0])
+
+
+def _weights(friends: np.ndarray, t: int) -> np.ndarray:
+    """w_i = clamp((c_i − (t/2 + 1)) / (t/2), 0, 1) from each point's friend count c_i."""
     return np.clip((friends - (t / 2 + 1)) / (t / 2), 0.0, 1.0)
 
 
@@ -114,8 +118,7 @@ def grid_core_weights(sq_dists: np.ndarray, grid: np.ndarray) -> np.ndarray:
         counts = np.bincount(bins.ravel(), minlength=len(block) * (steps + 1))
         friends[start : start + chunk] = np.cumsum(counts.reshape(-1, steps + 1), axis=1)[:, :steps]
     per_radius = np.ascontiguousarray(friends.T)  # steps × t: each row as core_weights sees it
-    weights = np.clip((per_radius - (t / 2 + 1)) / (t / 2), 0.0, 1.0)
-    return np.array([row.sum() for row in weights])  # each summed as core_weights(r).sum()
+    return np.array([_weights(row, t).sum() for row in per_radius])
 
 
 def choose_radius(
