@@ -124,6 +124,45 @@ def test_estimate_from_s3_to_s3_then_evaluate(s3, dataset, scheduler_address, ca
     assert "--overwrite" in capsys.readouterr().err
 
 
+def test_vector_column_from_s3_in_place(s3, tmp_path, scheduler_address, capsys):
+    """Wide-data path end to end on object storage: a fixed_size_list column read by the
+    workers from the S3 server, contiguous subsets summarised in place."""
+    from dpsub_dist.synth import generate
+
+    local = generate(
+        tmp_path / "vec",
+        rows=40_000,
+        dim=12,
+        rank=2,
+        gamma=0.01,
+        partitions=3,
+        seed=5,
+        vector_column=True,
+    )
+    upload(s3, local.path, "s3://data/vec")
+    out = "s3://data/runs/vec/"
+    run = estimate(
+        "s3://data/vec/",
+        out,
+        "--assign",
+        "contiguous",
+        "--seed",
+        "2",
+        "--scheduler",
+        scheduler_address,
+        *s3.storage_args("admin"),
+    )
+    assert run.returncode == 0, run.stderr
+    manifest = json.loads(s3.fs().cat_file("data/runs/vec/manifest.json").decode())
+    assert manifest["columns"] == ["x"] and manifest["vector_columns"] == {"x": 12}
+    assert manifest["dim"] == 12
+    assert manifest["parameters"]["local_route"] == "subsets in place"
+    truth_file = str(local.path / "_truth" / "basis.npy")
+    assert main(["evaluate", out, "--truth", truth_file, *s3.storage_args("reader")]) == 0
+    error = float(capsys.readouterr().out.strip().split("=")[1])
+    assert error <= MAX_ERROR
+
+
 # -- bad input: one line, exit 2, nothing written --------------------------------------
 
 
