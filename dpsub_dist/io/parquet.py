@@ -13,6 +13,7 @@ Features of a vector column ``x`` are named ``x[0]``, ``x[1]``, … in messages.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -187,6 +188,16 @@ def inspect_file(path: str, storage_options: Mapping[str, Any] | None = None) ->
     return FileInfo(path, groups, columns)
 
 
+INDEX_COLUMN = re.compile(r"__index_level_\d+__|__null_dask_index__")
+"""Names pandas (``__index_level_0__``) and Dask (``__null_dask_index__``) give the index
+they store beside the data: row labels, not features."""
+
+
+def is_index_column(name: str) -> bool:
+    """Whether a column is a stored pandas/Dask index (skipped unless named in --columns)."""
+    return INDEX_COLUMN.fullmatch(name) is not None
+
+
 def select_columns(
     infos: Sequence[FileInfo], requested: Sequence[str] | None, unit_column: str | None
 ) -> list[str]:
@@ -221,7 +232,11 @@ def select_columns(
         if unit_column in requested:
             raise InputError(f"the unit column {unit_column!r} cannot also be a feature column")
         return list(requested)
-    numeric = [c.name for c in first.columns if c.numeric and c.name != unit_column]
+    numeric = [
+        c.name
+        for c in first.columns
+        if c.numeric and c.name != unit_column and not is_index_column(c.name)
+    ]
     if not numeric:
         raise InputError(
             f"no numeric columns in {first.path}: pass --columns naming numeric columns"
