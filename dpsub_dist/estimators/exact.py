@@ -35,6 +35,7 @@ from dpsub_dist.privacy.gap_max import (
     SNAP_DELTA_SHARE,
     GapMaxRelease,
     SpanScores,
+    conditioning_floor,
     gap_max_parameters,
     gap_max_release,
     projector_shift,
@@ -112,12 +113,15 @@ def score_on_worker(
 ) -> SpanScores:
     """One task: load every partition here and score the spans (no noise, no seed).
 
-    Only the two best scores travel back: the release needs no others.
+    Only the two best scores travel back, padded with zeros (the scores of subspaces no
+    data span reaches): the release needs no others.
     """
     blocks = [loader(part)[0] for part in parts]
     rows = np.concatenate(blocks) if blocks else np.empty((0, 0))
     spans = score_spans(rows, rank, tolerance)
-    return dataclasses.replace(spans, scores=spans.scores[:2])
+    best = np.zeros(2, dtype=np.int64)
+    best[: min(2, spans.scores.size)] = spans.scores[:2]
+    return dataclasses.replace(spans, scores=best)
 
 
 def run_exact(
@@ -161,6 +165,7 @@ def run_exact(
         "release": "projector of the span snapped to a grid with private offsets (SS21 Alg. 1 "
         "step 6 here): neighbours publish the same basis except with probability delta_snap",
         "snap_side": release.snap_side,
+        "conditioning_floor": conditioning_floor(tolerance, dataset.n_rows),
         "projector_shift_bound": projector_shift(tolerance, dataset.n_rows),
         "delta_split": {"gap": 1 - SNAP_DELTA_SHARE, "snap": SNAP_DELTA_SHARE},
         "candidate_subsets": candidates,
@@ -170,7 +175,7 @@ def run_exact(
     }
     details: dict[str, Any] = {
         "mechanism": "GAP-MAX with truncated Laplace and a snapped release (SS21 Alg. 1)",
-        "noisy_gap": release.noisy_gap,
+        "noisy_gap": release.noisy_gap,  # h + ξ: the gap, capped by 2(λ − c₀) (gap_max step 4)
         "threshold": release.threshold,
         "null_score": release.null_score,
         "noise_scale": release.noise_scale,
@@ -179,9 +184,9 @@ def run_exact(
     if release.basis is None:
         details["failed_step"] = "gap_max"
         details["failure_reason"] = FAILURE_REASONS[release.reason]
-    gathered = int(spans.scores.nbytes) + (
-        0 if spans.top_basis is None else int(spans.top_basis.nbytes)
-    )
+    # At most two scores and a d×k fit; stated from public shapes, as the presence of a fit
+    # (is any k-subset independent?) depends on the data and is not released.
+    gathered = 2 * 8 + dataset.dim * config.rank * 8
     manifest = build_manifest(
         config,
         dataset,
