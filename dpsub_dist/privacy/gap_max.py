@@ -159,8 +159,11 @@ def snap_symmetric(matrix: np.ndarray, side: float, rng: np.random.Generator) ->
     """Each upper-triangle entry rounded to the centre of its cell of a grid of side ``side``
     shifted by a private uniform offset; the result is symmetric (step 6).
 
-    Pass the private noise generator: the offsets must stay secret, as an entry's cell
-    reveals where it lies relative to them. Cost: δ_snap for ``side = snap_side(...)``.
+    Pass the private noise generator: the guarantee is over fresh offsets drawn
+    independently of the data (with offsets fixed by a user's seed the map would be
+    deterministic, and some neighbouring pair would straddle a cell boundary for sure).
+    The output reveals the offsets, which is harmless. Cost: (0, δ_snap) for
+    ``side = snap_side(...)``.
     """
     rows, cols = np.triu_indices(matrix.shape[0])
     offset = rng.uniform(0.0, 1.0, rows.size)
