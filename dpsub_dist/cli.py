@@ -303,7 +303,12 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         row_norm=args.row_norm,
         storage_options=storage_options,
     )
-    return run_to_output(args, config, run_cluster, storage_options)
+    code = run_to_output(args, config, run_cluster, storage_options)
+    if config.method == "gibbs":
+        from dpsub_dist.privacy.clustering import GIBBS_WARNING
+
+        print(GIBBS_WARNING, file=sys.stderr)
+    return code
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

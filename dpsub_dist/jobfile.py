@@ -47,6 +47,7 @@ from dpsub_dist.ledger import (
 )
 from dpsub_dist.ledger.core import budget_fields, decode_array, encode_array, fingerprint
 from dpsub_dist.privacy.accountant import Budget, parse_budget
+from dpsub_dist.privacy.clustering import GIBBS_GUARANTEE
 
 JOB_FIELDS: dict[str, str] = {
     "name": "job name, used in default run ids (default: the file name without .yaml)",
@@ -176,6 +177,11 @@ def parse_job(document: Any, where: str = "job", default_name: str = "job") -> J
         )
     budget_values, budget = _budget(document.get("budget"), where)
     method = fields.text("method", required=False) or "friendly"
+    if method == "gibbs":
+        raise InputError(
+            f"{where}: method gibbs has no privacy guarantee ({GIBBS_GUARANTEE}): the ledger "
+            "only runs differentially private methods; use sulq or sample-aggregate"
+        )
     if method not in METHODS:
         raise InputError(f"{where}: method {method!r} is unknown: use one of {sorted(METHODS)}")
     job = Job(

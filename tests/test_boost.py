@@ -142,7 +142,7 @@ def test_boosted_exact_in_library_agrees_and_reports_budget_once():
     rows = rng.standard_normal((200, 2)) @ basis.T  # ~67 rows per group: a clear gap
     config = EstimateConfig(rank=2, epsilon=2.0, delta=1e-6, method="exact", boost=3, seed=4)
     result = run_estimate(config, lambda client: array_dataset(rows), None)
-    assert result.outcome == "ok" and subspace_error(result.basis, basis) < 1e-6
+    assert result.outcome == "ok" and subspace_error(result.basis, basis) < 0.01  # snapped release
     assert result.manifest["release"]["agreeing_groups"] == [2, 2, 2]
     runs = result.manifest["parameters"]["group_runs"]
     assert sum(r["n_rows"] for r in runs) == 200

@@ -197,9 +197,8 @@ def test_gibbs_recovers_two_lines_at_a_large_epsilon() -> None:
     rows, truth = union_of_subspaces(3000, 10, 1, 2, 5)
     bases, manifest = fit(rows, clusters=2, rank=1, method="gibbs", epsilon=10.0)
     assert matched_subspace_errors(bases, truth).max() < 0.1
-    steps = manifest["privacy"]["budget"]["steps"]
-    assert steps == [{"step": "exponential_mechanism", "epsilon": 10.0, "delta": 0.0}]
-    assert "stationarity" in manifest["parameters"]["guarantee"]
+    assert manifest["privacy"]["budget"] is None  # a finite chain: nothing charged as DP
+    assert manifest["privacy"]["guarantee"].startswith("none")
 
 
 def test_sample_aggregate_recovers_the_subspaces(dask_client) -> None:

@@ -6,7 +6,9 @@
 - Exponential mechanism (§9 c): the vector-Bingham draw against its density, an audit of
   the sampler where one sweep is an exact draw (K = 1, q = 1) with a doubled-temperature
   twin that must be caught, and the K = 2 Gibbs chain against the exact mechanism on a
-  tiny input whose output distribution can be integrated on a grid.
+  tiny input whose output distribution can be integrated on a grid. These check the
+  sampler; they prove no guarantee for a finite chain, which is why ``--method gibbs``
+  is marked not differentially private (tests/test_gibbs_status.py).
 - Sample and aggregate (§9 a) adds no noise of its own: its privacy is the aggregator's
   (audited in tests/test_audit_core.py) once changing one row changes one summary, which
   tests/test_clustering.py checks on the real engine.
@@ -175,7 +177,8 @@ def test_gibbs_chain_samples_the_exponential_mechanism_and_passes_the_audit() ->
     mechanism (integrated on a grid) on both neighbours, and the audit stays below ε.
 
     The chain is only asymptotically exact; this checks that after 5 sweeps it is close on
-    an input where mixing is fast (the privacy claim rests on that, see the module doc).
+    an input where mixing is fast. That is evidence about the sampler, not a privacy proof
+    for a finite chain (none is claimed, see privacy/clustering.py).
     """
     rows_a = np.array([[1.0, 0.0]] * 9)
     rows_b = np.array([[0.0, 1.0]] + [[1.0, 0.0]] * 8)

@@ -21,9 +21,12 @@ Three methods behind one runner, :func:`run_cluster` (``dpsub cluster``):
   number of planes: a row still leaves one Gram and joins one), and the released
   Grams are then merged to K by Ward's rule (:func:`merge_grams`, post-processing).
 - ``gibbs`` (§9 c): the exponential-mechanism Gibbs sampler
-  (:func:`privacy.clustering.gibbs_subspace_clustering`), run as one task on a worker
-  for small inputs only (:data:`GIBBS_MAX_ROWS`). Exactly ε-DP only at stationarity;
-  see that function's module for what a finite chain gives.
+  (:func:`privacy.clustering.gibbs_subspace_clustering`) for small inputs only
+  (:data:`GIBBS_MAX_ROWS`): the workers load and bound the rows, the driver (operator
+  side) gathers them and runs the chain with the private generator, so no private seed
+  enters the task graph. **Not differentially private**: only an exact sample of the
+  mechanism is ε-DP, a finite chain has no proven guarantee. It charges no budget, its
+  manifest says ``"guarantee": "none (…)"``, and job files under the ledger refuse it.
 
 Rows for ``sulq`` and ``gibbs`` must have norm ≤ 1 (:func:`unit_bounded`): by default
 each row is scaled to unit length, which keeps its direction, so a row lies on a linear
@@ -66,6 +69,7 @@ from dpsub_dist.job import (
 from dpsub_dist.linalg import subspace_error, top_eigenvectors
 from dpsub_dist.privacy.accountant import Accountant, Budget, laplace_epsilon
 from dpsub_dist.privacy.clustering import (
+    GIBBS_GUARANTEE,
     GRAM_SENSITIVITY,
     gibbs_subspace_clustering,
     gram_noise_sigma,
@@ -73,7 +77,7 @@ from dpsub_dist.privacy.clustering import (
     release_cluster_grams,
     squared_distances,
 )
-from dpsub_dist.privacy.noise import new_noise_seed, noise_rng
+from dpsub_dist.privacy.noise import noise_rng
 
 CLUSTER_METHODS = ("sample-aggregate", "sulq", "gibbs")
 
@@ -268,23 +272,23 @@ def sum_over_partitions(task: PartitionGrams, parts: list, bases: np.ndarray, cl
     return compute_on_cluster(client, others, [root], "cluster Grams", False)[0]
 
 
-# --------------------------------------------------------------------------- Gibbs task
+# --------------------------------------------------------------------------- Gibbs rows
 
 
-def gibbs_task(
-    loader: Any,
-    parts: list,
-    row_norm: float | None,
-    clusters: int,
-    rank: int,
-    epsilon: float,
-    sweeps: int,
-    private_seed: int,
-) -> np.ndarray:
-    """Worker task: load every partition (small input), run the exponential-mechanism chain."""
-    rows = np.concatenate([unit_bounded(loader(part)[0], row_norm) for part in parts])
-    rng = noise_rng(private_seed)
-    return gibbs_subspace_clustering(rows, clusters, rank, epsilon, sweeps, rng)
+def bounded_rows(loader: Any, part: Any, row_norm: float | None) -> np.ndarray:
+    """Worker task: one partition's rows with norm ≤ 1 (no randomness, no seed)."""
+    return unit_bounded(loader(part)[0], row_norm)
+
+
+def gather_bounded_rows(dataset: Dataset, row_norm: float | None, client: Any) -> np.ndarray:
+    """All rows, bounded on the workers and gathered on the driver (small inputs only)."""
+    load = dask.delayed(bounded_rows, pure=False)
+    tasks = [load(dataset.loader, part, row_norm) for part in dataset.parts]
+    if client is None:
+        blocks = compute_in_process(*tasks)
+    else:
+        blocks = compute_on_cluster(client, [], tasks, "gibbs rows", False)
+    return np.concatenate(blocks)
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -410,7 +414,7 @@ def budget_shares(config: ClusterConfig) -> dict[str, tuple[float, float]]:
     if config.method == "sulq":
         iterations = config.iterations or DEFAULT_ITERATIONS
         return {f"iteration_{i + 1}": (1.0, 1.0) for i in range(iterations)}
-    return {"exponential_mechanism": (1.0, 0.0)}
+    return {"exponential_mechanism": (1.0, 0.0)}  # gibbs: sets the temperature, never charged
 
 
 def _open(config: ClusterConfig, open_dataset, client) -> Dataset:
@@ -451,6 +455,9 @@ def run_cluster(
     manifest = build_manifest(
         config.estimate_config(), dataset, accountant, ok, parameters, release, timings, gathered
     )
+    if config.method == "gibbs":  # nothing charged: no budget may be reported as spent
+        manifest["privacy"]["guarantee"] = GIBBS_GUARANTEE
+        manifest["privacy"]["budget"] = None
     manifest["method"] = config.method
     manifest["clusters"] = config.clusters
     manifest["basis_layout"] = "basis.npy is K×d×q: basis[c] is cluster c's orthonormal basis"
@@ -632,18 +639,14 @@ def _run_gibbs(config, dataset, accountant, grants, client, progress, noise_seed
             f"columns), this input has {n} rows × {dim} columns: use --method sample-aggregate "
             "or sulq, or a sample of the rows"
         )
-    grant = grants["exponential_mechanism"]
-    epsilon = laplace_epsilon(grant)
+    epsilon = laplace_epsilon(grants["exponential_mechanism"])
     sweeps = config.sweeps or DEFAULT_SWEEPS
-    private_seed = new_noise_seed() if noise_seed is None else noise_seed
-    accountant.charge("exponential_mechanism", grant)
     mark = time.monotonic()
-    args = (dataset.loader, dataset.parts, config.row_norm, config.clusters, config.rank)
-    args += (epsilon, sweeps, private_seed)
-    if client is None:
-        (bases,) = compute_in_process(dask.delayed(gibbs_task, pure=False)(*args))
-    else:
-        bases = client.submit(gibbs_task, *args, pure=False).result()
+    rows = gather_bounded_rows(dataset, config.row_norm, client)
+    timings["gather_s"] = time.monotonic() - mark
+    mark = time.monotonic()
+    rng = noise_rng(noise_seed)  # on the driver: the seed never enters the task graph
+    bases = gibbs_subspace_clustering(rows, config.clusters, config.rank, epsilon, sweeps, rng)
     timings["sampler_s"] = time.monotonic() - mark
     parameters = {
         "sweeps": sweeps,
@@ -651,9 +654,8 @@ def _run_gibbs(config, dataset, accountant, grants, client, progress, noise_seed
         "row_scaling": "unit length"
         if config.row_norm is None
         else "clip to row_norm, then /row_norm",
-        "exponential_mechanism_epsilon": epsilon,
-        "guarantee": "ε-DP for an exact sample of the mechanism; a finite Gibbs chain only "
-        "approximates it (no bound on the remaining distance to stationarity)",
-        "budget_shares": budget_shares(config),
+        "temperature_epsilon": epsilon,
+        "temperature_note": "the chain targets the ε-DP exponential mechanism with this ε; "
+        "a finite chain is not covered by it, so no budget is charged",
     }
-    return bases, parameters, {}, int(bases.nbytes)
+    return bases, parameters, {}, int(rows.nbytes)

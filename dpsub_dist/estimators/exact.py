@@ -6,8 +6,10 @@ points, so it enumerates C(n, k) subsets: inputs above :data:`MAX_ROWS` rows or
 under replace-one neighbours; at user level it is not, so the method is row-level only).
 
 Where it runs: one Dask task on a worker loads the partitions through the Dataset's
-loader, scores the spans and adds the noise; only the released basis (or ⊥) and the
-noisy gap come back. The driver never receives rows.
+loader and scores the spans (no randomness); only the two best scores, the best span's
+d×k fit and its conditioning come back. The driver draws all the noise (TLap on the gap, the
+snap's offsets) from the private generator, so no private seed enters the task graph,
+and it never receives rows.
 
 Exactly low-rank data at scale: use the approximate-case pipeline with a tiny cell,
 ``dpsub estimate --method histogram --cell-side 1e-3`` (sample and aggregate, §1,
@@ -18,6 +20,7 @@ subsets but those hit by outliers; ℓ outliers spoil at most ℓ subsets.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -29,9 +32,13 @@ from dpsub_dist.errors import InputError
 from dpsub_dist.privacy.accountant import Accountant
 from dpsub_dist.privacy.gap_max import (
     DEFAULT_TOLERANCE,
+    SNAP_DELTA_SHARE,
     GapMaxRelease,
+    SpanScores,
+    conditioning_floor,
     gap_max_parameters,
     gap_max_release,
+    projector_shift,
     score_spans,
 )
 from dpsub_dist.privacy.noise import noise_rng
@@ -50,7 +57,8 @@ BUDGET_SHARES = {"gap_max": (1.0, 1.0)}
 """The whole budget goes to the one GAP-MAX release."""
 
 FAILURE_REASONS = {
-    "gap": "no span of the data beats every other candidate by the noisy margin",
+    "gap": "no span of the data beats every other candidate by the noisy margin "
+    "(or the best one's rows determine it too loosely)",
     "null": "no span of the data holds clearly more points than the NULL score",
 }
 
@@ -97,21 +105,23 @@ def check_size(n_rows: int, rank: int) -> int:
     return candidates
 
 
-def release_on_worker(
+def score_on_worker(
     parts: list[Any],
     loader: Callable[[Any], tuple[np.ndarray, Any]],
     rank: int,
-    epsilon: float,
-    delta: float,
-    outliers: int,
     tolerance: float,
-    noise_seed: int | None,
-) -> GapMaxRelease:
-    """One task: load every partition here, run GAP-MAX, return only the release."""
+) -> SpanScores:
+    """One task: load every partition here and score the spans (no noise, no seed).
+
+    Only the two best scores travel back, padded with zeros (the scores of subspaces no
+    data span reaches): the release needs no others.
+    """
     blocks = [loader(part)[0] for part in parts]
     rows = np.concatenate(blocks) if blocks else np.empty((0, 0))
     spans = score_spans(rows, rank, tolerance)
-    return gap_max_release(spans, epsilon, delta, outliers, noise_rng(noise_seed))
+    best = np.zeros(2, dtype=np.int64)
+    best[: min(2, spans.scores.size)] = spans.scores[:2]
+    return dataclasses.replace(spans, scores=best)
 
 
 def run_exact(
@@ -137,13 +147,14 @@ def run_exact(
     timings = {"inspect_s": time.monotonic() - started}
 
     accountant.charge("gap_max", grants["gap_max"])
-    task = dask.delayed(release_on_worker, pure=False)(
-        dataset.parts, dataset.loader, config.rank, epsilon, delta, outliers, tolerance, noise_seed
+    task = dask.delayed(score_on_worker, pure=False)(
+        dataset.parts, dataset.loader, config.rank, tolerance
     )
     mark = time.monotonic()
-    release: GapMaxRelease = (
+    spans: SpanScores = (
         client.compute(task).result() if client is not None else task.compute(scheduler="sync")
     )
+    release: GapMaxRelease = gap_max_release(spans, epsilon, delta, outliers, noise_rng(noise_seed))
     timings["gap_max_s"] = time.monotonic() - mark
     timings["total_s"] = time.monotonic() - started
 
@@ -151,14 +162,20 @@ def run_exact(
         "outliers": outliers,
         "tolerance": tolerance,
         "membership": "x in s iff ||x - P_s x|| <= tolerance * ||x||",
+        "release": "projector of the span snapped to a grid with private offsets (SS21 Alg. 1 "
+        "step 6 here): neighbours publish the same basis except with probability delta_snap",
+        "snap_side": release.snap_side,
+        "conditioning_floor": conditioning_floor(tolerance, dataset.n_rows),
+        "projector_shift_bound": projector_shift(tolerance, dataset.n_rows),
+        "delta_split": {"gap": 1 - SNAP_DELTA_SHARE, "snap": SNAP_DELTA_SHARE},
         "candidate_subsets": candidates,
         "limits": {"max_rows": MAX_ROWS, "max_candidates": MAX_CANDIDATES},
         "budget_shares": BUDGET_SHARES,
         "partitions": len(dataset.parts),
     }
     details: dict[str, Any] = {
-        "mechanism": "GAP-MAX with truncated Laplace (SS21 Alg. 1)",
-        "noisy_gap": release.noisy_gap,
+        "mechanism": "GAP-MAX with truncated Laplace and a snapped release (SS21 Alg. 1)",
+        "noisy_gap": release.noisy_gap,  # h + ξ: the gap, capped by 2(λ − c₀) (gap_max step 4)
         "threshold": release.threshold,
         "null_score": release.null_score,
         "noise_scale": release.noise_scale,
@@ -167,7 +184,9 @@ def run_exact(
     if release.basis is None:
         details["failed_step"] = "gap_max"
         details["failure_reason"] = FAILURE_REASONS[release.reason]
-    gathered = 0 if release.basis is None else int(release.basis.nbytes)
+    # At most two scores and a d×k fit; stated from public shapes, as the presence of a fit
+    # (is any k-subset independent?) depends on the data and is not released.
+    gathered = 2 * 8 + dataset.dim * config.rank * 8
     manifest = build_manifest(
         config,
         dataset,

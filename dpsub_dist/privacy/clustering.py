@@ -22,9 +22,12 @@ scales or clips them first). Neighbour relation: replace one row (``n`` public).
   Talwar 2007 with a utility of sensitivity 1). A chain run for finitely many
   sweeps only approximates that distribution: its output is (ε, δ)-DP with
   ``δ = (1 + e^ε)·η`` where ``η`` is the chain's total-variation distance to
-  stationarity on the worse of the two inputs, and we cannot bound ``η``. The
-  guarantee is therefore asymptotic in the number of sweeps (as WWS15 say), not
-  a proof for a given run. The steps themselves are exact: assignments are
+  stationarity on the worse of the two inputs, and we cannot bound ``η``. So a run
+  has **no proven guarantee** (:data:`GIBBS_GUARANTEE`): it is not charged to any
+  budget and cannot run under the ledger. Composing the chain's steps instead (each
+  label draw and each Bingham column draw is an exponential mechanism of range 1, so
+  2κ-DP) would charge ``2κ(1 + q)`` per sweep, and at a useful κ over tens of sweeps
+  far more than any budget. The steps themselves are exact: assignments are
   categorical draws, each subspace column is an exact vector-Bingham draw
   (Kent, Ganeiber & Mardia 2018, angular-central-Gaussian rejection), and the
   column-by-column update is Hoff's (2009) Gibbs sampler for the matrix Bingham
@@ -44,6 +47,15 @@ from dpsub_dist.privacy.noise import gaussian, symmetric_gaussian
 
 GRAM_SENSITIVITY = 2.0
 """L2 sensitivity of one SuLQ iteration's K Gram matrices, rows of norm ≤ 1 (§9 b)."""
+
+GIBBS_GUARANTEE = "none (finite MCMC chain; not differentially private)"
+"""What a Gibbs run guarantees; manifests say so, and the ledger refuses the method."""
+
+GIBBS_WARNING = (
+    "warning: --method gibbs is not differentially private (a finite MCMC chain only "
+    "approximates the exponential mechanism): treat its output as non-private"
+)
+"""Printed by ``dpsub cluster --method gibbs``."""
 
 MAX_BINGHAM_TRIES = 100_000
 """Rejection-sampler guard; the acceptance rate of the ACG envelope is far above 1e-5."""

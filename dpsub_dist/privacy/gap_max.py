@@ -2,7 +2,9 @@
 
 Input domain: ``n`` points in R^d (rows) and a rank ``k < d``. Neighbour relation:
 replace one point (``n`` is public). Privacy map: (ε, δ)-DP, or δ-approximately
-ε²/2-zCDP, by truncated Laplace noise TLap(2, ε, δ) (:mod:`dpsub_dist.privacy.noise`).
+ε²/2-zCDP: truncated Laplace noise TLap(2, ε, δ_gap) on a sensitivity-2 statistic
+(:mod:`dpsub_dist.privacy.noise`) plus a snapped release that neighbours disagree on
+with probability at most δ_snap, δ_gap + δ_snap = δ (:data:`SNAP_DELTA_SHARE`).
 
 The steps of SS21 Algorithm 1 as implemented here:
 
@@ -17,27 +19,54 @@ The steps of SS21 Algorithm 1 as implemented here:
    with the same count), so only the spans of linearly independent k-subsets of X
    need scoring: every other subspace scores 0. Equal spans (same member set) are
    scored once. ``max_{t ⊊ s}`` is attained by a (k−1)-dimensional span of members.
-3. **NULL** scores ``ℓ + 4 ln(1/δ)/ε + 1`` (a constant, sensitivity 0): unless a span
+3. **NULL** scores ``ℓ + 4 ln(1/δ_gap)/ε + 1`` (a constant, sensitivity 0): unless a span
    beats it by a clear margin, the answer is ⊥. It tolerates ``ℓ`` outliers.
-4. **Gap**: ``s₁``, ``s₂`` are the best and second-best candidates (the infinitely many
-   zero-score subspaces included), ``g = max(0, u(s₁) − u(s₂) − 1)``. For every ``s``
-   the statistic ``f_s(X) = max(0, u(X, s) − max_{s′≠s} u(X, s′) − 1)`` has sensitivity
-   2, and is positive for at most one ``s``; if ``f_s(X) > 0`` then ``f_{s′}(X′) = 0``
-   for every ``s′ ≠ s`` on a neighbour X′ (that is what the −1 buys). So both
-   neighbours release a post-processing of ``f_s + ξ`` for one common ``s``.
-5. **Release**: ``ξ ~ TLap(2, ε, δ)`` with bound ``A``; output ``s₁`` if ``g + ξ > A``
-   and ``s₁`` is not NULL, else ⊥. The threshold must be ``A``: then ``f_s = 0``
-   never releases ``s`` whatever ξ, which is what makes the map a post-processing
-   of the one-dimensional TLap mechanism. The noisy gap ``g + ξ`` may be reported.
+4. **Gap and conditioning**: ``s₁``, ``s₂`` are the best and second-best candidates (the
+   infinitely many zero-score subspaces included), ``f_s(X) = max(0, u(X, s) −
+   max_{s′≠s} u(X, s′) − 1)``. For a data span ``s`` let ``λ_s(X)`` be the k-th
+   eigenvalue of ``Σ x̄x̄ᵀ`` over its members scaled to unit length (how well they
+   determine ``s``), and ``h_s = max(0, min(f_s, 2(λ_s − c₀)))`` with the public floor
+   ``c₀ = 1 + (1 + τ√n)²`` (:func:`conditioning_floor`); ``h_NULL = f_NULL``. ``f_s``
+   has sensitivity 2, and so has ``2λ_s`` (adding or removing one unit row moves an
+   eigenvalue of the Gram by at most 1, Weyl), so ``h_s`` has sensitivity 2; it is
+   positive for at most one ``s`` (``h_s ≤ f_s``), and if ``h_s(X) > 0`` then
+   ``h_{s′}(X′) = 0`` for every ``s′ ≠ s`` on a neighbour X′ (that is what the −1 in
+   ``f`` buys). So both neighbours release a post-processing of ``h_s + ξ`` for one
+   common ``s``, and ``h = max_s h_s`` (the reported statistic) has sensitivity 2.
+5. **Decision**: ``ξ ~ TLap(2, ε, δ_gap)`` with bound ``A``; release ``s₁`` if ``h + ξ > A``
+   and ``s₁`` is not NULL, else ⊥. The threshold must be ``A``: then ``h_s = 0`` never
+   releases ``s`` whatever ξ, which makes the decision a post-processing of the
+   one-dimensional TLap mechanism: (ε, δ_gap). The noisy statistic ``h + ξ`` may be
+   reported (``noisy_gap``). A release implies ``h > 0``, hence ``λ_{s₁} > c₀``.
+6. **Release of s₁** (:func:`snap_symmetric`): the projector ``P`` onto the best rank-k
+   fit of the unit-scaled members is snapped to a grid of side ``w`` (:func:`snap_side`)
+   with a uniform offset per upper-triangle entry drawn from the private noise
+   generator; the published basis is the top-k eigenvectors of the snapped matrix
+   (post-processing). Why neighbours agree: let X, X′ both release ``s`` with member sets
+   M, M′ (they differ at most in the replaced row) and fits V, V′. The common rows A
+   (unit-scaled) have ``σ_k(A)² ≥ λ_s − 1 > (1 + τ√n)²`` (one row removed), and each
+   fit leaves a residual ``‖A(I − Π_V)‖_F ≤ τ√n`` (every member is within τ of s and
+   the fit is the best rank-k one). Then ``σ_k(AΠ_V) > 1`` (Weyl) and
+   ``‖AΠ_V(Π_V − Π_V′)‖_F ≤ ‖A(Π_V − Π_V′)‖_F + τ√n ≤ 3τ√n``, so
+   ``‖sin Θ(V, V′)‖_F ≤ 3τ√n`` and ``‖P − P′‖_F ≤ 3√2·τ√n =: Δ``. With a common
+   offset, an entry moving by ``a`` changes cell with probability ``min(1, a/w)``; over
+   the D = d(d+1)/2 upper-triangle entries the snapped matrices differ with probability
+   at most ``Σ|ΔP_ij|/w ≤ √D·Δ/w = δ_snap`` for ``w = √D·Δ/δ_snap``. Coupling the two
+   runs on this event gives (0, δ_snap) for the release given ``s``; with step 5 the
+   whole output is (ε, δ_gap + δ_snap)-DP. The grid grows with τ: a small tolerance is
+   what makes the release useful (``w ≈ 5e-4`` at τ = 1e-12, n = 60, d = 10,
+   δ_snap = 5e-7; at τ = 1e-5 it is coarser than the entries of P).
 
-Numerical caveats (documented, not proven away). The proof is for exact membership;
-with ``τ > 0`` a span whose members are decided differently by two generating subsets
-can appear twice, which only lowers the gap (more ⊥). The released basis is computed
-from the winning span's members, so its last bits could depend on which rows were used;
-the projection is rounded to :data:`RELEASE_DECIMALS` decimals before taking its
-eigenvectors, which removes that channel except at rounding boundaries (compare the
-floating-point caveat in :mod:`dpsub_dist.privacy.noise`). Cost: C(n, k) candidate spans,
-each tested against all n points — a reference for small inputs only.
+What is assumed (documented, not proven away). The proof, as SS21's, is for an exact
+candidate ``s`` with a membership predicate that depends only on the row and ``s``, so
+that neighbours selecting ``s`` have member sets differing only in the replaced row.
+The code decides membership against a computed span; a row within about Δ of the
+tolerance boundary could be decided differently by the two neighbours, and a span whose
+members are decided differently by two generating subsets can appear twice (which only
+lowers the gap). The uniform offsets have 53-bit resolution and the grid comparison
+rounds at about 1e-16 relative, which moves the boundary probability by far less than δ.
+Cost: C(n, k) candidate spans, each tested against all n points — a reference for small
+inputs only.
 """
 
 from __future__ import annotations
@@ -56,11 +85,12 @@ from dpsub_dist.privacy.noise import truncated_laplace, truncated_laplace_calibr
 GAP_SENSITIVITY = 2.0
 """Sensitivity of the gap statistic f_s (each score moves by ≤ 1 under replace-one)."""
 
-DEFAULT_TOLERANCE = 1e-5
-"""Relative membership tolerance τ: x ∈ s iff ‖x − Π_s x‖ ≤ τ‖x‖ (covers float32 rounding)."""
+DEFAULT_TOLERANCE = 1e-12
+"""Relative membership tolerance τ: x ∈ s iff ‖x − Π_s x‖ ≤ τ‖x‖ (covers float64 rounding;
+the release grid :func:`snap_side` grows with τ, so a larger τ costs accuracy)."""
 
-RELEASE_DECIMALS = 10
-"""Decimals kept of the released projection matrix before its eigenvectors are taken."""
+SNAP_DELTA_SHARE = 0.5
+"""Share of the grant's δ spent on the snapped release (step 6); the rest goes to TLap."""
 
 _BATCH_FLOATS = 2**22  # floats per residual block (32 MiB)
 _BATCH_SUBSETS = 1024
@@ -69,11 +99,20 @@ _REFINE_ROUNDS = 3
 
 @dataclass(frozen=True)
 class SpanScores:
-    """Scores of the distinct candidate spans (descending) and the best span's basis."""
+    """What the scoring step hands to the release (no noise, no rows).
+
+    Scores of the distinct candidate spans (descending); the best span's rank-k fit of its
+    unit-scaled members (``top_basis``, d×k) and the k-th eigenvalue of their Gram
+    (``top_conditioning``, λ of step 4); the shape and tolerance the scores used.
+    """
 
     scores: np.ndarray
     top_basis: np.ndarray | None
+    top_conditioning: float
     subsets_scored: int
+    n_rows: int
+    dim: int
+    tolerance: float
 
 
 @dataclass(frozen=True)
@@ -86,11 +125,53 @@ class GapMaxRelease:
     null_score: float
     noise_scale: float
     reason: Literal["released", "null", "gap"]
+    snap_side: float
 
 
 def null_score(outliers: int, epsilon: float, delta: float) -> float:
-    """Score of the NULL candidate: ℓ + 4 ln(1/δ)/ε + 1 (SS21 Alg. 1)."""
+    """Score of the NULL candidate: ℓ + 4 ln(1/δ)/ε + 1 (SS21 Alg. 1; δ is TLap's δ_gap)."""
     return outliers + 4 * math.log(1 / delta) / epsilon + 1
+
+
+def split_delta(delta: float) -> tuple[float, float]:
+    """(δ_gap, δ_snap): the grant's δ split between the TLap decision and the snap (sum δ)."""
+    snap = delta * SNAP_DELTA_SHARE
+    return delta - snap, snap
+
+
+def conditioning_floor(tolerance: float, n_rows: int) -> float:
+    """c₀ = 1 + (1 + τ√n)²: a released span's members have λ > c₀ (step 4)."""
+    return 1.0 + (1.0 + tolerance * math.sqrt(n_rows)) ** 2
+
+
+def projector_shift(tolerance: float, n_rows: int) -> float:
+    """Δ = 3√2·τ√n: largest ‖P − P′‖_F between neighbours that release the same span (step 6)."""
+    return 3.0 * math.sqrt(2.0) * tolerance * math.sqrt(n_rows)
+
+
+def snap_side(tolerance: float, n_rows: int, dim: int, delta_snap: float) -> float:
+    """Grid side w = √D·Δ/δ_snap, D = d(d+1)/2: neighbours' snaps differ w.p. ≤ δ_snap."""
+    entries = dim * (dim + 1) // 2
+    return math.sqrt(entries) * projector_shift(tolerance, n_rows) / delta_snap
+
+
+def snap_symmetric(matrix: np.ndarray, side: float, rng: np.random.Generator) -> np.ndarray:
+    """Each upper-triangle entry rounded to the centre of its cell of a grid of side ``side``
+    shifted by a private uniform offset; the result is symmetric (step 6).
+
+    Pass the private noise generator: the guarantee is over fresh offsets drawn
+    independently of the data (with offsets fixed by a user's seed the map would be
+    deterministic, and some neighbouring pair would straddle a cell boundary for sure).
+    The output reveals the offsets, which is harmless. Cost: (0, δ_snap) for
+    ``side = snap_side(...)``.
+    """
+    rows, cols = np.triu_indices(matrix.shape[0])
+    offset = rng.uniform(0.0, 1.0, rows.size)
+    cell = np.floor(matrix[rows, cols] / side - offset)
+    snapped = np.zeros_like(matrix, dtype=np.float64)
+    snapped[rows, cols] = (cell + offset + 0.5) * side
+    snapped[cols, rows] = snapped[rows, cols]
+    return snapped
 
 
 def gap_max_parameters(grant: Budget) -> tuple[float, float]:
@@ -131,9 +212,14 @@ def _subset_batches(n: int, j: int, points: int, dim: int):
         yield np.array(batch, dtype=np.int64).reshape(len(batch), j)
 
 
-def _members_basis(points: np.ndarray, members: np.ndarray, rank: int) -> np.ndarray:
-    """d×k orthonormal basis of the best rank-k fit to the member rows (their span, exactly)."""
-    return np.linalg.svd(points[members], full_matrices=False)[2][:rank].T
+def _members_fit(points: np.ndarray, members: np.ndarray, rank: int) -> tuple[np.ndarray, float]:
+    """Best rank-k fit (d×k basis) of the member rows scaled to unit length, and λ: the k-th
+    eigenvalue of their Gram (σ_k² of the scaled rows; 0 with fewer than k members)."""
+    rows = points[members]
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    rows = np.divide(rows, norms, out=np.zeros_like(rows), where=norms > 0)
+    _, singular, vt = np.linalg.svd(rows, full_matrices=False)
+    return vt[:rank].T, float(singular[rank - 1] ** 2) if singular.size >= rank else 0.0
 
 
 def _refine(
@@ -145,7 +231,7 @@ def _refine(
     same span produce (an ill-conditioned k-subset gives an inaccurate span).
     """
     for _ in range(_REFINE_ROUNDS):
-        basis = _members_basis(points, mask, rank)
+        basis = _members_fit(points, mask, rank)[0]
         refined = _membership(points, norms, basis[None], tolerance)[0]
         if np.array_equal(refined, mask):
             break
@@ -212,18 +298,13 @@ def score_spans(points: np.ndarray, rank: int, tolerance: float = DEFAULT_TOLERA
     masks = list(spans.values())
     scores = [int(m.sum()) - _max_in_proper_subspace(points[m], rank, tolerance) for m in masks]
     if not scores:
-        return SpanScores(np.zeros(0, dtype=np.int64), None, scored)
+        return SpanScores(np.zeros(0, dtype=np.int64), None, 0.0, scored, n, dim, tolerance)
     order = np.argsort(scores, kind="stable")[::-1]
-    basis = _members_basis(points, masks[order[0]], rank)
+    basis, conditioning = _members_fit(points, masks[order[0]], rank)
     if row_space is not None:
         basis = row_space @ basis
-    return SpanScores(np.asarray(scores, dtype=np.int64)[order], _canonical(basis), scored)
-
-
-def _canonical(basis: np.ndarray) -> np.ndarray:
-    """The same span as a basis whose last bits do not depend on how it was computed."""
-    projection = np.round(basis @ basis.T, RELEASE_DECIMALS)
-    return top_eigenvectors(projection, basis.shape[1])[1]
+    ranked = np.asarray(scores, dtype=np.int64)[order]
+    return SpanScores(ranked, basis, conditioning, scored, n, dim, tolerance)
 
 
 def gap_max_release(
@@ -233,21 +314,33 @@ def gap_max_release(
     outliers: int,
     rng: np.random.Generator,
 ) -> GapMaxRelease:
-    """Steps 3–5: NULL, gap, truncated Laplace, release ``s₁`` or ⊥ (SS21 Alg. 1)."""
-    null = null_score(outliers, epsilon, delta)
+    """Steps 3–6: NULL, gap and conditioning, truncated Laplace, snapped ``s₁`` or ⊥.
+
+    ``rng`` is the private noise generator: it draws ξ (cost (ε, δ_gap)) and the snap's
+    offsets (cost (0, δ_snap)); δ_gap + δ_snap = ``delta``.
+    """
+    delta_gap, delta_snap = split_delta(delta)
+    null = null_score(outliers, epsilon, delta_gap)
     # Two zeros stand for the infinitely many k-dim subspaces no data span reaches.
     ranked = sorted([*spans.scores.tolist(), null, 0, 0], reverse=True)
     gap = max(0.0, ranked[0] - ranked[1] - 1)
-    scale, bound = truncated_laplace_calibration(GAP_SENSITIVITY, epsilon, delta)
-    noisy = float(gap + truncated_laplace(rng, scale, bound))
     data_wins = spans.top_basis is not None and spans.scores[0] > null
+    statistic = gap
+    if data_wins:  # h = min(f, 2(λ − c₀)): a release certifies λ > c₀ (step 4)
+        floor = conditioning_floor(spans.tolerance, spans.n_rows)
+        statistic = max(0.0, min(gap, 2.0 * (spans.top_conditioning - floor)))
+    scale, bound = truncated_laplace_calibration(GAP_SENSITIVITY, epsilon, delta_gap)
+    noisy = float(statistic + truncated_laplace(rng, scale, bound))
+    side = snap_side(spans.tolerance, spans.n_rows, spans.dim, delta_snap)
     if noisy <= bound:
         basis, reason = None, "gap"
     elif not data_wins:
         basis, reason = None, "null"
     else:
-        basis, reason = spans.top_basis, "released"
-    return GapMaxRelease(basis, noisy, bound, null, scale, reason)
+        top = spans.top_basis
+        snapped = snap_symmetric(top @ top.T, side, rng)  # cost (0, δ_snap), step 6
+        basis, reason = top_eigenvectors(snapped, top.shape[1])[1], "released"
+    return GapMaxRelease(basis, noisy, bound, null, scale, reason, side)
 
 
 def gap_max(
