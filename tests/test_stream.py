@@ -182,34 +182,59 @@ def test_stream_spends_the_horizon_budget_and_converges(tmp_path, batches, dask_
     assert errors[-1] < 0.04 and errors[-1] < errors[0] and max(errors) < 0.2, errors
 
 
-def test_state_holds_only_noisy_sums_and_reappend_is_idempotent(tmp_path, batches, dask_client):
+def published_nodes(state: str) -> dict[tuple[int, int], np.ndarray]:
+    """The node sums the (published) stream file holds."""
+    return _nodes(state, "SELECT level, idx, noisy_sum FROM dpsub_stream_nodes")
+
+
+def private_nodes(state: str) -> dict[tuple[int, int], np.ndarray]:
+    """The open nodes' exact sums in the operator-only file beside it."""
+    return _nodes(state + ".private", "SELECT level, idx, exact_sum FROM dpsub_stream_open_nodes")
+
+
+def _nodes(path: str, query: str) -> dict[tuple[int, int], np.ndarray]:
+    from dpsub_dist.ledger.core import decode_array
+
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute(query).fetchall()
+    return {(level, idx): decode_array(blob) for level, idx, blob in rows}
+
+
+def test_state_holds_only_closed_noisy_sums_and_reappend_is_idempotent(
+    tmp_path, batches, dask_client
+):
     files, _ = batches
     state = str(tmp_path / "stream.db")
     settings = init_stream(state, horizon=8, rank=2, clip_norm=3.0, rho=0.05, delta=1e-6)
+    grams = [exact_gram(path, 3.0) for path in files]
+    noises = []
     with open_stream(state) as stream:
         first = stream.append(files[0], batch_id="day-1", client=dask_client)
         again = stream.append(files[0], batch_id="day-1", client=dask_client)
         assert again.already_appended and np.array_equal(again.basis, first.basis)
         assert stream.status()["step"] == 1
         assert stream.accountant().spent.rho == pytest.approx(settings.rho / settings.levels)
+        # node [1] closed, was released, and no later release needs it; the open nodes'
+        # exact sums are only in the private file
+        assert published_nodes(state) == {}
+        opened = private_nodes(state)
+        assert set(opened) == set(nodes_containing(1, 8)) - {(0, 0)} == {(1, 0), (2, 0), (3, 0)}
+        assert all(np.allclose(v, grams[0]) for v in opened.values())
+        stream.append(files[1], batch_id="day-2", client=dask_client)
+        assert set(published_nodes(state)) == {(1, 0)}  # [1,2] closed: noised once, now
+        noises.append(published_nodes(state)[(1, 0)] - grams[0] - grams[1])
+        for day, path in enumerate(files[2:], start=3):
+            stream.append(path, batch_id=f"day-{day}", client=dask_client)
+        assert set(published_nodes(state)) == {(2, 0)}
+        noises.append(published_nodes(state)[(2, 0)] - sum(grams))
+        assert set(private_nodes(state)) == {(3, 0)}
+        assert np.allclose(private_nodes(state)[(3, 0)], sum(grams))
     with sqlite3.connect(state) as conn:
-        stored = dict(
-            ((level, idx), blob)
-            for level, idx, blob in conn.execute(
-                "SELECT level, idx, noisy_sum FROM dpsub_stream_nodes"
-            )
-        )
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    # node [1] was released at step 1 and no later release needs it; the open nodes remain
-    assert set(stored) == set(nodes_containing(1, 8)) - {(0, 0)} == {(1, 0), (2, 0), (3, 0)}
-    assert not any("row" in t for t in tables)
-    from dpsub_dist.ledger.core import decode_array
-
-    exact = exact_gram(files[0], 3.0)
-    noises = [decode_array(blob) - exact for blob in stored.values()]
+    assert not any("row" in t or "open" in t or "files" in t for t in tables), tables
     assert all(np.allclose(n, n.T) for n in noises)
-    upper = np.concatenate([n[np.triu_indices(10)] for n in noises])  # 3 × 55 noise draws
-    assert 0.8 * settings.node_sigma < upper.std() < 1.2 * settings.node_sigma
+    upper = np.concatenate([n[np.triu_indices(10)] for n in noises])  # 2 × 55 noise draws
+    assert 0.75 * settings.node_sigma < upper.std() < 1.25 * settings.node_sigma
     assert abs(upper.mean()) < 4 * settings.node_sigma / math.sqrt(upper.size)
 
 
@@ -317,3 +342,58 @@ def test_an_append_racing_another_adds_nothing(tmp_path, batches, dask_client, m
     with open_stream(state) as stream:
         assert [b.batch_id for b in stream.batches()] == ["other"]
         assert stream.append(files[0], batch_id="mine", client=dask_client).step == 2
+
+
+# ------------------------------------------------- published state, batch identity, ledger
+
+
+def test_two_snapshots_around_an_append_do_not_reveal_the_batch(tmp_path, batches, dask_client):
+    """An observer of the stream file before and after an append subtracts every pair of node
+    sums: none may equal the appended batch's exact Gram matrix (today an open node's noise was
+    drawn at its first batch and reused, so the difference of its two snapshots was exact)."""
+    files, _ = batches
+    state = str(tmp_path / "stream.db")
+    settings = init_stream(state, horizon=4, rank=2, clip_norm=3.0, rho=0.5, delta=1e-6)
+    snapshots = [published_nodes(state)]
+    with open_stream(state) as stream:
+        for step, path in enumerate(files, start=1):
+            stream.append(path, batch_id=f"day-{step}", client=dask_client)
+            snapshots.append(published_nodes(state))
+    margin = settings.node_sigma  # the noise per entry; a leak would match to rounding
+    for step, path in enumerate(files, start=1):
+        gram = exact_gram(path, 3.0)
+        for before in snapshots[step - 1].values():
+            for after in snapshots[step].values():
+                assert np.abs(after - before - gram).max() > margin
+    # only closed nodes are in the published file
+    for step, nodes in enumerate(snapshots):
+        assert all(node_span(n)[1] <= step for n in nodes), (step, nodes.keys())
+    # and the stored node holding batches 1..2 is noisy, not an exact sum
+    two = snapshots[2][(1, 0)] - exact_gram(files[0], 3.0) - exact_gram(files[1], 3.0)
+    assert np.abs(two).max() > margin
+
+
+def test_stream_files_are_created_private(tmp_path, batches, dask_client):
+    files, _ = batches
+    state = tmp_path / "stream.db"
+    init_stream(str(state), horizon=2, rank=2, clip_norm=3.0, rho=0.5, delta=1e-6)
+    with open_stream(str(state)) as stream:
+        stream.append(files[0], client=dask_client)
+    made = [p for p in tmp_path.iterdir() if p.name.startswith("stream.db")]
+    assert state in made
+    for path in made:
+        assert path.stat().st_mode & 0o777 == 0o600, (path, oct(path.stat().st_mode))
+
+
+def test_a_file_twice_in_one_batch_is_refused(tmp_path, batches, dask_client):
+    import shutil
+
+    files, _ = batches
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(files[0], data / "a.parquet")
+    (data / "b.parquet").symlink_to(data / "a.parquet")
+    state = str(tmp_path / "s.db")
+    init_stream(state, horizon=2, rank=2, clip_norm=3.0, rho=0.5, delta=1e-6)
+    with open_stream(state) as stream, pytest.raises(InputError, match="twice in this batch"):
+        stream.append(str(data), client=dask_client)
