@@ -385,6 +385,44 @@ def test_stream_files_are_created_private(tmp_path, batches, dask_client):
         assert path.stat().st_mode & 0o777 == 0o600, (path, oct(path.stat().st_mode))
 
 
+def test_one_file_under_other_names_is_refused_and_charges_nothing(
+    tmp_path, batches, scheduler_address, capsys, monkeypatch
+):
+    """The same file appended as ./x.parquet, by a symlink, by a copy's batch id or inside a
+    folder is refused with exit 2 before anything is read; re-appending the same batch id
+    re-releases it for free."""
+    import shutil
+
+    files, _ = batches
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(files[0], data / "x.parquet")
+    (data / "link.parquet").symlink_to(data / "x.parquet")
+    monkeypatch.chdir(data)
+    state = str(tmp_path / "s.db")
+    common = ["--scheduler", scheduler_address, "--quiet"]
+    init = ["stream", "init", state, "--horizon", "4", "--rank", "2", "--clip-norm", "3"]
+    assert main([*init, "--rho", "1", "--delta", "1e-6"]) == 0
+    assert main(["stream", "append", state, str(data / "x.parquet"), *common]) == 0
+    capsys.readouterr()
+    assert main(["stream", "append", state, "./x.parquet", *common]) == 0  # same id: free
+    assert "already appended" in capsys.readouterr().out
+    for spelling, batch_id in [
+        ("./x.parquet", "other-id"),
+        (str(data / "x.parquet"), "renamed"),
+        (str(data / "link.parquet"), None),
+        (str(data / "link.parquet"), "day-2"),
+        (str(data / "*.parquet"), "glob"),
+    ]:
+        extra = ["--batch-id", batch_id] if batch_id else []
+        assert main(["stream", "append", state, spelling, *extra, *common]) == 2, spelling
+        err = capsys.readouterr().err
+        assert "already in this stream" in err, err
+    with open_stream(state) as stream:
+        assert stream.status()["step"] == 1
+        assert stream.accountant().spent.rho == pytest.approx(spent_rho(1, 1.0, 4))
+
+
 def test_a_file_twice_in_one_batch_is_refused(tmp_path, batches, dask_client):
     import shutil
 
@@ -397,3 +435,66 @@ def test_a_file_twice_in_one_batch_is_refused(tmp_path, batches, dask_client):
     init_stream(state, horizon=2, rank=2, clip_norm=3.0, rho=0.5, delta=1e-6)
     with open_stream(state) as stream, pytest.raises(InputError, match="twice in this batch"):
         stream.append(str(data), client=dask_client)
+
+
+def test_stream_init_reserves_the_horizon_budget_in_the_ledger(tmp_path, batches, capsys):
+    """A dataset granted ε can be streamed once at ε, not twice with independent budgets."""
+    files, _ = batches
+    dataset = str(Path(files[0]).parent)
+    ledger = str(tmp_path / "ledger.db")
+    grant = ["budget", "init", "--ledger", ledger, "--dataset", dataset]
+    assert main([*grant, "--epsilon", "1", "--delta", "1e-6"]) == 0
+    init = ["--horizon", "4", "--rank", "2", "--clip-norm", "3", "--ledger", ledger]
+    first = str(tmp_path / "first.db")
+    assert main(["stream", "init", first, *init, "--dataset", dataset, "--epsilon", "0.75",
+                 "--delta", "1e-6"]) == 0  # fmt: skip
+    assert "reserved epsilon=0.75" in capsys.readouterr().out
+    second = str(tmp_path / "second.db")
+    code = main(["stream", "init", second, *init, "--dataset", dataset, "--epsilon", "0.75",
+                 "--delta", "1e-6"])  # fmt: skip
+    assert code == 4
+    assert "budget refused" in capsys.readouterr().err
+    assert not Path(second).exists() and not list(tmp_path.glob("second.db*"))
+    assert main(["budget", "show", "--ledger", ledger, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)[0]
+    assert shown["remaining"]["epsilon"] == pytest.approx(0.25)
+    # a dataset without a grant, or a batch outside the granted dataset: exit 2, nothing made
+    other = str(tmp_path / "other.db")
+    code = main(["stream", "init", other, *init, "--dataset", str(tmp_path), "--epsilon", "0.1",
+                 "--delta", "1e-6"])  # fmt: skip
+    assert code == 2 and not Path(other).exists()
+    assert "no budget" in capsys.readouterr().err
+    with open_stream(first) as stream:
+        assert stream.status()["settings"]["ledger"]["dataset"] == dataset
+        with pytest.raises(InputError, match="outside the dataset"):
+            stream.append(str(tmp_path / "ledger.db"))
+
+
+def test_stream_without_a_ledger_says_it_is_not_tracked(tmp_path, capsys):
+    state = str(tmp_path / "s.db")
+    init = ["stream", "init", state, "--horizon", "2", "--rank", "2", "--clip-norm", "3"]
+    assert main([*init, "--epsilon", "1", "--delta", "1e-6"]) == 0
+    assert "not tracked by a ledger" in capsys.readouterr().err
+    assert main(["stream", "init", str(tmp_path / "t.db"), "--horizon", "2", "--rank", "2",
+                 "--clip-norm", "3", "--epsilon", "1", "--delta", "1e-6",
+                 "--dataset", "/d"]) == 2  # fmt: skip
+    assert "--dataset needs --ledger" in capsys.readouterr().err
+
+
+def test_stream_messages_describe_the_horizon_and_each_charge(
+    tmp_path, batches, scheduler_address, capsys
+):
+    files, _ = batches
+    with pytest.raises(SystemExit):
+        main(["stream", "init", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "whole horizon" in help_text and "for the whole run" not in help_text
+    state = str(tmp_path / "s.db")
+    init = ["stream", "init", state, "--horizon", "4", "--rank", "2", "--clip-norm", "3"]
+    assert main([*init, "--rho", "1", "--delta", "1e-6"]) == 0
+    common = ["--scheduler", scheduler_address, "--quiet"]
+    capsys.readouterr()
+    assert main(["stream", "append", state, files[0], *common]) == 0
+    out = capsys.readouterr().out
+    charged = spent_rho(1, 1.0, 4)
+    assert f"charged rho={charged:.6g}" in out and f"rho={1 - charged:.6g} of 1 remains" in out
