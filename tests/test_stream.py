@@ -437,6 +437,38 @@ def test_a_file_twice_in_one_batch_is_refused(tmp_path, batches, dask_client):
         stream.append(str(data), client=dask_client)
 
 
+def test_an_object_copied_to_another_key_is_refused_by_its_etag(tmp_path, batches, dask_client):
+    """On object storage a batch's files are identified by key, size and ETag (no read)."""
+    import shutil
+
+    from s3server import s3_server, upload
+
+    files, _ = batches
+    local = tmp_path / "days"
+    local.mkdir()
+    for name, source in [("a", files[0]), ("b", files[0]), ("c", files[1])]:
+        shutil.copy(source, local / f"{name}.parquet")
+    state = str(tmp_path / "s.db")
+    init_stream(state, horizon=4, rank=2, clip_norm=3.0, rho=1.0, delta=1e-6)
+    (tmp_path / "moto").mkdir()
+    with s3_server(tmp_path / "moto") as s3:
+        upload(s3, local, "s3://data/days")
+        options = s3.storage_options()
+        with open_stream(state) as stream:
+            stream.append("s3://data/days/a.parquet", storage_options=options, client=dask_client)
+            with pytest.raises(InputError, match="already in this stream .*same bytes"):
+                stream.append("s3://data/days/b.parquet", "b", options, dask_client)
+            assert stream.append("s3://data/days/c.parquet", "c", options, dask_client).step == 2
+    with sqlite3.connect(state + ".private") as conn:
+        stored = conn.execute(
+            "SELECT path, content FROM dpsub_stream_files ORDER BY step"
+        ).fetchall()
+    assert [p for p, _ in stored] == ["s3://data/days/a.parquet", "s3://data/days/c.parquet"]
+    assert all(c.startswith("etag:") for _, c in stored), stored
+    with sqlite3.connect(state) as conn:  # the published file holds no file identity
+        assert "etag" not in " ".join(str(r) for r in conn.iterdump()).lower()
+
+
 def test_stream_init_reserves_the_horizon_budget_in_the_ledger(tmp_path, batches, capsys):
     """A dataset granted ε can be streamed once at ε, not twice with independent budgets."""
     files, _ = batches

@@ -47,7 +47,7 @@ from dpsub_dist.engine.gram import compute_gram
 from dpsub_dist.engine.sources import parquet_dataset
 from dpsub_dist.errors import BudgetRefused, InputError
 from dpsub_dist.io.parquet import list_parquet_files
-from dpsub_dist.io.storage import filesystem, is_local, with_protocol
+from dpsub_dist.io.storage import StorageOptions, filesystem, is_local, with_protocol
 from dpsub_dist.job import versions
 from dpsub_dist.ledger.core import (
     LedgerError,
@@ -141,6 +141,7 @@ def batch_files(
     uri: str, storage_options: dict[str, Any] | None, client: Any | None
 ) -> list[BatchFile]:
     """The identities of a batch's files, listed on the driver and hashed on the workers."""
+    storage_options = StorageOptions.wrap(storage_options)  # redacted in task keys and reprs
     names = list_parquet_files(uri, storage_options)
     if client is None:
         return sorted(file_identity(n, storage_options) for n in names)
@@ -272,9 +273,11 @@ def init_stream(
     if ledger is not None:
         settings = _charge_ledger(settings, ledger, str(dataset), str(files[0].resolve()))
     stream_id = secrets.token_hex(16)
+    made: list[Path] = []
     try:
         for file in files:
             _create_owner_only(file)
+            made.append(file)
         conn, _ = _connect(path, create=True)
         try:
             _attach_private(conn, path)
@@ -297,7 +300,7 @@ def init_stream(
         finally:
             conn.close()
     except BaseException:
-        for file in files:  # nothing was read: leave no half-made stream behind
+        for file in made:  # nothing was read: leave no half-made stream behind
             file.unlink(missing_ok=True)
         raise
     return settings
