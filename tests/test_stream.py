@@ -530,3 +530,22 @@ def test_stream_messages_describe_the_horizon_and_each_charge(
     out = capsys.readouterr().out
     charged = spent_rho(1, 1.0, 4)
     assert f"charged rho={charged:.6g}" in out and f"rho={1 - charged:.6g} of 1 remains" in out
+
+
+def test_a_stream_without_its_private_file_takes_no_batch(tmp_path, batches, dask_client):
+    """The open nodes' exact sums live only in STATE.private: without it (or with another
+    stream's) an append stops before reading (exit 2); show still works."""
+    files, _ = batches
+    state, other = str(tmp_path / "s.db"), str(tmp_path / "o.db")
+    for path in (state, other):
+        init_stream(path, horizon=4, rank=2, clip_norm=3.0, rho=1.0, delta=1e-6)
+    with open_stream(state) as stream:
+        stream.append(files[0], client=dask_client)
+    Path(state + ".private").unlink()
+    with open_stream(state) as stream:
+        with pytest.raises(InputError, match="private file of stream .* is missing"):
+            stream.append(files[1], client=dask_client)
+        assert stream.status()["step"] == 1
+    Path(other + ".private").rename(state + ".private")
+    with open_stream(state) as stream, pytest.raises(InputError, match="not the private file"):
+        stream.append(files[1], client=dask_client)
