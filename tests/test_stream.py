@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from privacy_audit import audit
+from privacy_audit import epsilon_lower_bound
 
 from dpsub_dist.cli import main
 from dpsub_dist.engine.gram import clip_rows
@@ -62,6 +62,28 @@ def test_prefix_sums_are_exact_up_to_the_noise():
     assert np.allclose(tree.prefix(5), sum(values[:5]), atol=1e-6)
 
 
+def test_each_node_is_noised_once_when_it_closes_on_the_safe_grid():
+    """Horizon 4 keeps nodes [1], [1,2], [3], [1..4]: four draws, each at a node's close,
+    by the floating-point-safe sampler with the node's σ and Δ = √2; the stored sums lie
+    on that sampler's power-of-two grid."""
+    from dpsub_dist.privacy import noise
+
+    sigma, dim, rng = 0.5, 3, np.random.default_rng(2)
+    tree = TreeAggregator(horizon=4, sigma=sigma, dim=dim)
+    closed = []
+    with noise.draw_log() as draws:
+        for _ in range(4):
+            closed.append(tree.add(np.eye(dim) / 3, rng))
+    assert closed == [[(0, 0)], [(1, 0)], [(0, 2)], [(2, 0)]]
+    assert [(d.kind, d.scale, d.sensitivity, d.size) for d in draws] == [
+        ("symmetric_gaussian", sigma, math.sqrt(2), dim * (dim + 1) // 2)
+    ] * 4
+    step = noise.grid_step(sigma)
+    for value in tree.closed.values():
+        assert np.array_equal(value / step, np.rint(value / step))
+    assert tree.partial == {}
+
+
 # --------------------------------------------------------------------------- calibration
 
 
@@ -83,18 +105,16 @@ def test_rho_for_approx_dp_inverts_the_cks_conversion():
 
 
 def test_prefix_noise_has_the_calibrated_variance():
-    """Each release sums |prefix_nodes(t)| independent node noises of std σ."""
+    """Each release sums |prefix_nodes(t)| independent node noises of std σ (3000 streams
+    run side by side as one stack)."""
     sigma, draws, horizon = 2.0, 3000, 7
     rng = np.random.default_rng(1)
-    samples = np.empty((draws, horizon, 2))
-    for i in range(draws):
-        tree = TreeAggregator(horizon=horizon, sigma=sigma, dim=2)
-        for t in range(horizon):
-            tree.add(np.zeros((2, 2)), rng)
-            samples[i, t] = tree.prefix()[0, 0], tree.prefix()[0, 1]
+    tree = TreeAggregator(horizon=horizon, sigma=sigma, dim=2)
     for t in range(1, horizon + 1):
+        tree.add(np.zeros((draws, 2, 2)), rng)
+        samples = tree.prefix()[:, 0, [0, 1]]
         expected = len(prefix_nodes(t)) * sigma**2
-        assert samples[:, t - 1].var(axis=0) == pytest.approx([expected, expected], rel=0.12)
+        assert samples.var(axis=0) == pytest.approx([expected, expected], rel=0.12)
 
 
 # ------------------------------------------------------------------------ privacy audit
@@ -102,20 +122,20 @@ def test_prefix_noise_has_the_calibrated_variance():
 AUDIT_RHO, AUDIT_DELTA, AUDIT_RUNS, AUDIT_HORIZON = 0.125, 1e-3, 15_000, 4
 
 
-def stream_releases(sigma: float):
-    """The whole stream's releases: batch 1 holds one unit row, batches 2..T are empty."""
-
-    def mechanism(row: np.ndarray, rng: np.random.Generator) -> float:
-        tree = TreeAggregator(horizon=AUDIT_HORIZON, sigma=sigma, dim=2)
-        statistic = 0.0
-        for t in range(1, AUDIT_HORIZON + 1):
-            tree.add(np.outer(row, row) if t == 1 else np.zeros((2, 2)), rng)
-            if t in (1, 2, 4):  # the releases whose nodes hold batch 1: [1], [1,2], [1,4]
-                release = tree.prefix()
-                statistic += release[0, 0] - release[1, 1]
-        return statistic
-
-    return mechanism
+def stream_statistics(sigma: float, row: np.ndarray, runs: int, seed: int) -> np.ndarray:
+    """The likelihood-ratio statistic of ``runs`` independent streams (one stack) whose
+    batch 1 holds one unit row and batches 2..T are empty: the sum over the releases whose
+    nodes hold batch 1 ([1], [1,2], [1..4]) of their (0,0) − (1,1) entries."""
+    rng = np.random.default_rng(seed)  # the audit's own, reproducible generator
+    tree = TreeAggregator(horizon=AUDIT_HORIZON, sigma=sigma, dim=2)
+    statistic = np.zeros(runs)
+    for t in range(1, AUDIT_HORIZON + 1):
+        batch = np.outer(row, row) if t == 1 else np.zeros((2, 2))
+        tree.add(np.broadcast_to(batch, (runs, 2, 2)), rng)
+        if t in (1, 2, 4):
+            release = tree.prefix()
+            statistic += release[:, 0, 0] - release[:, 1, 1]
+    return statistic
 
 
 def test_audit_tree_noise_and_catch_an_under_noised_twin():
@@ -128,15 +148,14 @@ def test_audit_tree_noise_and_catch_an_under_noised_twin():
     # The statistic is ±L (e₁ / e₂) plus noise of std σ√(2L); the twin's std is half that.
     # Its threshold sits 2.5 twin stds above 0: P(twin, e₂) = Φ̄(3), P(twin, e₁) = Φ̄(2).
     threshold = 1.25 * sigma * math.sqrt(2 * levels)
-
-    def event(statistic: float) -> bool:
-        return statistic > threshold
-
     e1, e2 = np.array([1.0, 0.0]), np.array([0.0, 1.0])
-    real = audit(stream_releases(sigma), e1, e2, event, AUDIT_RUNS, AUDIT_DELTA)
-    twin = audit(stream_releases(sigma / 2), e1, e2, event, AUDIT_RUNS, AUDIT_DELTA)
-    assert real.epsilon_lower <= claimed, real
-    assert twin.epsilon_lower > claimed, (twin, claimed)
+    bounds = {}
+    for name, scale in (("real", sigma), ("twin", sigma / 2)):
+        hits = [(stream_statistics(scale, row, AUDIT_RUNS, seed) > threshold).sum()
+                for row, seed in ((e1, 1), (e2, 2))]  # fmt: skip
+        bounds[name] = epsilon_lower_bound(*hits, AUDIT_RUNS, AUDIT_DELTA, 0.95)
+    assert bounds["real"] <= claimed, bounds
+    assert bounds["twin"] > claimed, (bounds, claimed)
 
 
 # -------------------------------------------------------------------------- the stream

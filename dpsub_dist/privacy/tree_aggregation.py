@@ -15,11 +15,13 @@ Dwork, Naor, Pitassi & Rothblum (STOC 2010) and Chan, Shi & Song (TISSEC 2011,
   in all of them). ALGORITHMS.md §8 writes ``⌈log₂ T⌉ + 1``; the two agree when ``T``
   is a power of two, and otherwise the top level's node ends after ``T``, would never
   be released, and is not kept.
-- **Privacy map**: each kept node's sum gets independent symmetric Gaussian noise
-  (:func:`release_node`) with ``σ = Δ/√(2ρ/L)``, so each node is ``ρ/L``-zCDP (Bun &
-  Steinke 2016, Prop 1.6); a row is in at most ``L`` nodes, so the whole stream of node
-  sums is ``ρ``-zCDP (Lemma 2.3). An ``(ε, δ)`` budget uses the largest ``ρ`` whose
-  Canonne–Kamath–Steinke conversion at ``δ`` is within ``ε``.
+- **Privacy map**: each kept node's sum gets independent symmetric discrete Gaussian
+  noise on a power-of-two grid (:func:`release_node`) with ``σ = Δ/√(2ρ/L)``, so each
+  node is ``ρ/L``-zCDP (Bun & Steinke 2016, Prop 1.6); a row is in at most ``L`` nodes,
+  so the whole stream of node sums is ``ρ``-zCDP (Lemma 2.3). An ``(ε, δ)`` budget
+  uses the largest ``ρ`` whose Canonne–Kamath–Steinke conversion at ``δ`` is within ``ε``.
+  The sampler widens σ to cover the rounding of the exact sum to its grid, and its values
+  are grid multiples, so sums of node values are exact (floating-point safe, CKS 2020).
 - **Release** after ``t`` batches: the sum of the ≤ L complete nodes of ``t``'s dyadic
   decomposition (post-processing).
 
@@ -128,12 +130,13 @@ def rho_for_approx_dp(epsilon: float, delta: float) -> float:
 
 
 def release_node(rng: np.random.Generator, exact: np.ndarray, sigma: float) -> np.ndarray:
-    """A closed node's noisy sum: ``exact`` plus symmetric Gaussian noise of std ``sigma``.
+    """A closed node's noisy sum: ``exact`` rounded to a power-of-two grid plus symmetric
+    discrete Gaussian noise of std ≥ ``sigma`` (floating-point safe, CKS 2020).
 
     Cost: ρ/L-zCDP per node for ``sigma = node_sigma(ρ, T)`` (sensitivity √2, see the
     module docstring); called once per node, on its exact sum, when the node closes.
     """
-    return np.asarray(exact, dtype=np.float64) + noise.symmetric_gaussian(rng, sigma, len(exact))
+    return noise.add_symmetric_gaussian(rng, exact, sigma, REPLACE_ONE_SENSITIVITY)
 
 
 @dataclass
@@ -142,6 +145,7 @@ class TreeAggregator:
 
     ``closed``: noisy sums of closed nodes (publishable; each noised exactly once).
     ``partial``: exact partial sums of open nodes — private operator state, never published.
+    Values may carry leading axes (a stack of independent streams, e.g. for audits).
     """
 
     horizon: int
@@ -154,8 +158,8 @@ class TreeAggregator:
     def add(self, value: np.ndarray, rng: np.random.Generator) -> list[Node]:
         """Add batch ``step + 1``; returns the nodes it closed (noised now, to persist)."""
         value = np.asarray(value, dtype=np.float64)
-        if value.shape != (self.dim, self.dim):
-            raise ValueError(f"expected a {self.dim}×{self.dim} matrix, got {value.shape}")
+        if value.shape[-2:] != (self.dim, self.dim):
+            raise ValueError(f"expected {self.dim}×{self.dim} matrices, got {value.shape}")
         batch = self.step + 1
         closed = []
         for node in nodes_containing(batch, self.horizon):
@@ -175,5 +179,5 @@ class TreeAggregator:
             raise ValueError(f"t must be in 0..{self.step} (got {t})")
         total = np.zeros((self.dim, self.dim))
         for node in prefix_nodes(t):
-            total += self.closed[node]
+            total = total + self.closed[node]
         return total
