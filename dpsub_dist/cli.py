@@ -524,7 +524,7 @@ def _status_json(status) -> dict:
 def cmd_stream(args: argparse.Namespace) -> int:
     import json
 
-    from dpsub_dist.estimators.online import UNTRACKED, init_stream, open_stream
+    from dpsub_dist.estimators.online import UNTRACKED, init_stream, ledger_charge, open_stream
     from dpsub_dist.io.output import check_output_dir, write_run
     from dpsub_dist.io.storage import StorageOptions
 
@@ -549,11 +549,16 @@ def cmd_stream(args: argparse.Namespace) -> int:
         if settings.ledger is None:
             print(f"warning: stream {args.state} is {UNTRACKED}", file=sys.stderr)
         else:
+            from dpsub_dist.ledger import open_ledger
+            from dpsub_dist.ledger.core import describe_budget
+
             entry = settings.ledger
+            with open_ledger(args.ledger) as book:
+                remaining = book.status(entry["dataset"])[0].remaining
             print(
-                f"reserved {_budget_text(entry['charged'])} of {entry['dataset']} in "
-                f"{entry['location']} (run id {entry['run_id']}); "
-                f"{_budget_text(entry['remaining_at_init'])} remains"
+                f"reserved {describe_budget(ledger_charge(settings))} of {entry['dataset']} "
+                f"in {entry['location']} (run id {entry['run_id']}); "
+                f"{describe_budget(remaining)} remains"
             )
         return 0
     options = StorageOptions.from_pairs(args.storage_option)
@@ -585,6 +590,13 @@ def cmd_stream(args: argparse.Namespace) -> int:
                     f"{stream.settings.rho:.6g} (epsilon={spent['epsilon']:.4g}, "
                     f"delta={spent['delta']:.3g})"
                 )
+                entry = stream.settings.ledger
+                print(
+                    f"  charged to {entry['dataset']} in ledger {entry['location']} "
+                    f"(run id {entry['run_id']})"
+                    if entry
+                    else f"  {UNTRACKED}"
+                )
             if not args.out:
                 return 0
             check_output_dir(args.out, args.overwrite, options)
@@ -593,11 +605,6 @@ def cmd_stream(args: argparse.Namespace) -> int:
             write_run(args.out, release.basis, release.manifest, args.overwrite, options)
             print(f"wrote {args.out}/basis.npy and manifest.json (step {release.step})")
     return 0
-
-
-def _budget_text(fields: dict[str, float]) -> str:
-    """'epsilon=…, delta=…' or 'rho=…, delta0=…' from a ledger entry's budget fields."""
-    return ", ".join(f"{k}={v:.6g}" for k, v in fields.items())
 
 
 COMMANDS = {

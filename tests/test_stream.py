@@ -515,6 +515,8 @@ def test_stream_init_reserves_the_horizon_budget_in_the_ledger(tmp_path, batches
                  "--delta", "1e-6"])  # fmt: skip
     assert code == 2 and not Path(other).exists()
     assert "no budget" in capsys.readouterr().err
+    assert main(["stream", "show", first]) == 0
+    assert f"charged to {dataset} in ledger {ledger}" in capsys.readouterr().out
     with open_stream(first) as stream:
         assert stream.status()["settings"]["ledger"]["dataset"] == dataset
         with pytest.raises(InputError, match="outside the dataset"):
@@ -526,6 +528,8 @@ def test_stream_without_a_ledger_says_it_is_not_tracked(tmp_path, capsys):
     init = ["stream", "init", state, "--horizon", "2", "--rank", "2", "--clip-norm", "3"]
     assert main([*init, "--epsilon", "1", "--delta", "1e-6"]) == 0
     assert "not tracked by a ledger" in capsys.readouterr().err
+    assert main(["stream", "show", state]) == 0
+    assert "not tracked by a ledger" in capsys.readouterr().out
     assert main(["stream", "init", str(tmp_path / "t.db"), "--horizon", "2", "--rank", "2",
                  "--clip-norm", "3", "--epsilon", "1", "--delta", "1e-6",
                  "--dataset", "/d"]) == 2  # fmt: skip

@@ -306,6 +306,14 @@ def init_stream(
     return settings
 
 
+def ledger_charge(settings: StreamSettings) -> ApproxDP | ZCDP:
+    """What a stream charges a grant: its whole horizon's (ε, δ), or (ρ, δ₀ = 0) — the tree
+    mechanism is ρ-zCDP with no failure probability."""
+    if settings.budget.get("epsilon") is not None:
+        return ApproxDP(settings.budget["epsilon"], settings.conversion_delta)
+    return ZCDP(settings.rho, 0.0)
+
+
 def _charge_ledger(settings: StreamSettings, location: str, dataset: str, output: str):
     """Reserve and publish the stream's whole budget against ``dataset``'s row-level grant.
 
@@ -315,10 +323,7 @@ def _charge_ledger(settings: StreamSettings, location: str, dataset: str, output
     """
     from dpsub_dist.ledger import open_ledger
 
-    if settings.budget.get("epsilon") is not None:
-        charge = ApproxDP(settings.budget["epsilon"], settings.conversion_delta)
-    else:  # the stream is ρ-zCDP with no failure probability: δ₀ = 0
-        charge = ZCDP(settings.rho, 0.0)
+    charge = ledger_charge(settings)
     key = canonical_dataset(dataset)
     run_id = f"stream-{secrets.token_hex(6)}"
     public = {k: v for k, v in asdict(settings).items() if k != "created_at"}
@@ -332,14 +337,13 @@ def _charge_ledger(settings: StreamSettings, location: str, dataset: str, output
         output=output,
     )
     with open_ledger(location) as book:
-        reservation = book.reserve(request)
+        book.reserve(request)
         entry = {
             "location": book.location,
             "dataset": key,
             "run_id": run_id,
             "privacy_unit": "row",
             "charged": budget_fields(charge),
-            "remaining_at_init": budget_fields(reservation.remaining),
         }
         settings = replace(settings, ledger=entry)
         book.publish(
