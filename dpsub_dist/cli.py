@@ -30,10 +30,10 @@ def _storage_option(text: str) -> tuple[str, str]:
     return key, value
 
 
-def add_budget_arguments(parser: argparse.ArgumentParser) -> None:
+def add_budget_arguments(parser: argparse.ArgumentParser, scope: str = "the whole run") -> None:
     """--epsilon/--delta or --rho (with --delta), shared by every private command."""
     group = parser.add_argument_group("privacy budget")
-    group.add_argument("--epsilon", type=float, help="ε of (ε, δ)-DP for the whole run")
+    group.add_argument("--epsilon", type=float, help=f"ε of (ε, δ)-DP for {scope}")
     group.add_argument("--delta", type=float, help="δ of (ε, δ)-DP (with --rho: δ of the report)")
     group.add_argument("--rho", type=float, help="ρ of ρ-zCDP instead of --epsilon")
 
@@ -404,13 +404,26 @@ def add_scheduled_commands(sub) -> None:
 
     stream = sub.add_parser("stream", help="online private PCA over a stream of batches")
     stream_sub = stream.add_subparsers(dest="stream_command", required=True)
-    s_init = stream_sub.add_parser("init", help="create a stream for a fixed horizon")
-    s_init.add_argument("state", help="stream state file to create (SQLite)")
+    s_init = stream_sub.add_parser(
+        "init",
+        help="create a stream for a fixed horizon and its whole budget",
+        description="The budget covers the stream's whole horizon: all T batches together, "
+        "not each batch. With --ledger and --dataset it is charged at once to the dataset's "
+        "grant; without them the stream is not tracked by any ledger.",
+    )
+    s_init.add_argument("state", help="stream file to create (SQLite, 0600; beside it the "
+                        "operator-only STATE.private)")  # fmt: skip
     s_init.add_argument("--horizon", type=int, required=True, help="T, batches the stream takes")
     s_init.add_argument("--rank", type=int, required=True, help="K, the subspace dimension")
     s_init.add_argument("--clip-norm", type=float, required=True, help="public row norm bound B")
     s_init.add_argument("--columns", type=_columns, help="feature columns (default: numeric)")
-    add_budget_arguments(s_init)
+    s_init.add_argument(
+        "--ledger", help="ledger file or postgresql:// URL: charge the whole budget to --dataset"
+    )
+    s_init.add_argument(
+        "--dataset", help="dataset URI as granted (dpsub budget init); batches must lie under it"
+    )
+    add_budget_arguments(s_init, "the stream's whole horizon (all T batches together)")
     s_append = stream_sub.add_parser("append", help="add one batch and release the new basis")
     s_append.add_argument("state", help="stream state file")
     s_append.add_argument("batch", help="the batch: Parquet file, folder or glob")
@@ -516,7 +529,7 @@ def _status_json(status) -> dict:
 def cmd_stream(args: argparse.Namespace) -> int:
     import json
 
-    from dpsub_dist.estimators.online import init_stream, open_stream
+    from dpsub_dist.estimators.online import UNTRACKED, init_stream, ledger_charge, open_stream
     from dpsub_dist.io.output import check_output_dir, write_run
     from dpsub_dist.io.storage import StorageOptions
 
@@ -530,12 +543,28 @@ def cmd_stream(args: argparse.Namespace) -> int:
             delta=args.delta,
             rho=args.rho,
             columns=args.columns,
+            ledger=args.ledger,
+            dataset=args.dataset,
         )
         print(
             f"created stream {args.state}: horizon {settings.horizon} batches, "
-            f"{settings.levels} tree levels, rho={settings.rho:.6g} in all, "
+            f"{settings.levels} tree levels, rho={settings.rho:.6g} for the whole horizon, "
             f"node noise sigma={settings.node_sigma:.6g}"
         )
+        if settings.ledger is None:
+            print(f"warning: stream {args.state} is {UNTRACKED}", file=sys.stderr)
+        else:
+            from dpsub_dist.ledger import open_ledger
+            from dpsub_dist.ledger.core import describe_budget
+
+            entry = settings.ledger
+            with open_ledger(args.ledger) as book:
+                remaining = book.status(entry["dataset"])[0].remaining
+            print(
+                f"reserved {describe_budget(ledger_charge(settings))} of {entry['dataset']} "
+                f"in {entry['location']} (run id {entry['run_id']}); "
+                f"{describe_budget(remaining)} remains"
+            )
         return 0
     options = StorageOptions.from_pairs(args.storage_option)
     with open_stream(args.state) as stream:
@@ -548,9 +577,12 @@ def cmd_stream(args: argparse.Namespace) -> int:
                 release = stream.append(
                     args.batch, args.batch_id, options, client, progress=not args.quiet
                 )
-            left = stream.accountant().remaining.rho
+            left, total = stream.accountant().remaining.rho, stream.settings.rho
             verb = "already appended; re-released" if release.already_appended else "appended"
-            print(f"{verb} step {release.step}/{stream.settings.horizon}: rho {left:.6g} remains")
+            print(
+                f"{verb} step {release.step}/{stream.settings.horizon}: this batch charged "
+                f"rho={release.charged_rho:.6g}; rho={left:.6g} of {total:.6g} remains"
+            )
         else:
             status = stream.status()
             if args.json:
@@ -562,6 +594,13 @@ def cmd_stream(args: argparse.Namespace) -> int:
                     f"spent rho={status['budget']['spent']['rho']:.6g} of "
                     f"{stream.settings.rho:.6g} (epsilon={spent['epsilon']:.4g}, "
                     f"delta={spent['delta']:.3g})"
+                )
+                entry = stream.settings.ledger
+                print(
+                    f"  charged to {entry['dataset']} in ledger {entry['location']} "
+                    f"(run id {entry['run_id']})"
+                    if entry
+                    else f"  {UNTRACKED}"
                 )
             if not args.out:
                 return 0

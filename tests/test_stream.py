@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from privacy_audit import audit
+from privacy_audit import epsilon_lower_bound
 
 from dpsub_dist.cli import main
 from dpsub_dist.engine.gram import clip_rows
@@ -62,6 +62,28 @@ def test_prefix_sums_are_exact_up_to_the_noise():
     assert np.allclose(tree.prefix(5), sum(values[:5]), atol=1e-6)
 
 
+def test_each_node_is_noised_once_when_it_closes_on_the_safe_grid():
+    """Horizon 4 keeps nodes [1], [1,2], [3], [1..4]: four draws, each at a node's close,
+    by the floating-point-safe sampler with the node's σ and Δ = √2; the stored sums lie
+    on that sampler's power-of-two grid."""
+    from dpsub_dist.privacy import noise
+
+    sigma, dim, rng = 0.5, 3, np.random.default_rng(2)
+    tree = TreeAggregator(horizon=4, sigma=sigma, dim=dim)
+    closed = []
+    with noise.draw_log() as draws:
+        for _ in range(4):
+            closed.append(tree.add(np.eye(dim) / 3, rng))
+    assert closed == [[(0, 0)], [(1, 0)], [(0, 2)], [(2, 0)]]
+    assert [(d.kind, d.scale, d.sensitivity, d.size) for d in draws] == [
+        ("symmetric_gaussian", sigma, math.sqrt(2), dim * (dim + 1) // 2)
+    ] * 4
+    step = noise.grid_step(sigma)
+    for value in tree.closed.values():
+        assert np.array_equal(value / step, np.rint(value / step))
+    assert tree.partial == {}
+
+
 # --------------------------------------------------------------------------- calibration
 
 
@@ -83,18 +105,16 @@ def test_rho_for_approx_dp_inverts_the_cks_conversion():
 
 
 def test_prefix_noise_has_the_calibrated_variance():
-    """Each release sums |prefix_nodes(t)| independent node noises of std σ."""
+    """Each release sums |prefix_nodes(t)| independent node noises of std σ (3000 streams
+    run side by side as one stack)."""
     sigma, draws, horizon = 2.0, 3000, 7
     rng = np.random.default_rng(1)
-    samples = np.empty((draws, horizon, 2))
-    for i in range(draws):
-        tree = TreeAggregator(horizon=horizon, sigma=sigma, dim=2)
-        for t in range(horizon):
-            tree.add(np.zeros((2, 2)), rng)
-            samples[i, t] = tree.prefix()[0, 0], tree.prefix()[0, 1]
+    tree = TreeAggregator(horizon=horizon, sigma=sigma, dim=2)
     for t in range(1, horizon + 1):
+        tree.add(np.zeros((draws, 2, 2)), rng)
+        samples = tree.prefix()[:, 0, [0, 1]]
         expected = len(prefix_nodes(t)) * sigma**2
-        assert samples[:, t - 1].var(axis=0) == pytest.approx([expected, expected], rel=0.12)
+        assert samples.var(axis=0) == pytest.approx([expected, expected], rel=0.12)
 
 
 # ------------------------------------------------------------------------ privacy audit
@@ -102,20 +122,20 @@ def test_prefix_noise_has_the_calibrated_variance():
 AUDIT_RHO, AUDIT_DELTA, AUDIT_RUNS, AUDIT_HORIZON = 0.125, 1e-3, 15_000, 4
 
 
-def stream_releases(sigma: float):
-    """The whole stream's releases: batch 1 holds one unit row, batches 2..T are empty."""
-
-    def mechanism(row: np.ndarray, rng: np.random.Generator) -> float:
-        tree = TreeAggregator(horizon=AUDIT_HORIZON, sigma=sigma, dim=2)
-        statistic = 0.0
-        for t in range(1, AUDIT_HORIZON + 1):
-            tree.add(np.outer(row, row) if t == 1 else np.zeros((2, 2)), rng)
-            if t in (1, 2, 4):  # the releases whose nodes hold batch 1: [1], [1,2], [1,4]
-                release = tree.prefix()
-                statistic += release[0, 0] - release[1, 1]
-        return statistic
-
-    return mechanism
+def stream_statistics(sigma: float, row: np.ndarray, runs: int, seed: int) -> np.ndarray:
+    """The likelihood-ratio statistic of ``runs`` independent streams (one stack) whose
+    batch 1 holds one unit row and batches 2..T are empty: the sum over the releases whose
+    nodes hold batch 1 ([1], [1,2], [1..4]) of their (0,0) − (1,1) entries."""
+    rng = np.random.default_rng(seed)  # the audit's own, reproducible generator
+    tree = TreeAggregator(horizon=AUDIT_HORIZON, sigma=sigma, dim=2)
+    statistic = np.zeros(runs)
+    for t in range(1, AUDIT_HORIZON + 1):
+        batch = np.outer(row, row) if t == 1 else np.zeros((2, 2))
+        tree.add(np.broadcast_to(batch, (runs, 2, 2)), rng)
+        if t in (1, 2, 4):
+            release = tree.prefix()
+            statistic += release[:, 0, 0] - release[:, 1, 1]
+    return statistic
 
 
 def test_audit_tree_noise_and_catch_an_under_noised_twin():
@@ -128,15 +148,14 @@ def test_audit_tree_noise_and_catch_an_under_noised_twin():
     # The statistic is ±L (e₁ / e₂) plus noise of std σ√(2L); the twin's std is half that.
     # Its threshold sits 2.5 twin stds above 0: P(twin, e₂) = Φ̄(3), P(twin, e₁) = Φ̄(2).
     threshold = 1.25 * sigma * math.sqrt(2 * levels)
-
-    def event(statistic: float) -> bool:
-        return statistic > threshold
-
     e1, e2 = np.array([1.0, 0.0]), np.array([0.0, 1.0])
-    real = audit(stream_releases(sigma), e1, e2, event, AUDIT_RUNS, AUDIT_DELTA)
-    twin = audit(stream_releases(sigma / 2), e1, e2, event, AUDIT_RUNS, AUDIT_DELTA)
-    assert real.epsilon_lower <= claimed, real
-    assert twin.epsilon_lower > claimed, (twin, claimed)
+    bounds = {}
+    for name, scale in (("real", sigma), ("twin", sigma / 2)):
+        hits = [(stream_statistics(scale, row, AUDIT_RUNS, seed) > threshold).sum()
+                for row, seed in ((e1, 1), (e2, 2))]  # fmt: skip
+        bounds[name] = epsilon_lower_bound(*hits, AUDIT_RUNS, AUDIT_DELTA, 0.95)
+    assert bounds["real"] <= claimed, bounds
+    assert bounds["twin"] > claimed, (bounds, claimed)
 
 
 # -------------------------------------------------------------------------- the stream
@@ -182,34 +201,59 @@ def test_stream_spends_the_horizon_budget_and_converges(tmp_path, batches, dask_
     assert errors[-1] < 0.04 and errors[-1] < errors[0] and max(errors) < 0.2, errors
 
 
-def test_state_holds_only_noisy_sums_and_reappend_is_idempotent(tmp_path, batches, dask_client):
+def published_nodes(state: str) -> dict[tuple[int, int], np.ndarray]:
+    """The node sums the (published) stream file holds."""
+    return _nodes(state, "SELECT level, idx, noisy_sum FROM dpsub_stream_nodes")
+
+
+def private_nodes(state: str) -> dict[tuple[int, int], np.ndarray]:
+    """The open nodes' exact sums in the operator-only file beside it."""
+    return _nodes(state + ".private", "SELECT level, idx, exact_sum FROM dpsub_stream_open_nodes")
+
+
+def _nodes(path: str, query: str) -> dict[tuple[int, int], np.ndarray]:
+    from dpsub_dist.ledger.core import decode_array
+
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute(query).fetchall()
+    return {(level, idx): decode_array(blob) for level, idx, blob in rows}
+
+
+def test_state_holds_only_closed_noisy_sums_and_reappend_is_idempotent(
+    tmp_path, batches, dask_client
+):
     files, _ = batches
     state = str(tmp_path / "stream.db")
     settings = init_stream(state, horizon=8, rank=2, clip_norm=3.0, rho=0.05, delta=1e-6)
+    grams = [exact_gram(path, 3.0) for path in files]
+    noises = []
     with open_stream(state) as stream:
         first = stream.append(files[0], batch_id="day-1", client=dask_client)
         again = stream.append(files[0], batch_id="day-1", client=dask_client)
         assert again.already_appended and np.array_equal(again.basis, first.basis)
         assert stream.status()["step"] == 1
         assert stream.accountant().spent.rho == pytest.approx(settings.rho / settings.levels)
+        # node [1] closed, was released, and no later release needs it; the open nodes'
+        # exact sums are only in the private file
+        assert published_nodes(state) == {}
+        opened = private_nodes(state)
+        assert set(opened) == set(nodes_containing(1, 8)) - {(0, 0)} == {(1, 0), (2, 0), (3, 0)}
+        assert all(np.allclose(v, grams[0]) for v in opened.values())
+        stream.append(files[1], batch_id="day-2", client=dask_client)
+        assert set(published_nodes(state)) == {(1, 0)}  # [1,2] closed: noised once, now
+        noises.append(published_nodes(state)[(1, 0)] - grams[0] - grams[1])
+        for day, path in enumerate(files[2:], start=3):
+            stream.append(path, batch_id=f"day-{day}", client=dask_client)
+        assert set(published_nodes(state)) == {(2, 0)}
+        noises.append(published_nodes(state)[(2, 0)] - sum(grams))
+        assert set(private_nodes(state)) == {(3, 0)}
+        assert np.allclose(private_nodes(state)[(3, 0)], sum(grams))
     with sqlite3.connect(state) as conn:
-        stored = dict(
-            ((level, idx), blob)
-            for level, idx, blob in conn.execute(
-                "SELECT level, idx, noisy_sum FROM dpsub_stream_nodes"
-            )
-        )
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    # node [1] was released at step 1 and no later release needs it; the open nodes remain
-    assert set(stored) == set(nodes_containing(1, 8)) - {(0, 0)} == {(1, 0), (2, 0), (3, 0)}
-    assert not any("row" in t for t in tables)
-    from dpsub_dist.ledger.core import decode_array
-
-    exact = exact_gram(files[0], 3.0)
-    noises = [decode_array(blob) - exact for blob in stored.values()]
+    assert not any("row" in t or "open" in t or "files" in t for t in tables), tables
     assert all(np.allclose(n, n.T) for n in noises)
-    upper = np.concatenate([n[np.triu_indices(10)] for n in noises])  # 3 × 55 noise draws
-    assert 0.8 * settings.node_sigma < upper.std() < 1.2 * settings.node_sigma
+    upper = np.concatenate([n[np.triu_indices(10)] for n in noises])  # 2 × 55 noise draws
+    assert 0.75 * settings.node_sigma < upper.std() < 1.25 * settings.node_sigma
     assert abs(upper.mean()) < 4 * settings.node_sigma / math.sqrt(upper.size)
 
 
@@ -317,3 +361,214 @@ def test_an_append_racing_another_adds_nothing(tmp_path, batches, dask_client, m
     with open_stream(state) as stream:
         assert [b.batch_id for b in stream.batches()] == ["other"]
         assert stream.append(files[0], batch_id="mine", client=dask_client).step == 2
+
+
+# ------------------------------------------------- published state, batch identity, ledger
+
+
+def test_two_snapshots_around_an_append_do_not_reveal_the_batch(tmp_path, batches, dask_client):
+    """An observer of the stream file before and after an append subtracts every pair of node
+    sums: none may equal the appended batch's exact Gram matrix (today an open node's noise was
+    drawn at its first batch and reused, so the difference of its two snapshots was exact)."""
+    files, _ = batches
+    state = str(tmp_path / "stream.db")
+    settings = init_stream(state, horizon=4, rank=2, clip_norm=3.0, rho=0.5, delta=1e-6)
+    snapshots = [published_nodes(state)]
+    with open_stream(state) as stream:
+        for step, path in enumerate(files, start=1):
+            stream.append(path, batch_id=f"day-{step}", client=dask_client)
+            snapshots.append(published_nodes(state))
+    margin = settings.node_sigma  # the noise per entry; a leak would match to rounding
+    for step, path in enumerate(files, start=1):
+        gram = exact_gram(path, 3.0)
+        for before in snapshots[step - 1].values():
+            for after in snapshots[step].values():
+                assert np.abs(after - before - gram).max() > margin
+    # only closed nodes are in the published file
+    for step, nodes in enumerate(snapshots):
+        assert all(node_span(n)[1] <= step for n in nodes), (step, nodes.keys())
+    # and the stored node holding batches 1..2 is noisy, not an exact sum
+    two = snapshots[2][(1, 0)] - exact_gram(files[0], 3.0) - exact_gram(files[1], 3.0)
+    assert np.abs(two).max() > margin
+
+
+def test_stream_files_are_created_private(tmp_path, batches, dask_client):
+    files, _ = batches
+    state = tmp_path / "stream.db"
+    init_stream(str(state), horizon=2, rank=2, clip_norm=3.0, rho=0.5, delta=1e-6)
+    with open_stream(str(state)) as stream:
+        stream.append(files[0], client=dask_client)
+    made = [p for p in tmp_path.iterdir() if p.name.startswith("stream.db")]
+    assert state in made
+    for path in made:
+        assert path.stat().st_mode & 0o777 == 0o600, (path, oct(path.stat().st_mode))
+
+
+def test_one_file_under_other_names_is_refused_and_charges_nothing(
+    tmp_path, batches, scheduler_address, capsys, monkeypatch
+):
+    """The same file appended as ./x.parquet, by a symlink, by a copy's batch id or inside a
+    folder is refused with exit 2 before anything is read; re-appending the same batch id
+    re-releases it for free."""
+    import shutil
+
+    files, _ = batches
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(files[0], data / "x.parquet")
+    (data / "link.parquet").symlink_to(data / "x.parquet")
+    monkeypatch.chdir(data)
+    state = str(tmp_path / "s.db")
+    common = ["--scheduler", scheduler_address, "--quiet"]
+    init = ["stream", "init", state, "--horizon", "4", "--rank", "2", "--clip-norm", "3"]
+    assert main([*init, "--rho", "1", "--delta", "1e-6"]) == 0
+    assert main(["stream", "append", state, str(data / "x.parquet"), *common]) == 0
+    capsys.readouterr()
+    assert main(["stream", "append", state, "./x.parquet", *common]) == 0  # same id: free
+    assert "already appended" in capsys.readouterr().out
+    for spelling, batch_id in [
+        ("./x.parquet", "other-id"),
+        (str(data / "x.parquet"), "renamed"),
+        (str(data / "link.parquet"), None),
+        (str(data / "link.parquet"), "day-2"),
+        (str(data / "*.parquet"), "glob"),
+    ]:
+        extra = ["--batch-id", batch_id] if batch_id else []
+        assert main(["stream", "append", state, spelling, *extra, *common]) == 2, spelling
+        err = capsys.readouterr().err
+        assert "already in this stream" in err, err
+    with open_stream(state) as stream:
+        assert stream.status()["step"] == 1
+        assert stream.accountant().spent.rho == pytest.approx(spent_rho(1, 1.0, 4))
+
+
+def test_a_file_twice_in_one_batch_is_refused(tmp_path, batches, dask_client):
+    import shutil
+
+    files, _ = batches
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(files[0], data / "a.parquet")
+    (data / "b.parquet").symlink_to(data / "a.parquet")
+    state = str(tmp_path / "s.db")
+    init_stream(state, horizon=2, rank=2, clip_norm=3.0, rho=0.5, delta=1e-6)
+    with open_stream(state) as stream, pytest.raises(InputError, match="twice in this batch"):
+        stream.append(str(data), client=dask_client)
+
+
+def test_an_object_copied_to_another_key_is_refused_by_its_etag(tmp_path, batches, dask_client):
+    """On object storage a batch's files are identified by key, size and ETag (no read)."""
+    import shutil
+
+    from s3server import s3_server, upload
+
+    files, _ = batches
+    local = tmp_path / "days"
+    local.mkdir()
+    for name, source in [("a", files[0]), ("b", files[0]), ("c", files[1])]:
+        shutil.copy(source, local / f"{name}.parquet")
+    state = str(tmp_path / "s.db")
+    init_stream(state, horizon=4, rank=2, clip_norm=3.0, rho=1.0, delta=1e-6)
+    (tmp_path / "moto").mkdir()
+    with s3_server(tmp_path / "moto") as s3:
+        upload(s3, local, "s3://data/days")
+        options = s3.storage_options()
+        with open_stream(state) as stream:
+            stream.append("s3://data/days/a.parquet", storage_options=options, client=dask_client)
+            with pytest.raises(InputError, match="already in this stream .*same bytes"):
+                stream.append("s3://data/days/b.parquet", "b", options, dask_client)
+            assert stream.append("s3://data/days/c.parquet", "c", options, dask_client).step == 2
+    with sqlite3.connect(state + ".private") as conn:
+        stored = conn.execute(
+            "SELECT path, content FROM dpsub_stream_files ORDER BY step"
+        ).fetchall()
+    assert [p for p, _ in stored] == ["s3://data/days/a.parquet", "s3://data/days/c.parquet"]
+    assert all(c.startswith("etag:") for _, c in stored), stored
+    with sqlite3.connect(state) as conn:  # the published file holds no file identity
+        assert "etag" not in " ".join(str(r) for r in conn.iterdump()).lower()
+
+
+def test_stream_init_reserves_the_horizon_budget_in_the_ledger(tmp_path, batches, capsys):
+    """A dataset granted ε can be streamed once at ε, not twice with independent budgets."""
+    files, _ = batches
+    dataset = str(Path(files[0]).parent)
+    ledger = str(tmp_path / "ledger.db")
+    grant = ["budget", "init", "--ledger", ledger, "--dataset", dataset]
+    assert main([*grant, "--epsilon", "1", "--delta", "1e-6"]) == 0
+    init = ["--horizon", "4", "--rank", "2", "--clip-norm", "3", "--ledger", ledger]
+    first = str(tmp_path / "first.db")
+    assert main(["stream", "init", first, *init, "--dataset", dataset, "--epsilon", "0.75",
+                 "--delta", "1e-6"]) == 0  # fmt: skip
+    assert "reserved epsilon=0.75" in capsys.readouterr().out
+    second = str(tmp_path / "second.db")
+    code = main(["stream", "init", second, *init, "--dataset", dataset, "--epsilon", "0.75",
+                 "--delta", "1e-6"])  # fmt: skip
+    assert code == 4
+    assert "budget refused" in capsys.readouterr().err
+    assert not Path(second).exists() and not list(tmp_path.glob("second.db*"))
+    assert main(["budget", "show", "--ledger", ledger, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)[0]
+    assert shown["remaining"]["epsilon"] == pytest.approx(0.25)
+    # a dataset without a grant, or a batch outside the granted dataset: exit 2, nothing made
+    other = str(tmp_path / "other.db")
+    code = main(["stream", "init", other, *init, "--dataset", str(tmp_path), "--epsilon", "0.1",
+                 "--delta", "1e-6"])  # fmt: skip
+    assert code == 2 and not Path(other).exists()
+    assert "no budget" in capsys.readouterr().err
+    assert main(["stream", "show", first]) == 0
+    assert f"charged to {dataset} in ledger {ledger}" in capsys.readouterr().out
+    with open_stream(first) as stream:
+        assert stream.status()["settings"]["ledger"]["dataset"] == dataset
+        with pytest.raises(InputError, match="outside the dataset"):
+            stream.append(str(tmp_path / "ledger.db"))
+
+
+def test_stream_without_a_ledger_says_it_is_not_tracked(tmp_path, capsys):
+    state = str(tmp_path / "s.db")
+    init = ["stream", "init", state, "--horizon", "2", "--rank", "2", "--clip-norm", "3"]
+    assert main([*init, "--epsilon", "1", "--delta", "1e-6"]) == 0
+    assert "not tracked by a ledger" in capsys.readouterr().err
+    assert main(["stream", "show", state]) == 0
+    assert "not tracked by a ledger" in capsys.readouterr().out
+    assert main(["stream", "init", str(tmp_path / "t.db"), "--horizon", "2", "--rank", "2",
+                 "--clip-norm", "3", "--epsilon", "1", "--delta", "1e-6",
+                 "--dataset", "/d"]) == 2  # fmt: skip
+    assert "--dataset needs --ledger" in capsys.readouterr().err
+
+
+def test_stream_messages_describe_the_horizon_and_each_charge(
+    tmp_path, batches, scheduler_address, capsys
+):
+    files, _ = batches
+    with pytest.raises(SystemExit):
+        main(["stream", "init", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "whole horizon" in help_text and "for the whole run" not in help_text
+    state = str(tmp_path / "s.db")
+    init = ["stream", "init", state, "--horizon", "4", "--rank", "2", "--clip-norm", "3"]
+    assert main([*init, "--rho", "1", "--delta", "1e-6"]) == 0
+    common = ["--scheduler", scheduler_address, "--quiet"]
+    capsys.readouterr()
+    assert main(["stream", "append", state, files[0], *common]) == 0
+    out = capsys.readouterr().out
+    charged = spent_rho(1, 1.0, 4)
+    assert f"charged rho={charged:.6g}" in out and f"rho={1 - charged:.6g} of 1 remains" in out
+
+
+def test_a_stream_without_its_private_file_takes_no_batch(tmp_path, batches, dask_client):
+    """The open nodes' exact sums live only in STATE.private: without it (or with another
+    stream's) an append stops before reading (exit 2); show still works."""
+    files, _ = batches
+    state, other = str(tmp_path / "s.db"), str(tmp_path / "o.db")
+    for path in (state, other):
+        init_stream(path, horizon=4, rank=2, clip_norm=3.0, rho=1.0, delta=1e-6)
+    with open_stream(state) as stream:
+        stream.append(files[0], client=dask_client)
+    Path(state + ".private").unlink()
+    with open_stream(state) as stream:
+        with pytest.raises(InputError, match="private file of stream .* is missing"):
+            stream.append(files[1], client=dask_client)
+        assert stream.status()["step"] == 1
+    Path(other + ".private").rename(state + ".private")
+    with open_stream(state) as stream, pytest.raises(InputError, match="not the private file"):
+        stream.append(files[1], client=dask_client)

@@ -13,19 +13,29 @@ Privacy unit: a row, with neighbours that replace one row's values in one batch
 (batch sizes are public). User-level privacy is not offered: a user's rows in
 different batches could not be scaled jointly without keeping per-user state.
 
-The state file (SQLite, one transaction per append) holds the settings, the noisy
-d×d sums of the tree nodes that later releases still need (at most two per level),
-the appended batches and every released basis with its manifest — never rows or
-exact sums. The released bases are ρ-zCDP over the whole stream. Keep the state
-file private all the same, like the ledger: a node's noise is drawn once when the
-node opens, so two copies of the file taken before and after an append differ by
-that batch's exact Gram matrix in the still-open nodes.
+Two files hold a stream, both created owner-only (0600):
+
+- the **stream file** (SQLite, one transaction per append) holds the settings, the
+  noisy d×d sums of *closed* tree nodes that later releases still need, the appended
+  batches (id, URI, row count, charge) and every released basis with its manifest. It
+  is covered by the stream's (ε, δ) claim, like the releases: every node sum in it was
+  noised once, when the node closed, and is never changed again.
+- the **private file** (``<stream file>.private``, attached to the same transactions)
+  holds operator-only state: the exact partial sums of open nodes, which their noise
+  is added to when they close, and each batch's file identity (real path, size, ETag
+  or SHA-256), used to refuse a file that is already in the stream. Never publish it.
+
+With ``ledger``/``dataset`` at init, the stream's whole budget (every batch up to the
+horizon) is charged at once against the dataset's grant; see docs/privacy-streams.md.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
+import secrets
 import time
 from dataclasses import asdict, astuple, dataclass, replace
 from pathlib import Path
@@ -36,23 +46,27 @@ import numpy as np
 from dpsub_dist.engine.gram import compute_gram
 from dpsub_dist.engine.sources import parquet_dataset
 from dpsub_dist.errors import BudgetRefused, InputError
+from dpsub_dist.io.parquet import list_parquet_files
+from dpsub_dist.io.storage import StorageOptions, filesystem, is_local, with_protocol
 from dpsub_dist.job import versions
 from dpsub_dist.ledger.core import (
     LedgerError,
     LedgerUnavailable,
+    RunRequest,
+    budget_fields,
     canonical_dataset,
     check_run_id,
     decode_array,
     encode_array,
+    fingerprint,
     now_utc,
 )
 from dpsub_dist.ledger.sqlite import connect_sqlite, sqlite_transaction
 from dpsub_dist.linalg import top_eigenvectors
-from dpsub_dist.privacy.accountant import ZCDP, Accountant, parse_budget
+from dpsub_dist.privacy.accountant import ZCDP, Accountant, ApproxDP, parse_budget
 from dpsub_dist.privacy.noise import noise_rng
 from dpsub_dist.privacy.tree_aggregation import (
     REPLACE_ONE_SENSITIVITY,
-    Node,
     TreeAggregator,
     last_use,
     node_sigma,
@@ -64,8 +78,11 @@ from dpsub_dist.privacy.tree_aggregation import (
 )
 
 APPLICATION = "dpsub_dist online PCA stream"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: closed nodes only in the stream file, open ones in the private file
 MAX_HORIZON = 2**20
+PRIVATE_SUFFIX = ".private"
+UNTRACKED = "not tracked by a ledger: this stream's budget is charged to no grant"
+CHUNK_BYTES = 1 << 22
 
 _SCHEMA = [
     "CREATE TABLE dpsub_stream_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -76,7 +93,74 @@ _SCHEMA = [
     "appended_at TEXT NOT NULL)",
     "CREATE TABLE dpsub_stream_releases (step INTEGER PRIMARY KEY, basis BLOB NOT NULL, "
     "manifest TEXT NOT NULL)",
+    # operator-only, in the attached private file
+    "CREATE TABLE private.dpsub_stream_private_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE private.dpsub_stream_open_nodes (level INTEGER NOT NULL, idx INTEGER NOT NULL, "
+    "exact_sum BLOB NOT NULL, PRIMARY KEY (level, idx))",
+    "CREATE TABLE private.dpsub_stream_files (step INTEGER NOT NULL, path TEXT NOT NULL, "
+    "size INTEGER NOT NULL, content TEXT NOT NULL)",
 ]
+
+
+def private_path(path: str) -> str:
+    """The operator-only file beside a stream file (exact open-node sums, file identities)."""
+    return f"{path}{PRIVATE_SUFFIX}"
+
+
+@dataclass(frozen=True, order=True)
+class BatchFile:
+    """One input file's identity (operator-only): real location, size, ETag or SHA-256."""
+
+    path: str
+    size: int
+    content: str
+
+
+def file_identity(name: str, storage_options: dict[str, Any] | None = None) -> BatchFile:
+    """Identity of a listed file: symlinks and spellings resolved; the object's ETag, else
+    the SHA-256 of its bytes (runs where the file is readable: on a worker)."""
+    fs, path = filesystem(name, storage_options)
+    try:
+        info = fs.info(path)
+        etag = info.get("ETag") or info.get("etag")
+        if etag:
+            content = f"etag:{str(etag).strip(chr(34))}"
+        else:
+            digest = hashlib.sha256()
+            with fs.open(path, "rb") as handle:
+                while chunk := handle.read(CHUNK_BYTES):
+                    digest.update(chunk)
+            content = f"sha256:{digest.hexdigest()}"
+    except OSError as err:
+        raise InputError(f"cannot read input file {name} to identify it: {err}") from None
+    where = os.path.realpath(path) if is_local(name) else canonical_dataset(with_protocol(fs, path))
+    return BatchFile(where, int(info.get("size") or 0), content)
+
+
+def batch_files(
+    uri: str, storage_options: dict[str, Any] | None, client: Any | None
+) -> list[BatchFile]:
+    """The identities of a batch's files, listed on the driver and hashed on the workers."""
+    storage_options = StorageOptions.wrap(storage_options)  # redacted in task keys and reprs
+    names = list_parquet_files(uri, storage_options)
+    if client is None:
+        return sorted(file_identity(n, storage_options) for n in names)
+    futures = client.map(file_identity, names, storage_options=storage_options, pure=False)
+    return sorted(client.gather(futures))
+
+
+def _create_owner_only(path: Path) -> None:
+    """Create an empty file readable and writable by its owner only (0600), or InputError."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        raise InputError(f"stream state {path} already exists: choose a new path") from None
+    except OSError as err:
+        raise InputError(f"cannot create stream state {path}: {err}") from None
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -94,6 +178,7 @@ class StreamSettings:
     sensitivity: float
     created_at: str
     columns: list[str] | None = None  # fixed by init or by the first batch
+    ledger: dict[str, Any] | None = None  # where the whole budget was charged; None: untracked
 
 
 @dataclass(frozen=True)
@@ -114,6 +199,7 @@ class StreamRelease:
     basis: np.ndarray
     manifest: dict[str, Any]
     already_appended: bool = False
+    charged_rho: float = 0.0  # what this append charged (0 for a re-release)
 
 
 def _check_settings(horizon: int, rank: int, clip_norm: float) -> None:
@@ -140,18 +226,35 @@ def init_stream(
     delta: float | None = None,
     rho: float | None = None,
     columns: list[str] | None = None,
+    ledger: str | None = None,
+    dataset: str | None = None,
 ) -> StreamSettings:
-    """Create a stream state file for ``horizon`` batches and the whole stream's budget.
+    """Create a stream's two files (0600) for ``horizon`` batches and its whole budget.
 
     (ε, δ): the stream runs at the largest ρ whose CKS conversion at δ is within ε.
     (ρ, δ): ρ-zCDP, reported as (ε, δ)-DP with the CKS conversion at δ.
+    ``ledger`` and ``dataset``: the whole budget — (ε, δ), or (ρ, δ₀ = 0) — is reserved
+    and published at once against the dataset's row-level grant before any file is made
+    (LedgerError, exit 2: no grant; BudgetRefused, exit 4: not enough left). Without them
+    the stream is not tracked by any ledger.
     """
     _check_settings(horizon, rank, clip_norm)
     parse_budget(epsilon, delta, rho)  # validates (InputError, exit 2)
+    if (ledger is None) != (dataset is None):
+        raise InputError(
+            "--dataset needs --ledger (and --ledger needs --dataset): pass both to charge the "
+            "stream's whole budget to the dataset's grant, or neither for an untracked stream"
+        )
     # rank < D is checked at each append, before any row is read: a named column may be a
     # vector column whose width only the footers tell.
-    if Path(path).exists():
-        raise InputError(f"stream state {path} already exists: choose a new path")
+    files = [Path(path), Path(private_path(path))]
+    for file in files:
+        if file.exists() or file.is_symlink():
+            raise InputError(f"stream state {file} already exists: choose a new path")
+    if not files[0].parent.is_dir():
+        raise InputError(f"parent folder of {path} does not exist: create it first")
+    if not os.access(files[0].parent, os.W_OK):
+        raise InputError(f"cannot create files in {files[0].parent}: choose a writable folder")
     total_rho = rho if rho is not None else rho_for_approx_dp(float(epsilon), float(delta))
     values = {"epsilon": epsilon} if epsilon is not None else {"rho": rho}
     settings = StreamSettings(
@@ -167,21 +270,98 @@ def init_stream(
         created_at=now_utc(),
         columns=list(columns) if columns else None,
     )
-    conn, _ = _connect(path, create=True)
+    if ledger is not None:
+        settings = _charge_ledger(settings, ledger, str(dataset), str(files[0].resolve()))
+    stream_id = secrets.token_hex(16)
+    made: list[Path] = []
     try:
-        with sqlite_transaction(conn, path, write=True) as execute:
-            for statement in _SCHEMA:
-                execute(statement)
-            meta = {
-                "application": APPLICATION,
-                "schema_version": str(SCHEMA_VERSION),
-                "settings": json.dumps(asdict(settings)),
-            }
-            for key, value in meta.items():
-                execute("INSERT INTO dpsub_stream_meta (key, value) VALUES (?, ?)", (key, value))
-    finally:
-        conn.close()
+        for file in files:
+            _create_owner_only(file)
+            made.append(file)
+        conn, _ = _connect(path, create=True)
+        try:
+            _attach_private(conn, path)
+            with sqlite_transaction(conn, path, write=True) as execute:
+                for statement in _SCHEMA:
+                    execute(statement)
+                meta = {
+                    "application": APPLICATION,
+                    "schema_version": str(SCHEMA_VERSION),
+                    "settings": json.dumps(asdict(settings)),
+                }
+                for key, value in [*meta.items(), ("stream_id", stream_id)]:
+                    execute(
+                        "INSERT INTO dpsub_stream_meta (key, value) VALUES (?, ?)", (key, value)
+                    )
+                execute(
+                    "INSERT INTO private.dpsub_stream_private_meta (key, value) VALUES (?, ?)",
+                    ("stream_id", stream_id),
+                )
+        finally:
+            conn.close()
+    except BaseException:
+        for file in made:  # nothing was read: leave no half-made stream behind
+            file.unlink(missing_ok=True)
+        raise
     return settings
+
+
+def ledger_charge(settings: StreamSettings) -> ApproxDP | ZCDP:
+    """What a stream charges a grant: its whole horizon's (ε, δ), or (ρ, δ₀ = 0) — the tree
+    mechanism is ρ-zCDP with no failure probability."""
+    if settings.budget.get("epsilon") is not None:
+        return ApproxDP(settings.budget["epsilon"], settings.conversion_delta)
+    return ZCDP(settings.rho, 0.0)
+
+
+def _charge_ledger(settings: StreamSettings, location: str, dataset: str, output: str):
+    """Reserve and publish the stream's whole budget against ``dataset``'s row-level grant.
+
+    The charge is the horizon's total, so every later append is already paid for: the
+    stream never spends more than the grant allowed it, and a second stream on the same
+    dataset is charged again (exit 4 when the grant cannot pay for it).
+    """
+    from dpsub_dist.ledger import open_ledger
+
+    charge = ledger_charge(settings)
+    key = canonical_dataset(dataset)
+    run_id = f"stream-{secrets.token_hex(6)}"
+    public = {k: v for k, v in asdict(settings).items() if k != "created_at"}
+    request = RunRequest(
+        dataset=key,
+        unit="row",
+        run_id=run_id,
+        charge=charge,
+        job_fingerprint=fingerprint({"stream": public}),
+        input_fingerprint=None,
+        output=output,
+    )
+    with open_ledger(location) as book:
+        book.reserve(request)
+        entry = {
+            "location": book.location,
+            "dataset": key,
+            "run_id": run_id,
+            "privacy_unit": "row",
+            "charged": budget_fields(charge),
+        }
+        settings = replace(settings, ledger=entry)
+        book.publish(
+            key, run_id, "stream", json.dumps({"stream": output, **asdict(settings)}), None
+        )
+    return settings
+
+
+def _attach_private(conn, path: str) -> None:
+    """Attach the private file to ``conn`` (one transaction spans both files)."""
+    private = private_path(path)
+    if not Path(private).is_file():
+        raise LedgerError(
+            f"the private file of stream {path} is missing ({private}): it holds the open tree "
+            "nodes' exact sums, so the stream cannot take more batches without it; restore it "
+            "from a backup"
+        )
+    conn.execute("ATTACH DATABASE ? AS private", (private,))
 
 
 def _connect(path: str, create: bool):
@@ -201,6 +381,7 @@ class Stream:
     def __init__(self, path: str) -> None:
         self.path = path
         self._conn, _ = _connect(path, create=False)
+        self._private = False
         try:
             self.settings = self._read_settings()
         except BaseException:
@@ -242,18 +423,52 @@ class Stream:
             )
         return [StreamBatch(*r) for r in rows]
 
-    def _aggregator(self, execute, step: int, dim: int, nodes: list[Node]) -> TreeAggregator:
-        """The tree after ``step`` batches, holding only ``nodes`` (those that exist)."""
-        sums = {}
-        for level, idx in nodes:
+    def _attach_private(self) -> None:
+        """Attach the operator-only file (once), checking it belongs to this stream."""
+        if self._private:
+            return
+        _attach_private(self._conn, self.path)
+        self._private = True
+        with sqlite_transaction(self._conn, self.path, write=False) as execute:
+            mine = execute("SELECT value FROM dpsub_stream_meta WHERE key = 'stream_id'")
+            theirs = execute(
+                "SELECT value FROM private.dpsub_stream_private_meta WHERE key = 'stream_id'"
+            )
+        if not mine or mine != theirs:
+            raise LedgerError(
+                f"{private_path(self.path)} is not the private file of stream {self.path}: "
+                "restore the file made with it by dpsub stream init"
+            )
+
+    def _files(self) -> dict[int, list[BatchFile]]:
+        """Each appended step's file identities (operator-only)."""
+        self._attach_private()
+        with sqlite_transaction(self._conn, self.path, write=False) as execute:
+            rows = execute("SELECT step, path, size, content FROM private.dpsub_stream_files")
+        out: dict[int, list[BatchFile]] = {}
+        for step, *identity in rows:
+            out.setdefault(step, []).append(BatchFile(*identity))
+        return {step: sorted(files) for step, files in out.items()}
+
+    def _aggregator(self, execute, step: int, dim: int) -> TreeAggregator:
+        """The tree after ``step`` batches, holding what batch ``step + 1`` needs: the closed
+        nodes of its prefix and the exact partial sums of the open nodes it enters."""
+        closed, partial = {}, {}
+        for node in prefix_nodes(step + 1):
             rows = execute(
-                "SELECT noisy_sum FROM dpsub_stream_nodes WHERE level = ? AND idx = ?",
-                (level, idx),
+                "SELECT noisy_sum FROM dpsub_stream_nodes WHERE level = ? AND idx = ?", node
             )
             if rows:
-                sums[(level, idx)] = decode_array(rows[0][0])
+                closed[node] = decode_array(rows[0][0])
+        for node in nodes_containing(step + 1, self.settings.horizon):
+            rows = execute(
+                "SELECT exact_sum FROM private.dpsub_stream_open_nodes WHERE level = ? AND idx = ?",
+                node,
+            )
+            if rows:
+                partial[node] = decode_array(rows[0][0])
         s = self.settings
-        return TreeAggregator(s.horizon, s.node_sigma, dim, step=step, sums=sums)
+        return TreeAggregator(s.horizon, s.node_sigma, dim, step, closed, partial)
 
     def accountant(self) -> Accountant:
         """The stream's accountant, charged with every append so far."""
@@ -325,6 +540,7 @@ class Stream:
                 "Gaussian noise per node with rho/L (DTTZ14 §4)",
                 "sensitivity": s.sensitivity,
                 "budget": _accountant(s, upto).report(),
+                "ledger": s.ledger or UNTRACKED,
             },
             "versions": versions(),
         }
@@ -341,23 +557,35 @@ class Stream:
     ) -> StreamRelease:
         """Read one batch on the workers, add its noisy contribution, release the new basis.
 
-        Appending a batch id that is already in the stream releases that step again
-        and changes nothing. The horizon is checked before any data is read.
+        Appending a batch id that is already in the stream, with the same files, releases
+        that step again and changes nothing. Before any row is read (InputError, exit 2,
+        nothing charged): a batch outside the ledger's dataset, a batch id reused for other
+        files, and any file already in the stream (by real path or by size and ETag/SHA-256)
+        or twice in this batch; then the horizon (BudgetRefused, exit 4).
         """
         started = time.monotonic()
         batch_id = check_run_id(batch_id) if batch_id else canonical_dataset(uri)
+        s = self.settings
+        self._check_in_dataset(uri)
         batches = self.batches()
         seen = next((b for b in batches if b.batch_id == batch_id), None)
+        known = self._files()
         if seen is not None:
+            if known.get(seen.step) != batch_files(uri, storage_options, client):
+                raise InputError(
+                    f"batch id {batch_id} was appended at step {seen.step} from other files (or "
+                    "they changed since): give this batch its own --batch-id"
+                )
             again = self.release(seen.step)
             return StreamRelease(again.step, again.basis, again.manifest, already_appended=True)
-        s = self.settings
         step = len(batches)
         if step >= s.horizon:
             raise BudgetRefused(
                 f"stream {self.path} has taken all {s.horizon} batches of its horizon and spent "
                 f"its whole budget (rho={s.rho:.6g}): start a new stream with dpsub stream init"
             )
+        files = batch_files(uri, storage_options, client)
+        _check_new_files(uri, files, known, {b.step: b.batch_id for b in batches})
         dataset = parquet_dataset(uri, s.columns, None, storage_options or {}, client)
         if s.columns is not None and dataset.columns != s.columns:
             raise InputError(
@@ -390,30 +618,25 @@ class Stream:
                     f"another append changed stream {self.path} while this batch was read; "
                     "nothing was added: run this append again"
                 )
-            needed = nodes_containing(batch.step, s.horizon) + prefix_nodes(batch.step)
-            tree = self._aggregator(execute, step, dataset.dim, needed)
-            touched = tree.add(summary.gram, noise_rng())
+            tree = self._aggregator(execute, step, dataset.dim)
+            closed = tree.add(summary.gram, noise_rng())
             values, basis = top_eigenvectors(tree.prefix(batch.step), s.rank)
             manifest = self._manifest(settings, batch, [*batches, batch], values, dataset.dim)
             manifest["timings"] = {"append_s": time.monotonic() - started}
             manifest["summary_bytes_gathered"] = summary.nbytes
-            for level, idx in touched:
-                execute(
-                    "INSERT OR REPLACE INTO dpsub_stream_nodes (level, idx, noisy_sum) "
-                    "VALUES (?, ?, ?)",
-                    (level, idx, encode_array(tree.sums[(level, idx)])),
-                )
-            for level, idx in execute("SELECT level, idx FROM dpsub_stream_nodes"):
-                if last_use((level, idx)) <= batch.step:  # no later release uses it
-                    execute(
-                        "DELETE FROM dpsub_stream_nodes WHERE level = ? AND idx = ?", (level, idx)
-                    )
+            self._store_tree(execute, tree, closed)
             execute(
                 "INSERT INTO dpsub_stream_batches "
                 "(step, batch_id, input, n_rows, charged_rho, appended_at) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 astuple(batch),
             )
+            for file in files:
+                execute(
+                    "INSERT INTO private.dpsub_stream_files (step, path, size, content) "
+                    "VALUES (?, ?, ?, ?)",
+                    (batch.step, *astuple(file)),
+                )
             execute(
                 "INSERT INTO dpsub_stream_releases (step, basis, manifest) VALUES (?, ?, ?)",
                 (batch.step, encode_array(basis), json.dumps(manifest, sort_keys=True)),
@@ -424,7 +647,63 @@ class Stream:
                     (json.dumps(asdict(settings)),),
                 )
         self.settings = settings
-        return StreamRelease(batch.step, basis, manifest)
+        return StreamRelease(batch.step, basis, manifest, charged_rho=charge)
+
+    @staticmethod
+    def _store_tree(execute, tree: TreeAggregator, closed: list) -> None:
+        """Persist a tree after an append: nodes closed now go, noisy, to the stream file
+        while a later release needs them; open nodes' exact sums stay in the private file."""
+        for node in closed:
+            execute("DELETE FROM private.dpsub_stream_open_nodes WHERE level = ? AND idx = ?", node)
+            if last_use(node) > tree.step:
+                execute(
+                    "INSERT INTO dpsub_stream_nodes (level, idx, noisy_sum) VALUES (?, ?, ?)",
+                    (*node, encode_array(tree.closed[node])),
+                )
+        for node, exact in tree.partial.items():
+            execute(
+                "INSERT OR REPLACE INTO private.dpsub_stream_open_nodes (level, idx, exact_sum) "
+                "VALUES (?, ?, ?)",
+                (*node, encode_array(exact)),
+            )
+        for node in execute("SELECT level, idx FROM dpsub_stream_nodes"):
+            if last_use(node) <= tree.step:  # no later release uses it
+                execute("DELETE FROM dpsub_stream_nodes WHERE level = ? AND idx = ?", node)
+
+    def _check_in_dataset(self, uri: str) -> None:
+        """A stream charged to a dataset's grant takes batches from that dataset only."""
+        if self.settings.ledger is None:
+            return
+        dataset = self.settings.ledger["dataset"]
+        where = canonical_dataset(uri)
+        if where != dataset and not where.startswith(dataset.rstrip("/") + "/"):
+            raise InputError(
+                f"batch {uri} is outside the dataset {dataset} whose grant pays for this stream: "
+                "append batches of that dataset, or start a stream charged to this one"
+            )
+
+
+def _check_new_files(
+    uri: str, files: list[BatchFile], known: dict[int, list[BatchFile]], ids: dict[int, str]
+) -> None:
+    """Refuse a file already in the stream (by real path, or by size and content) or twice
+    in this batch: its rows would enter the tree twice while one charge is reported."""
+    for step, earlier in sorted(known.items()):
+        paths = {f.path for f in earlier}
+        contents = {(f.size, f.content) for f in earlier}
+        for file in files:
+            if file.path in paths or (file.size, file.content) in contents:
+                raise InputError(
+                    f"{file.path} (in {uri}) is already in this stream (batch id {ids[step]}, "
+                    f"step {step}){'' if file.path in paths else ' as a file with the same bytes'}"
+                    ": a row may enter a stream once; nothing was read or charged"
+                )
+    for one, other in zip(files, files[1:], strict=False):
+        if one.path == other.path or (one.size, one.content) == (other.size, other.content):
+            raise InputError(
+                f"{one.path} is twice in this batch ({uri}), e.g. through a symlink or a copy: "
+                "a row may enter a stream once; nothing was read or charged"
+            )
 
 
 def _accountant(settings: StreamSettings, batches: list[StreamBatch]) -> Accountant:

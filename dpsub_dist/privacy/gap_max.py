@@ -79,8 +79,8 @@ from typing import Literal
 import numpy as np
 
 from dpsub_dist.linalg import top_eigenvectors
+from dpsub_dist.privacy import noise
 from dpsub_dist.privacy.accountant import ApproxDP, Budget, laplace_epsilon
-from dpsub_dist.privacy.noise import truncated_laplace, truncated_laplace_calibration
 
 GAP_SENSITIVITY = 2.0
 """Sensitivity of the gap statistic f_s (each score moves by ≤ 1 under replace-one)."""
@@ -329,8 +329,8 @@ def gap_max_release(
     if data_wins:  # h = min(f, 2(λ − c₀)): a release certifies λ > c₀ (step 4)
         floor = conditioning_floor(spans.tolerance, spans.n_rows)
         statistic = max(0.0, min(gap, 2.0 * (spans.top_conditioning - floor)))
-    scale, bound = truncated_laplace_calibration(GAP_SENSITIVITY, epsilon, delta_gap)
-    noisy = float(statistic + truncated_laplace(rng, scale, bound))
+    scale, bound = noise.truncated_laplace_calibration(GAP_SENSITIVITY, epsilon, delta_gap)
+    noisy = noise.add_truncated_laplace(rng, statistic, scale, bound, GAP_SENSITIVITY)
     side = snap_side(spans.tolerance, spans.n_rows, spans.dim, delta_snap)
     if noisy <= bound:
         basis, reason = None, "gap"

@@ -15,16 +15,22 @@ Dwork, Naor, Pitassi & Rothblum (STOC 2010) and Chan, Shi & Song (TISSEC 2011,
   in all of them). ALGORITHMS.md §8 writes ``⌈log₂ T⌉ + 1``; the two agree when ``T``
   is a power of two, and otherwise the top level's node ends after ``T``, would never
   be released, and is not kept.
-- **Privacy map**: each kept node's sum gets independent symmetric Gaussian noise
-  (:func:`~dpsub_dist.privacy.noise.symmetric_gaussian`) with ``σ = Δ/√(2ρ/L)``, so each
+- **Privacy map**: each kept node's sum gets independent symmetric discrete Gaussian
+  noise on a power-of-two grid (:func:`release_node`) with ``σ = Δ/√(2ρ/L)``, so each
   node is ``ρ/L``-zCDP (Bun & Steinke 2016, Prop 1.6); a row is in at most ``L`` nodes,
-  so the whole stream of node sums is ``ρ``-zCDP (Lemma 2.3). An ``(ε, δ)`` budget uses
-  the largest ``ρ`` whose Canonne–Kamath–Steinke conversion at ``δ`` is within ``ε``.
+  so the whole stream of node sums is ``ρ``-zCDP (Lemma 2.3). An ``(ε, δ)`` budget
+  uses the largest ``ρ`` whose Canonne–Kamath–Steinke conversion at ``δ`` is within ``ε``.
+  The sampler widens σ to cover the rounding of the exact sum to its grid, and its values
+  are grid multiples, so sums of node values are exact (floating-point safe, CKS 2020).
 - **Release** after ``t`` batches: the sum of the ≤ L complete nodes of ``t``'s dyadic
   decomposition (post-processing).
 
-A node's noise is drawn when it receives its first batch; later batches are added to
-the noisy sum, so no exact partial sum is ever held. Only complete nodes are released.
+A node's noise is drawn once, when the node *closes* (its last batch arrives), and added
+to its exact sum then. Until it closes a node exists only as an exact partial sum, which
+is private operator state (:attr:`TreeAggregator.partial`): it must never be published,
+and no published value is ever noised again. (Drawing the noise when the node opens and
+publishing the running noisy sum would let two snapshots around an append subtract to
+that batch's exact Gram matrix.)
 """
 
 from __future__ import annotations
@@ -34,8 +40,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dpsub_dist.privacy import noise
 from dpsub_dist.privacy.accountant import ZCDP, gaussian_sigma, zcdp_epsilon
-from dpsub_dist.privacy.noise import symmetric_gaussian
 
 Node = tuple[int, int]
 """(level h, index i): the node covering batches i·2^h + 1 … (i+1)·2^h."""
@@ -123,42 +129,55 @@ def rho_for_approx_dp(epsilon: float, delta: float) -> float:
     return low
 
 
+def release_node(rng: np.random.Generator, exact: np.ndarray, sigma: float) -> np.ndarray:
+    """A closed node's noisy sum: ``exact`` rounded to a power-of-two grid plus symmetric
+    discrete Gaussian noise of std ≥ ``sigma`` (floating-point safe, CKS 2020).
+
+    Cost: ρ/L-zCDP per node for ``sigma = node_sigma(ρ, T)`` (sensitivity √2, see the
+    module docstring); called once per node, on its exact sum, when the node closes.
+    """
+    return noise.add_symmetric_gaussian(rng, exact, sigma, REPLACE_ONE_SENSITIVITY)
+
+
 @dataclass
 class TreeAggregator:
-    """Noisy node sums of a stream of d×d symmetric matrices (the state to persist).
+    """The binary mechanism's state for a stream of d×d symmetric matrices.
 
-    ``sums`` holds every node opened so far (complete or not), each already noisy.
+    ``closed``: noisy sums of closed nodes (publishable; each noised exactly once).
+    ``partial``: exact partial sums of open nodes — private operator state, never published.
+    Values may carry leading axes (a stack of independent streams, e.g. for audits).
     """
 
     horizon: int
     sigma: float
     dim: int
     step: int = 0
-    sums: dict[Node, np.ndarray] = field(default_factory=dict)
+    closed: dict[Node, np.ndarray] = field(default_factory=dict)
+    partial: dict[Node, np.ndarray] = field(default_factory=dict)
 
     def add(self, value: np.ndarray, rng: np.random.Generator) -> list[Node]:
-        """Add batch ``step + 1``; returns the nodes it touched (to persist)."""
+        """Add batch ``step + 1``; returns the nodes it closed (noised now, to persist)."""
         value = np.asarray(value, dtype=np.float64)
-        if value.shape != (self.dim, self.dim):
-            raise ValueError(f"expected a {self.dim}×{self.dim} matrix, got {value.shape}")
+        if value.shape[-2:] != (self.dim, self.dim):
+            raise ValueError(f"expected {self.dim}×{self.dim} matrices, got {value.shape}")
         batch = self.step + 1
-        touched = nodes_containing(batch, self.horizon)
-        for node in touched:
-            if node not in self.sums:  # first batch of this node: draw its noise once
-                self.sums[node] = symmetric_gaussian(rng, self.sigma, self.dim)
-            self.sums[node] = self.sums[node] + value
+        closed = []
+        for node in nodes_containing(batch, self.horizon):
+            exact = self.partial.pop(node, 0.0) + value
+            if node_span(node)[1] == batch:  # the node's last batch: noise it, once
+                self.closed[node] = release_node(rng, exact, self.sigma)
+                closed.append(node)
+            else:
+                self.partial[node] = exact
         self.step = batch
-        return touched
-
-    def is_complete(self, node: Node) -> bool:
-        return node_span(node)[1] <= self.step
+        return closed
 
     def prefix(self, t: int | None = None) -> np.ndarray:
-        """The private estimate of Σ_{s ≤ t} G_s (default t = step), from complete nodes only."""
+        """The private estimate of Σ_{s ≤ t} G_s (default t = step), from closed nodes only."""
         t = self.step if t is None else t
         if not 0 <= t <= self.step:
             raise ValueError(f"t must be in 0..{self.step} (got {t})")
         total = np.zeros((self.dim, self.dim))
         for node in prefix_nodes(t):
-            total += self.sums[node]
+            total = total + self.closed[node]
         return total
