@@ -12,10 +12,12 @@ run, where the result goes and which ledger accounts for it::
 
 The whole file is validated before the ledger is opened or any data is read;
 every error names the field. A run then (1) reserves its budget in the ledger
-(refused with exit code 4 when the dataset's grant cannot cover it), (2) runs
-the estimator with the private noise seed and the public seed of the run's
-ledger record, (3) writes the output atomically and (4) marks the run published.
-See :mod:`dpsub_dist.ledger.core` for what happens on re-runs and failures.
+(refused with exit code 4 when the dataset's grant cannot cover it) and gets a
+lease, (2) runs the estimator with the private noise seed and the public seed of
+the run's ledger record, (3) moves the run to 'publishing' (compare-and-set on the
+lease), (4) writes the output atomically and (5) marks the run published. Data that
+fails validation after it was read marks the run 'failed' (charged, exit 6). See
+:mod:`dpsub_dist.ledger.core` for what happens on re-runs and failures.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from dpsub_dist.errors import DataError, InputError, StorageFailure
+from dpsub_dist.errors import DataError, InputError, RunAborted, StorageFailure
 from dpsub_dist.io.output import check_output_dir, read_run, write_run
 from dpsub_dist.io.storage import (
     STORAGE_ERRORS,
@@ -546,7 +548,7 @@ class _Attempt:
         except DataError:
             self.book.fail(self.dataset, self.run_id, self.lease)
             raise
-        except StorageFailure:
+        except (StorageFailure, RunAborted):
             self.book.note_aborted(self.dataset, self.run_id, self.lease)
             raise
         except InputError:
