@@ -3,7 +3,9 @@
 Exit codes: 0 success · 2 bad input or parameters (nothing written, no budget
 spent) · 3 no stable subspace (manifest written, no basis) · 4 budget refused ·
 5 run aborted: the scheduler was lost or the output could not be written (nothing
-written or released) · 1 unexpected failure.
+written or released) · 6 the data did not pass validation after it was read (NaN,
+missing values, ragged lists): nothing written, the budget is spent, the detail is in
+an owner-only diagnostics file whose path is printed · 1 unexpected failure.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dpsub_dist.errors import DpsubError, InputError
+from dpsub_dist.errors import DataError, DpsubError, InputError
 
 
 def _columns(text: str) -> list[str]:
@@ -470,11 +472,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_budget(args: argparse.Namespace) -> int:
     import json
 
-    from dpsub_dist.ledger import canonical_dataset, open_ledger, unit_name
-    from dpsub_dist.ledger.core import describe_budget
+    from dpsub_dist.ledger import dataset_key, open_ledger, unit_name
+    from dpsub_dist.ledger.core import describe_budget, public_outcome
     from dpsub_dist.privacy.accountant import parse_budget
 
-    dataset = canonical_dataset(args.dataset) if args.dataset else None
+    dataset = dataset_key(args.dataset) if args.dataset else None
     if args.budget_command == "init":
         total = parse_budget(args.epsilon, args.delta, args.rho)
         with open_ledger(args.ledger, create=True) as ledger:
@@ -488,13 +490,16 @@ def cmd_budget(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps([_status_json(r) for r in rows], indent=2))
             for r in [] if args.json else rows:
+                unfinished = r.runs.get("reserved", 0) + r.runs.get("publishing", 0)
                 print(
                     f"{r.grant.dataset}  unit {r.grant.unit}\n"
                     f"  granted    {describe_budget(r.grant.total)}\n"
                     f"  published  {describe_budget(r.published)}  "
                     f"({r.runs.get('published', 0)} runs)\n"
                     f"  reserved   {describe_budget(r.reserved)}  "
-                    f"({r.runs.get('reserved', 0)} unfinished runs: resume them by run id)\n"
+                    f"({unfinished} unfinished runs: resume them by run id)\n"
+                    f"  failed     {describe_budget(r.failed)}  "
+                    f"({r.runs.get('failed', 0)} runs whose data did not pass validation)\n"
                     f"  remaining  {describe_budget(r.remaining)}"
                 )
             return 0
@@ -504,8 +509,8 @@ def cmd_budget(args: argparse.Namespace) -> int:
         return 0
     for r in records:
         print(
-            f"{r.reserved_at}  {r.run_id}  {r.state:<9}  {describe_budget(r.charge)}  "
-            f"{r.outcome or '-'}  {r.output}  ({r.dataset})"
+            f"{r.reserved_at}  {r.run_id}  {r.state:<10}  {describe_budget(r.charge)}  "
+            f"{public_outcome(r.state, r.outcome) or '-'}  {r.output}  ({r.dataset})"
         )
     return 0
 
@@ -520,6 +525,7 @@ def _status_json(status) -> dict:
         "granted": budget_fields(status.grant.total),
         "published": budget_fields(status.published),
         "reserved": budget_fields(status.reserved),
+        "failed": budget_fields(status.failed),
         "remaining": budget_fields(status.remaining),
         "runs": status.runs,
         "accountant": status.report,
@@ -612,6 +618,23 @@ def cmd_stream(args: argparse.Namespace) -> int:
     return 0
 
 
+def data_error_report(args: argparse.Namespace, err: DataError) -> str:
+    """The published line for data that failed validation; the detail goes to the operator.
+
+    Exit code, stderr and the ledger are published, and the detail (counts, columns, row
+    positions) depends on private values, so it is written to an owner-only diagnostics
+    file (:mod:`dpsub_dist.diagnostics`) and only that file's path is printed.
+    """
+    from dpsub_dist.diagnostics import DIAGNOSTICS_ENV, write_diagnostics
+
+    try:
+        path = write_diagnostics(args.command, str(err), getattr(args, "run_id", None))
+    except OSError as problem:
+        where = f"could not write the diagnostics file ({type(problem).__name__}): set "
+        return f"{err.public_message}; {where}{DIAGNOSTICS_ENV} to a writable folder"
+    return f"{err.public_message}; details for the operator in {path}"
+
+
 COMMANDS = {
     "synth": cmd_synth,
     "estimate": cmd_estimate,
@@ -628,6 +651,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
+    except DataError as err:
+        print(f"dpsub {args.command}: error: {data_error_report(args, err)}", file=sys.stderr)
+        return err.exit_code
     except DpsubError as err:
         print(f"dpsub {args.command}: error: {err}", file=sys.stderr)
         return err.exit_code

@@ -29,3 +29,22 @@ class RunAborted(DpsubError):
     """The cluster or the output storage failed mid-run: nothing written or released (exit 5)."""
 
     exit_code = 5
+
+
+class DataError(InputError):
+    """The data failed validation after it was read (NaN/inf, nulls, ragged lists): exit 6.
+
+    ``str(err)`` is the operator's detail (file, column, counts, row positions). What is
+    *published* (CLI exit code and message, ledger record, manifest) is only
+    :attr:`public_message`, because the detail depends on private values; the CLI writes
+    the detail to an operator-only diagnostics file (:mod:`dpsub_dist.diagnostics`).
+    Under the ledger the run's reservation is charged, not returned.
+    """
+
+    exit_code = 6
+    public_message = "the data did not pass validation"
+
+
+class StorageFailure(InputError):
+    """Storage or network failed (denied, missing, unreachable): exit 2 before the budget is
+    reserved; after it is reserved the run stays reserved (resumable), never refunded."""

@@ -12,17 +12,21 @@ run, where the result goes and which ledger accounts for it::
 
 The whole file is validated before the ledger is opened or any data is read;
 every error names the field. A run then (1) reserves its budget in the ledger
-(refused with exit code 4 when the dataset's grant cannot cover it), (2) runs
-the estimator with the private noise seed and the public seed of the run's
-ledger record, (3) writes the output atomically and (4) marks the run published.
-See :mod:`dpsub_dist.ledger.core` for what happens on re-runs and failures.
+(refused with exit code 4 when the dataset's grant cannot cover it) and gets a
+lease, (2) runs the estimator with the private noise seed and the public seed of
+the run's ledger record, (3) moves the run to 'publishing' (compare-and-set on the
+lease), (4) writes the output atomically and (5) marks the run published. Data that
+fails validation after it was read marks the run 'failed' (charged, exit 6). See
+:mod:`dpsub_dist.ledger.core` for what happens on re-runs and failures.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
+import os
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,19 +37,31 @@ from typing import Any
 import numpy as np
 import yaml
 
-from dpsub_dist.errors import InputError
+from dpsub_dist.errors import DataError, InputError, RunAborted, StorageFailure
 from dpsub_dist.io.output import check_output_dir, read_run, write_run
-from dpsub_dist.io.storage import StorageOptions, filesystem
+from dpsub_dist.io.storage import (
+    STORAGE_ERRORS,
+    StorageOptions,
+    filesystem,
+    is_local,
+    storage_error,
+)
 from dpsub_dist.job import METHODS, EstimateConfig, run_estimate
 from dpsub_dist.ledger import (
     RunRecord,
     RunRequest,
-    canonical_dataset,
     check_run_id,
+    dataset_key,
     open_ledger,
     unit_name,
 )
-from dpsub_dist.ledger.core import budget_fields, decode_array, encode_array, fingerprint
+from dpsub_dist.ledger.core import (
+    RESUMABLE_STATES,
+    budget_fields,
+    decode_array,
+    encode_array,
+    fingerprint,
+)
 from dpsub_dist.privacy.accountant import Budget, parse_budget
 from dpsub_dist.privacy.clustering import GIBBS_GUARANTEE
 
@@ -110,7 +126,7 @@ class Job:
     @property
     def dataset_key(self) -> str:
         """The dataset as the ledger names it."""
-        return canonical_dataset(self.dataset)
+        return dataset_key(self.dataset)
 
     @property
     def unit(self) -> str:
@@ -382,21 +398,57 @@ class RunOutcome:
         return 0 if self.outcome == "ok" else 3
 
 
+CONTENT_KEYS = ("ETag", "etag", "md5Hash", "crc32c", "checksum", "VersionId", "version_id")
+"""Object-store metadata that changes whenever an object's content does."""
+FOOTER_TAIL = 8  # a Parquet file ends with the footer's length (4 bytes) and b"PAR1"
+
+
 def input_fingerprint(uri: str, storage_options: Mapping[str, Any]) -> str:
-    """Hash of the input's file names, sizes and modification stamps (listing only, no reads)."""
+    """Identity of the input's contents, so that a resumed run reuses its noise on the same data.
+
+    Object stores: every object's name, size and ETag (a hash of its content; a rewrite
+    changes it even at the same size and time) or other checksum and version. Local
+    files: name, size, inode, modification and status-change times (``ctime``: every
+    write moves it and ``os.utime`` cannot set it back) and a hash of the Parquet footer
+    (schema, row groups, column statistics and page offsets; public at row level). No
+    rows are read: about a millisecond per file, against 0.6–1.8 s per GiB to hash contents.
+    """
     from dpsub_dist.io.parquet import list_parquet_files
 
     files = list_parquet_files(uri, storage_options)
     fs, _ = filesystem(files[0], storage_options)
+    local = is_local(files[0])
     described = []
     for name in files:
         try:
+            if local:
+                described.append([name, *_local_identity(name)])
+                continue
             info = fs.info(name)
-        except OSError as err:
-            raise InputError(f"cannot stat input file {name}: {err}") from None
-        stamp = info.get("ETag") or info.get("mtime") or info.get("LastModified")
-        described.append([name, info.get("size"), str(stamp)])
+        except STORAGE_ERRORS as err:
+            raise storage_error(err, name, "checking the input of") from None
+        content = {key: str(info[key]) for key in CONTENT_KEYS if info.get(key)}
+        if not content:  # no content hash on this store: fall back to the time stamp
+            content = {"stamp": str(info.get("mtime") or info.get("LastModified"))}
+        described.append([name, info.get("size"), content])
     return fingerprint(described)
+
+
+def _local_identity(name: str) -> list[Any]:
+    """Size, inode, mtime, ctime (ns) and the footer's SHA-256 of a local file."""
+    path = name.removeprefix("file://")
+    info = os.stat(path)
+    with open(path, "rb") as handle:
+        footer = b""
+        if info.st_size >= FOOTER_TAIL:
+            handle.seek(info.st_size - FOOTER_TAIL)
+            tail = handle.read(FOOTER_TAIL)
+            length = int.from_bytes(tail[:4], "little")
+            if tail[4:] == b"PAR1" and length <= info.st_size - FOOTER_TAIL:
+                handle.seek(info.st_size - FOOTER_TAIL - length)
+                footer = handle.read(length)
+    digest = hashlib.sha256(footer).hexdigest()
+    return [info.st_size, info.st_ino, info.st_mtime_ns, info.st_ctime_ns, digest]
 
 
 def run_job(
@@ -409,13 +461,12 @@ def run_job(
     quiet: bool = True,
     client: Any | None = None,
 ) -> RunOutcome:
-    """Run a job under the ledger: reserve → estimate → write → publish (or return a published run).
+    """Run a job under the ledger: reserve → estimate → begin publishing → write → publish.
 
-    ``client`` (a Dask client) overrides ``scheduler``/``workers`` and the job's own.
+    ``client`` (a Dask client) overrides ``scheduler``/``workers`` and the job's own. Every
+    step after reserve is a compare-and-set on this attempt's lease: an attempt overtaken
+    by a resume of the same run id stops with :class:`LeaseLost` and writes nothing.
     """
-    from dpsub_dist.engine.cluster import dask_client
-    from dpsub_dist.engine.sources import parquet_dataset
-
     run_id = check_run_id(run_id) if run_id is not None else job.default_run_id()
     # Every runner's Accountant is created with this total, so a run can never spend more
     # than the charge the ledger reserves for it.
@@ -424,13 +475,13 @@ def run_job(
     location = ledger or job.ledger
     if not location:
         raise InputError(f"{job.path}: ledger is required: set ledger: in the job or pass --ledger")
-    dataset = job.dataset_key
     options = StorageOptions.wrap(job.storage_options)
     with open_ledger(location) as book:
+        dataset = book.covering_grant(job.dataset_key)
         known = book.lookup(dataset, run_id)
-        if known is not None and known.state == "published":
-            return _already_published(book, job, run_id, options)
-        resuming = known is not None and known.state == "reserved"
+        if known is not None and known.state in ("published", "failed"):
+            return _finished(book, job, dataset, run_id, options)
+        resuming = known is not None and known.state in RESUMABLE_STATES
         adopt = resuming and _own_unpublished_output(output, dataset, run_id, options)
         if not adopt:
             check_output_dir(output, job.overwrite, options)
@@ -445,15 +496,51 @@ def run_job(
             public_seed=job.parameters.get("seed"),
         )
         reservation = book.reserve(request)
-        if reservation.kind == "published":
-            return _already_published(book, job, run_id, options)
-        record = reservation.record
+        if reservation.kind in ("published", "failed"):
+            return _finished(book, job, dataset, run_id, options)
+        attempt = _Attempt(book, dataset, run_id, reservation.lease or "")
         if adopt and reservation.kind == "resume":
             basis, manifest = read_run(output, options)
-            book.publish(dataset, run_id, manifest["outcome"], json.dumps(manifest), _npy(basis))
+            attempt.publish(manifest["outcome"], json.dumps(manifest), basis)
             return RunOutcome(
                 run_id, "resumed", manifest["outcome"], output, charge, reservation.remaining
             )
+        result = attempt.estimate(job, reservation, scheduler, workers, quiet, client, options)
+        manifest = dict(result.manifest)
+        manifest["ledger"] = _manifest_entry(job, reservation.record)
+        book.begin_publishing(dataset, run_id, attempt.lease)  # before anything is written
+        write_run(output, result.basis, manifest, job.overwrite, options)
+        _, published = read_run(output, options)  # as written, with the outputs' checksums
+        attempt.publish(result.outcome, json.dumps(published), result.basis)
+    status = "published" if reservation.kind == "new" else "resumed"
+    return RunOutcome(run_id, status, result.outcome, output, charge, reservation.remaining)
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """One attempt at a reserved run, holding its lease (never printed)."""
+
+    book: Any
+    dataset: str
+    run_id: str
+    lease: str = field(repr=False)
+
+    def publish(self, outcome: str, manifest: str, basis: np.ndarray | None) -> None:
+        self.book.begin_publishing(self.dataset, self.run_id, self.lease)  # no-op if done
+        self.book.publish(self.dataset, self.run_id, self.lease, outcome, manifest, _npy(basis))
+
+    def estimate(self, job, reservation, scheduler, workers, quiet, client, options):
+        """Run the estimator with the run's seeds; settle the ledger if it fails.
+
+        Data that fails validation after it was read: the run is 'failed' and stays
+        charged. Public bad input on a first attempt: the charge is returned (only if this
+        attempt still holds the lease and the run was never resumed). Anything else
+        (storage, cluster, crash): the run stays reserved, to be resumed.
+        """
+        from dpsub_dist.engine.cluster import dask_client
+        from dpsub_dist.engine.sources import parquet_dataset
+
+        record = reservation.record
         config = job.config(public_seed=record.public_seed)
 
         def open_dataset(dask):
@@ -461,21 +548,19 @@ def run_job(
 
         try:
             if client is not None:
-                result = run_estimate(config, open_dataset, client, not quiet, record.noise_seed)
-            else:
-                with dask_client(scheduler or job.scheduler, quiet, workers or job.workers) as dask:
-                    result = run_estimate(config, open_dataset, dask, not quiet, record.noise_seed)
-        except InputError as err:
-            if reservation.kind == "new":
-                book.return_reservation(dataset, run_id, str(err))
+                return run_estimate(config, open_dataset, client, not quiet, record.noise_seed)
+            with dask_client(scheduler or job.scheduler, quiet, workers or job.workers) as dask:
+                return run_estimate(config, open_dataset, dask, not quiet, record.noise_seed)
+        except DataError:
+            self.book.fail(self.dataset, self.run_id, self.lease)
             raise
-        manifest = dict(result.manifest)
-        manifest["ledger"] = _manifest_entry(job, record)
-        write_run(output, result.basis, manifest, job.overwrite, options)
-        _, published = read_run(output, options)  # as written, with the outputs' checksums
-        book.publish(dataset, run_id, result.outcome, json.dumps(published), _npy(result.basis))
-    status = "published" if reservation.kind == "new" else "resumed"
-    return RunOutcome(run_id, status, result.outcome, output, charge, reservation.remaining)
+        except (StorageFailure, RunAborted):
+            self.book.note_aborted(self.dataset, self.run_id, self.lease)
+            raise
+        except InputError:
+            if reservation.kind == "new":
+                self.book.return_reservation(self.dataset, self.run_id, self.lease)
+            raise
 
 
 def _manifest_entry(job: Job, record: RunRecord) -> dict[str, Any]:
@@ -502,13 +587,22 @@ def _own_unpublished_output(
     return entry.get("run_id") == run_id and entry.get("dataset") == dataset
 
 
-def _already_published(book, job: Job, run_id: str, options: Mapping[str, Any]) -> RunOutcome:
-    """A published run: nothing is charged; its output is restored from the ledger if gone."""
-    record = book.lookup(job.dataset_key, run_id, with_release=True)
+def _finished(book, job: Job, dataset: str, run_id: str, options: Mapping[str, Any]) -> RunOutcome:
+    """A published run: nothing is charged; its output is restored from the ledger if gone.
+
+    A failed run raises :class:`DataError` again (nothing charged, nothing more said).
+    """
+    record = book.lookup(dataset, run_id, with_release=True)
     if record.job_fingerprint != job.fingerprint():
         raise InputError(
             f"run id {run_id} was used for a different job on {record.dataset}: "
             "pass a run id that names this job, e.g. --run-id <job>-<date>"
+        )
+    if record.state == "failed":
+        raise DataError(
+            f"run {run_id} already failed: its data did not pass validation (the detail was "
+            "written to the diagnostics file of the failed attempt); fix the data and start "
+            "a new run id"
         )
     restored = False
     if record.manifest is not None and not _readable_run(record.output, options):

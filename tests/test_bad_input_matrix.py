@@ -8,6 +8,7 @@ problem (and the fix), and that no output folder, not even a temporary one, appe
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -322,9 +323,9 @@ FAULTS: list[Fault] = [
         r"unit column 'user' not found",
         args=("--unit-column", "user"),
     ),
-    Fault("nan-values", _with("x2", _nan_values()), r"column x2 has 2 NaN or infinite values"),
-    Fault("inf-values", _with("x1", _inf_values()), r"column x1 has 1 NaN or infinite values"),
-    Fault("null-values", _nulls, r"column x1 has 1 missing values"),
+    Fault("nan-values", _with("x2", _nan_values()), r"column x2 has 2 NaN or infinite val", 6),
+    Fault("inf-values", _with("x1", _inf_values()), r"column x1 has 1 NaN or infinite val", 6),
+    Fault("null-values", _nulls, r"column x1 has 1 missing values", 6),
     Fault(
         "lying-footer",
         lambda root: lying_footer_file(root / "liar.parquet"),
@@ -425,17 +426,20 @@ FAULTS: list[Fault] = [
         _ragged_folder,
         r"part-5.parquet: list column x has rows of different lengths \(row 40 has 3 values, "
         r"expected 4\)",
+        6,
     ),
     Fault(
         "vector-null-element",
         _vector(_null_element),
         r"part-5.parquet: column x\[2\] has 2 missing values \(null elements of vector column x\)",
+        6,
     ),
-    Fault("vector-null-list", _vector(_null_list), r"column x has 1 missing \(null\) lists"),
+    Fault("vector-null-list", _vector(_null_list), r"column x has 1 missing \(null\) lists", 6),
     Fault(
         "vector-nan-values",
         _vector(_nan_element),
         r"part-5.parquet: column x\[1\] has 2 NaN or infinite values",
+        6,
     ),
     Fault(
         "non-numeric-list-requested",
@@ -514,7 +518,10 @@ def _run(fault: Fault, tmp_path: Path, scheduler: str, capsys) -> tuple[int, str
 
 
 @pytest.mark.parametrize("fault", FAULTS, ids=lambda fault: fault.id)
-def test_bad_input(fault: Fault, tmp_path: Path, scheduler_address: str, capsys) -> None:
+def test_bad_input(
+    fault: Fault, tmp_path: Path, scheduler_address: str, capsys, monkeypatch
+) -> None:
+    monkeypatch.setenv("DPSUB_DIAGNOSTICS_DIR", str(tmp_path / "diagnostics"))
     code, stdout, stderr, source, out = _run(fault, tmp_path, scheduler_address, capsys)
     if fault.code == 0:
         assert code == 0, stderr
@@ -528,6 +535,11 @@ def test_bad_input(fault: Fault, tmp_path: Path, scheduler_address: str, capsys)
         basis, manifest = read_run(str(out))
         assert basis is None and manifest["outcome"] == "no_stable_subspace"
         return
+    if fault.code == 6:  # the data failed validation: published generic, detail to the operator
+        assert code == 6, stderr
+        assert_data_failure(stderr, "estimate", fault.message)
+        assert not out.exists()
+        return
     assert code == fault.code, stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, f"expected one line, got: {stderr}"
@@ -536,6 +548,17 @@ def test_bad_input(fault: Fault, tmp_path: Path, scheduler_address: str, capsys)
     assert ":" in lines[0][len("dpsub estimate: error: ") :], "message should name a fix"
     assert not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")], "temporary output"
+
+
+def assert_data_failure(stderr: str, command: str, detail: str) -> None:
+    """One generic published line; the detail only in the owner-only file it names."""
+    lines = stderr.strip().splitlines()
+    prefix = f"dpsub {command}: error: the data did not pass validation; details for the "
+    assert len(lines) == 1 and lines[0].startswith(prefix), stderr
+    assert not re.search(detail, lines[0]) and "NaN" not in lines[0], lines[0]
+    report = Path(lines[0].rsplit(" ", 1)[1])
+    assert report.stat().st_mode & 0o777 == 0o600
+    assert re.search(detail, report.read_text()), report.read_text()
 
 
 def test_output_folder_exists_is_refused_before_any_work(
@@ -579,7 +602,8 @@ def test_every_row_is_documented() -> None:
 
 
 def test_worker_side_fault_is_one_line_from_the_real_command(tmp_path: Path) -> None:
-    """A fault found on a worker (NaN) prints one line, without the workers' log dump."""
+    """A fault found on a worker (NaN) prints one generic line, without the workers' log
+    dump; the detail goes to the diagnostics file."""
     import subprocess
     import sys
 
@@ -592,10 +616,12 @@ def test_worker_side_fault_is_one_line_from_the_real_command(tmp_path: Path) -> 
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, "DPSUB_DIAGNOSTICS_DIR": str(tmp_path / "diagnostics")},
     )
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines() == [
-        f"dpsub estimate: error: {source / 'part-5.parquet'}: column x2 has 2 NaN or infinite "
-        "values: clean or drop those rows before estimating"
-    ]
+    assert proc.returncode == 6, proc.stderr
+    detail = (
+        f"{source / 'part-5.parquet'}: column x2 has 2 NaN or infinite values: clean or drop "
+        "those rows before estimating"
+    )
+    assert_data_failure(proc.stderr, "estimate", re.escape(detail))
     assert not out.exists()

@@ -20,10 +20,10 @@ from pg import postgres_server, postgres_url  # noqa: F401  (fixtures)
 
 from dpsub_dist import jobfile
 from dpsub_dist.cli import main
-from dpsub_dist.errors import BudgetRefused, InputError
+from dpsub_dist.errors import BudgetRefused, InputError, RunAborted
 from dpsub_dist.io.output import read_run
 from dpsub_dist.jobfile import load_job, run_job
-from dpsub_dist.ledger import LedgerError, RunRequest, open_ledger
+from dpsub_dist.ledger import LedgerError, RunRequest, dataset_key, open_ledger
 from dpsub_dist.ledger.core import Ledger
 from dpsub_dist.privacy.accountant import ZCDP, ApproxDP
 
@@ -45,7 +45,9 @@ def request_for(run_id: str, epsilon: float = 1.0, dataset: str = "/data/events"
 def spent(location: str, dataset: str = "/data/events") -> tuple[float, float]:
     with open_ledger(location) as book:
         status = book.status(dataset)[0]
-    return status.published.epsilon + status.reserved.epsilon, status.remaining.epsilon
+    charged = status.published.epsilon + status.reserved.epsilon + status.failed.epsilon
+    assert charged == pytest.approx(status.grant.total.epsilon - status.remaining.epsilon)
+    return charged, status.remaining.epsilon
 
 
 # --------------------------------------------------------------------------- ledger level
@@ -148,8 +150,9 @@ def test_concurrent_processes_race_for_the_last_budget(ledger, tmp_path):
 def test_bad_input_on_first_attempt_returns_the_reservation(ledger):
     with open_ledger(ledger, create=True) as book:
         book.grant("/data/events", "row", ApproxDP(1.0, 1e-5))
-        book.reserve(request_for("bad"))
-        book.return_reservation("/data/events", "bad", "column x has NaN")
+        lease = book.reserve(request_for("bad")).lease
+        assert not book.return_reservation("/data/events", "bad", "not-the-lease")
+        assert book.return_reservation("/data/events", "bad", lease)
         assert book.lookup("/data/events", "bad").state == "returned"
         assert book.reserve(request_for("bad")).kind == "new"  # may be reserved again
     assert spent(ledger) == pytest.approx((1.0, 0.0))
@@ -314,7 +317,7 @@ def test_resume_after_failure_between_noise_and_publish(
     with pytest.raises(OSError, match="injected"):
         run_job(job, "day-1", client=dask_client)
     with open_ledger(ledger) as book:
-        assert book.lookup(str(small_dataset.path), "day-1").state == "reserved"
+        assert book.lookup(str(small_dataset.path), "day-1").state == "publishing"
     assert spent(ledger, str(small_dataset.path)) == pytest.approx((1.0, 0.5))
     monkeypatch.undo()
     resumed = run_job(job, "day-1", client=dask_client)
@@ -370,3 +373,219 @@ def test_concurrent_cli_runs_exactly_one_wins(tmp_path, small_dataset, scheduler
     assert codes == [0, 4], errors
     assert any("budget refused" in e for e in errors)
     assert spent(ledger, str(small_dataset.path)) == pytest.approx((1.0, 0.5))
+
+
+# ------------------------------------------- data-dependent failures, privacy of the ledger
+
+
+def nan_dataset(root: Path) -> Path:
+    """Two files of 2,000 × 4 rows; column x3 of the second holds NaN in rows 5 and 77."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = root / "nan-data"
+    folder.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(2):
+        data = rng.normal(size=(2000, 4))
+        if i == 1:
+            data[[5, 77], 3] = np.nan
+        pq.write_table(pa.table({f"x{j}": data[:, j] for j in range(4)}), folder / f"p{i}.parquet")
+    return folder
+
+
+def ledger_text(location: str) -> bytes:
+    """Everything the ledger stores: the SQLite file's bytes (with its journals), or every
+    row of every dpsub table on PostgreSQL."""
+    if location.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(location) as conn:
+            tables = ["dpsub_datasets", "dpsub_runs", "dpsub_leases", "dpsub_ledger_meta"]
+            rows = [conn.execute(f"SELECT * FROM {t}").fetchall() for t in tables]
+        return repr(rows).encode()
+    return b"".join(p.read_bytes() for p in Path(location).parent.glob(Path(location).name + "*"))
+
+
+def test_data_failure_charges_and_publishes_only_that_it_failed(
+    ledger, tmp_path, scheduler_address, monkeypatch, capsys
+):
+    """Findings 7 and 11: NaN in the data after the reservation: exit 6, charged, and no
+    count, column or position in what is published; the detail is in a 0600 file."""
+    monkeypatch.setenv("DPSUB_DIAGNOSTICS_DIR", str(tmp_path / "diag"))
+    data = nan_dataset(tmp_path)
+    grant(ledger, data, 2.0)
+    job = str(write_job(tmp_path, data, ledger))
+    run = ["run", job, "--run-id", "day-1", "--quiet", "--scheduler", scheduler_address]
+    capsys.readouterr()
+    assert main(run) == 6
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dpsub run: error: the data did not pass validation; details for the ")
+    path = Path(err.rsplit(" ", 1)[1])
+    assert path.parent == tmp_path / "diag"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "diag").stat().st_mode & 0o777 == 0o700
+    assert "column x3 has 2 NaN or infinite values" in path.read_text()
+    assert "x3" not in err and "NaN" not in err and " 2 " not in err
+    assert not (tmp_path / "out" / "day-1").exists()
+    assert spent(ledger, str(data)) == pytest.approx((1.0, 1.0))  # charged, not returned
+    with open_ledger(ledger) as book:
+        assert book.lookup(str(data), "day-1").state == "failed"
+    # running the id again says the same and charges nothing more
+    assert main(run) == 6
+    assert "did not pass validation" in capsys.readouterr().err
+    assert spent(ledger, str(data)) == pytest.approx((1.0, 1.0))
+    for form in ([], ["--json"]):
+        assert main(["budget", "history", "--ledger", ledger, *form]) == 0
+        shown = capsys.readouterr().out
+        assert "failed: the data did not pass validation" in shown
+        assert "NaN" not in shown and "x3" not in shown and "has 2" not in shown
+    stored = ledger_text(ledger)
+    assert b"NaN" not in stored and b"x3" not in stored and b"has 2" not in stored
+
+
+def test_history_never_shows_error_text_of_older_ledgers(ledger):
+    """Finding 11: a refund recorded with error text (as older versions did) prints a category."""
+    with open_ledger(ledger, create=True) as book:
+        book.grant("/data/events", "row", ApproxDP(1.0, 1e-5))
+        book.return_reservation("/data/events", "r", book.reserve(request_for("r")).lease)
+        book.reserve(request_for("s"))
+    _set_outcome(ledger, "r", "bad input: column x0 has 3 missing values")
+    with open_ledger(ledger) as book:
+        views = [r.public_view() for r in book.history()]
+    assert [v["outcome"] for v in views] == ["bad input: public", None]
+
+
+def _set_outcome(location: str, run_id: str, outcome: str) -> None:
+    sql = "UPDATE dpsub_runs SET outcome = ? WHERE run_id = ?"
+    if location.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(location, autocommit=True) as conn:
+            conn.execute(sql.replace("?", "%s"), (outcome, run_id))
+    else:
+        with sqlite3.connect(location) as conn:
+            conn.execute(sql, (outcome, run_id))
+
+
+def test_resumed_run_is_never_refunded(ledger):
+    """A public bad-input failure refunds only a first attempt that still holds its lease."""
+    with open_ledger(ledger, create=True) as book:
+        book.grant("/data/events", "row", ApproxDP(1.0, 1e-5))
+        first = book.reserve(request_for("r")).lease
+        second = book.reserve(request_for("r"))
+        assert second.kind == "resume" and second.lease != first
+        assert not book.return_reservation("/data/events", "r", first)  # lease lost
+        assert not book.return_reservation("/data/events", "r", second.lease)  # resumed
+        assert book.lookup("/data/events", "r").state == "reserved"
+    assert spent(ledger) == pytest.approx((1.0, 0.0))
+
+
+def test_bad_input_on_a_resumed_run_does_not_refund(
+    ledger, tmp_path, small_dataset, dask_client, monkeypatch
+):
+    grant(ledger, small_dataset.path, 1.5)
+    job = load_job(write_job(tmp_path, small_dataset.path, ledger))
+
+    def lost_cluster(*args, **kwargs):
+        raise RunAborted("lost the Dask scheduler mid-run (injected)")
+
+    monkeypatch.setattr(jobfile, "run_estimate", lost_cluster)
+    with pytest.raises(RunAborted):
+        run_job(job, "day-1", client=dask_client)
+
+    def bad_input(*args, **kwargs):
+        raise InputError("public bad input (injected)")
+
+    monkeypatch.setattr(jobfile, "run_estimate", bad_input)
+    with pytest.raises(InputError, match="injected"):
+        run_job(job, "day-1", client=dask_client)
+    with open_ledger(ledger) as book:
+        assert book.lookup(str(small_dataset.path), "day-1").state == "reserved"
+    assert spent(ledger, str(small_dataset.path)) == pytest.approx((1.0, 0.5))
+
+
+def test_resume_with_input_rewritten_in_place_is_refused(
+    ledger, tmp_path, small_dataset, dask_client, monkeypatch
+):
+    """Finding 12: same size and mtime, other content: resuming would reuse the noise seed."""
+    import os
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(small_dataset.path, data)
+    grant(ledger, data, 1.5)
+    job = load_job(write_job(tmp_path, data, ledger))
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full (injected)")
+
+    monkeypatch.setattr(jobfile, "write_run", crash)
+    with pytest.raises(OSError, match="injected"):
+        run_job(job, "day-1", client=dask_client)
+    monkeypatch.undo()
+    victim = sorted(data.glob("*.parquet"))[0]
+    before = victim.stat()
+    blob = bytearray(victim.read_bytes())
+    blob[200:216] = bytes(reversed(blob[200:216]))  # same size, footer untouched
+    victim.write_bytes(bytes(blob))
+    os.utime(victim, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (victim.stat().st_size, victim.stat().st_mtime_ns) == (
+        before.st_size,
+        before.st_mtime_ns,
+    )
+    with pytest.raises(LedgerError, match="changed since it first started") as err:
+        run_job(job, "day-1", client=dask_client)
+    assert err.value.exit_code == 2
+    assert not (tmp_path / "out" / "day-1").exists()
+    assert spent(ledger, str(data)) == pytest.approx((1.0, 0.5))  # the reservation stays
+
+
+def test_sqlite_ledger_and_its_journals_are_private(tmp_path):
+    """Finding 8: the ledger holds private noise seeds: created 0600, journals too."""
+    import os
+
+    previous = os.umask(0o022)  # a usual umask: files would be 0644
+    try:
+        path = tmp_path / "ledger.db"
+        init = ["budget", "init", "--ledger", str(path), "--dataset", "/d", "--epsilon", "1"]
+        assert main([*init, "--delta", "1e-5"]) == 0
+        assert path.stat().st_mode & 0o777 == 0o600
+        with sqlite3.connect(path) as conn:
+            conn.execute("PRAGMA journal_mode=WAL")
+        with open_ledger(str(path)) as book:
+            book.reserve(request_for("r", dataset="/d"))
+            wal = Path(f"{path}-wal")
+            assert wal.exists() and wal.stat().st_mode & 0o777 == 0o600
+        old = tmp_path / "old.db"
+        with open_ledger(str(old), create=True):
+            pass
+        old.chmod(0o644)  # a ledger made by an older version
+        open_ledger(str(old)).close()
+        assert old.stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(previous)
+
+
+def test_aliases_of_one_dataset_share_one_grant(tmp_path, capsys, monkeypatch):
+    """Finding 12: a symlink, a glob, a relative path or a file inside name the same budget."""
+    data = tmp_path / "events"
+    data.mkdir()
+    (data / "part-0.parquet").write_bytes(b"")
+    alias = tmp_path / "alias"
+    alias.symlink_to(data)
+    ledger = str(tmp_path / "ledger.db")
+    init = ["budget", "init", "--ledger", ledger, "--epsilon", "1", "--delta", "1e-5"]
+    assert main([*init, "--dataset", f"{data}/"]) == 0
+    assert capsys.readouterr().out.startswith(f"granted {data} ")
+    monkeypatch.chdir(tmp_path)
+    for same in (str(alias), f"{data}/*.parquet", "events", f"file://{data}"):
+        assert main([*init, "--dataset", same]) == 0
+        assert capsys.readouterr().out.startswith(f"already granted {data} "), same
+    assert main([*init, "--dataset", str(data / "part-0.parquet")]) == 2
+    assert "overlaps the granted dataset" in capsys.readouterr().err
+    with open_ledger(ledger) as book:
+        assert book.covering_grant(dataset_key(str(alias / "part-0.parquet"))) == str(data)
+        assert len(book.grants()) == 1
+    assert dataset_key("s3a://bucket//events/") == "s3://bucket/events"
+    assert dataset_key("S3://bucket/events/*.parquet") == "s3://bucket/events"

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dpsub_dist.errors import InputError
+from dpsub_dist.errors import DataError, InputError
 from dpsub_dist.io.storage import (
     STORAGE_ERRORS,
     StorageOptions,
@@ -146,7 +146,7 @@ def _first_row_width(pf: pq.ParquetFile, name: str, path: str) -> int | None:
         if batch.num_rows:
             first = batch.column(0)
             if first.null_count:
-                raise InputError(
+                raise DataError(
                     f"{path}: column {name} has a missing (null) list in row 0: fill or drop "
                     "the rows with missing values before estimating"
                 )
@@ -262,7 +262,7 @@ def column_widths(infos: Sequence[FileInfo], selected: Sequence[str]) -> list[in
         path, width = known[0]
         for other, w in known[1:]:
             if w != width:
-                raise InputError(
+                raise DataError(
                     f"list column {name} has rows of length {width} in {path} but {w} in "
                     f"{other}: every row of a vector column must have the same length"
                 )
@@ -341,10 +341,12 @@ class PartReader:
                 file_row = sum(pf.metadata.row_group(i).num_rows for i in range(first))
         except PermissionError as err:
             raise storage_error(err, part.path, "reading") from None
-        except (pa.ArrowInvalid, OSError, ValueError) as err:
+        except (pa.ArrowInvalid, ValueError) as err:
             raise InputError(
                 f"{part.path}: cannot read rows ({short_error(err)}): replace the file"
             ) from None
+        except OSError as err:  # a storage fault mid-read is not bad input (not refundable)
+            raise storage_error(err, part.path, "reading") from None
         except STORAGE_ERRORS as err:
             raise storage_error(err, part.path, "reading") from None
         if table.num_rows != part.rows:
@@ -359,7 +361,7 @@ class PartReader:
             column = table.column(name)
             if column.null_count:
                 what = "missing values" if width is None else "missing (null) lists"
-                raise InputError(
+                raise DataError(
                     f"{part.path}: column {name} has {column.null_count} {what}: "
                     "fill or drop them before estimating"
                 )
@@ -387,7 +389,7 @@ def _read_vector(
             wrong = np.flatnonzero(lengths != width)
             if wrong.size:
                 row = int(wrong[0])
-                raise InputError(
+                raise DataError(
                     f"{path}: list column {name} has rows of different lengths (row "
                     f"{file_row + r + row} has {int(lengths[row])} values, expected {width}): "
                     "every row of a vector column must have the same length"
@@ -404,7 +406,7 @@ def _read_vector(
         r += m
     if null_counts is not None:
         element = int(np.argmax(null_counts > 0))
-        raise InputError(
+        raise DataError(
             f"{path}: column {name}[{element}] has {int(null_counts[element])} missing values "
             f"(null elements of vector column {name}): fill or drop them before estimating"
         )
@@ -416,12 +418,12 @@ def check_finite(
     where: str,
     widths: Sequence[int | None] | None = None,
 ) -> None:
-    """Raise InputError naming the first feature (``x`` or ``x[17]``) with NaN or inf values."""
+    """Raise DataError naming the first feature (``x`` or ``x[17]``) with NaN or inf values."""
     finite = np.isfinite(rows)
     if not finite.all():
         bad = int(np.argmin(finite.all(axis=0)))
         count = int((~finite[:, bad]).sum())
-        raise InputError(
+        raise DataError(
             f"{where}: column {feature_name(columns, widths, bad)} has {count} NaN or infinite "
             "values: clean or drop those rows before estimating"
         )

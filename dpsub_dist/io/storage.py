@@ -17,7 +17,7 @@ from typing import Any
 import fsspec
 from fsspec.utils import get_protocol
 
-from dpsub_dist.errors import InputError
+from dpsub_dist.errors import InputError, StorageFailure
 
 SHOWN_OPTIONS = frozenset(
     {
@@ -175,18 +175,20 @@ def bucket_of(fs: Any, path: str) -> str:
     return fs._strip_protocol(path).split("/", 1)[0]
 
 
-def storage_error(err: BaseException, uri: str, action: str) -> InputError:
-    """A one-line InputError for an fsspec/s3fs failure on ``uri`` (no secrets in it)."""
+def storage_error(err: BaseException, uri: str, action: str) -> StorageFailure:
+    """A one-line StorageFailure for an fsspec/s3fs failure on ``uri`` (no secrets in it)."""
     if isinstance(err, PermissionError):
-        return InputError(f"access denied {action} {uri} ({short_error(err)}): {CREDENTIALS_HINT}")
+        return StorageFailure(
+            f"access denied {action} {uri} ({short_error(err)}): {CREDENTIALS_HINT}"
+        )
     if isinstance(err, FileNotFoundError) and "bucket" in str(err).lower():
-        return InputError(
+        return StorageFailure(
             f"bucket of {uri} does not exist ({short_error(err)}): check the bucket name "
             "and the endpoint (AWS_ENDPOINT_URL or --storage-option endpoint_url=...)"
         )
     if isinstance(err, FileNotFoundError):
-        return InputError(f"not found while {action} {uri}: check the path")
-    return InputError(
+        return StorageFailure(f"not found while {action} {uri}: check the path")
+    return StorageFailure(
         f"cannot reach storage while {action} {uri} ({short_error(err)}): check the endpoint, "
         "network and credentials"
     )

@@ -17,6 +17,7 @@ from dpsub_dist.ledger.core import (
     RunRequest,
     canonical_dataset,
     check_run_id,
+    dataset_key,
     unit_name,
 )
 
@@ -60,6 +61,7 @@ __all__ = [
     "RunRequest",
     "canonical_dataset",
     "check_run_id",
+    "dataset_key",
     "is_postgres",
     "open_ledger",
     "unit_name",

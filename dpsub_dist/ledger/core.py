@@ -1,35 +1,43 @@
 """The privacy-budget ledger: what each dataset was granted and what each run charged.
 
-One row per dataset (its canonical URI) records the total budget granted and the
-privacy unit it was granted for; one row per (dataset, run id) records that run's
-charge and state. A run moves through these states::
+One row per dataset (its key, see :func:`dataset_key`) records the
+total budget granted and the privacy unit it was granted for; one row per (dataset,
+run id) records that run's charge and state; one row per run in ``dpsub_leases`` names
+the attempt that currently holds the run. A run moves through these states::
 
-    (none) ──reserve──▶ reserved ──publish──▶ published
-                          │  ▲
-          bad input on a  │  │ reserve again
-          first attempt   ▼  │
-                         returned
+    (none) ─reserve─▶ reserved ─begin_publishing─▶ publishing ─publish─▶ published
+                        │   │                          │
+     public bad input,  │   │ data failed validation   │ data failed validation
+     first attempt,     ▼   ▼                          ▼
+     lease held     returned  failed ◀─────────────────┘
 
 - **reserve** runs in one transaction that locks the dataset's grant (SQLite
-  ``BEGIN IMMEDIATE``, PostgreSQL ``SELECT … FOR UPDATE``), so two concurrent runs
-  cannot both take the last of the budget. It happens before any data is read.
-  The charges of ``reserved`` and ``published`` runs compose by basic composition
-  through :class:`~dpsub_dist.privacy.accountant.Accountant` (ε and δ add, or ρ and
-  δ₀ add); a run that does not fit is refused with the remaining budget.
-- A ``reserved`` run that stopped without publishing (crash, lost worker, full
-  disk) keeps its charge: it may have drawn its noise, so giving the budget back
-  would let a retry draw fresh noise for the same data — an averaging attack.
-  Resuming it under the same run id reuses its private noise seed and public seed
-  and reproduces the same release without a second charge.
-- A run whose *first* attempt stopped on bad input (exit code 2) before anything
-  was written is ``returned``: nothing noisy left the process, so its charge no
-  longer counts. A returned run can be reserved again.
-- **publish** records the outcome, the manifest and the basis, so that running a
-  published run id again returns the same result (restoring the output folder if
-  it was deleted) and charges nothing.
+  ``BEGIN IMMEDIATE``, PostgreSQL advisory lock and ``SELECT … FOR UPDATE``), so two
+  concurrent runs cannot both take the last of the budget. It happens before any data
+  is read. ``reserved``, ``publishing``, ``published`` and ``failed`` runs charge the
+  grant; their charges compose by basic composition through
+  :class:`~dpsub_dist.privacy.accountant.Accountant`. A run that does not fit is refused.
+- Every reserve hands the attempt a fresh random **lease**. Resuming a ``reserved`` or
+  ``publishing`` run (same run id, same job, same input) takes the lease over and counts
+  an attempt; it reuses the run's private noise seed, so it reproduces the same release
+  without a second charge. Every later transition is a compare-and-set on the lease: an
+  attempt that lost its lease can neither write, publish, fail nor return the run.
+- **begin_publishing** moves the run to ``publishing`` (compare-and-set) *before* any
+  output is written; **publish** then stores the outcome, manifest and basis, so a
+  published run id returns the same result again and charges nothing.
+- **return_reservation** gives the charge back only for a public-cause failure (bad
+  paths, schema, parameters, footers) on a run's *first* attempt, lease still held, state
+  still ``reserved``: nothing was written and the failure does not depend on private
+  values. A resumed run is never refunded; neither is a storage or network failure
+  (the run stays ``reserved``; resume it).
+- **fail** records a failure caused by private data after it was read (``failed``):
+  the charge stays, and the record says only ``failed: the data did not pass
+  validation``. Running the id again reports the same and charges nothing.
 
-The private noise seed lives only in the run's ledger row: it is never printed,
-logged, or written to an output or manifest. Treat the ledger like a secret.
+Outcomes stored and printed are categories (:data:`OUTCOME_CATEGORIES`), never error
+text that could depend on the data. The private noise seed lives only in the run's
+ledger row: it is never printed, logged, or written to an output or manifest. Treat the
+ledger like a secret (the SQLite file is created with mode 0600).
 """
 
 from __future__ import annotations
@@ -39,7 +47,9 @@ import hashlib
 import io
 import json
 import math
+import os
 import re
+import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -48,16 +58,31 @@ from typing import Any, Literal
 
 import numpy as np
 
-from dpsub_dist.errors import BudgetRefused, DpsubError, InputError
+from dpsub_dist.errors import BudgetRefused, DataError, DpsubError, InputError
 from dpsub_dist.privacy.accountant import ZCDP, Accountant, ApproxDP, Budget
 from dpsub_dist.privacy.noise import new_noise_seed
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""Version 2 adds ``dpsub_leases``; a version-1 ledger is upgraded in place when opened."""
 APPLICATION = "dpsub_dist privacy-budget ledger"
 
-RunState = Literal["reserved", "published", "returned"]
-CHARGING_STATES = ("reserved", "published")
+RunState = Literal["reserved", "publishing", "published", "returned", "failed"]
+CHARGING_STATES = ("reserved", "publishing", "published", "failed")
 """States whose charge counts against the dataset's total."""
+RESUMABLE_STATES = ("reserved", "publishing")
+"""States a new attempt may take over (same run id, job and input)."""
+
+OUTCOME_BAD_INPUT = "bad input: public"
+OUTCOME_DATA_FAILED = f"failed: {DataError.public_message}"
+OUTCOME_ABORTED = "aborted: resumable"
+OUTCOME_CATEGORIES = (
+    "ok",
+    "no_stable_subspace",
+    OUTCOME_BAD_INPUT,
+    OUTCOME_DATA_FAILED,
+    OUTCOME_ABORTED,
+)
+"""Every outcome the ledger stores or prints: categories, never data-dependent text."""
 
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._:+@=-]{0,199}$")
 
@@ -68,6 +93,23 @@ class LedgerError(InputError):
 
 class LedgerUnavailable(DpsubError):
     """The ledger server could not be reached: a transient failure worth retrying (exit 1)."""
+
+
+class LeaseLost(DpsubError):
+    """Another attempt took this run over (or finished it): this one stops, writing nothing
+    more (exit 5). The run's charge and release are the other attempt's."""
+
+    exit_code = 5
+
+
+def public_outcome(state: str, outcome: str | None) -> str | None:
+    """The outcome as published: a known category, else one derived from the state.
+
+    Ledgers written before outcomes were categories may hold error text; it is never shown.
+    """
+    if outcome is None or outcome in OUTCOME_CATEGORIES:
+        return outcome
+    return {"returned": OUTCOME_BAD_INPUT, "failed": OUTCOME_DATA_FAILED}.get(state)
 
 
 def now_utc() -> str:
@@ -126,9 +168,9 @@ def unit_name(unit_column: str | None) -> str:
 
 
 def canonical_dataset(uri: str) -> str:
-    """The dataset key: scheme-qualified URIs as given, local paths absolute; no trailing '/'."""
-    import os
-
+    """A URI as written, normalised: scheme-qualified URIs as given (scheme lower-cased),
+    local paths absolute; no trailing '/'. Not the budget's identity: see :func:`dataset_key`.
+    """
     text = str(uri).strip()
     if "://" in text:
         scheme, _, rest = text.partition("://")
@@ -137,6 +179,41 @@ def canonical_dataset(uri: str) -> str:
         else:
             return f"{scheme.lower()}://{rest.rstrip('/')}"
     return os.path.abspath(os.path.expanduser(text)).rstrip("/") or "/"
+
+
+GLOB_CHARACTERS = "*?["
+S3_SCHEMES = {"s3": "s3", "s3a": "s3", "s3n": "s3"}
+
+
+def dataset_key(uri: str) -> str:
+    """The dataset key a grant and its runs are accounted under.
+
+    A *dataset* is a file or a folder: local paths are made absolute with symlinks
+    resolved; ``file://`` is dropped; ``s3a://``/``s3n://`` become ``s3://``; repeated and
+    trailing ``/`` are removed. A glob names the folder before its first wildcard, so
+    ``/data/ev/*.parquet``, ``/data/ev/`` and a symlink to ``/data/ev`` are one dataset.
+    A run on a file or folder *inside* a granted folder is charged to that grant
+    (:meth:`Ledger.covering_grant`).
+    """
+    text = str(uri).strip()
+    scheme = ""
+    if "://" in text:
+        scheme, _, text = text.partition("://")
+        scheme = scheme.lower()
+        if scheme == "file":
+            scheme = ""
+    if any(ch in text for ch in GLOB_CHARACTERS):
+        before = re.split(r"[*?\[]", text, maxsplit=1)[0]
+        text = before.rsplit("/", 1)[0] if "/" in before else ""
+    if scheme:
+        scheme = S3_SCHEMES.get(scheme, scheme)
+        return f"{scheme}://{re.sub('/+', '/', text).strip('/')}"
+    return os.path.realpath(os.path.expanduser(text or ".")).rstrip("/") or "/"
+
+
+def dataset_contains(parent: str, child: str) -> bool:
+    """Whether dataset key ``child`` is ``parent`` or lies inside it."""
+    return child == parent or child.startswith(parent.rstrip("/") + "/")
 
 
 def fingerprint(value: Any) -> str:
@@ -184,7 +261,7 @@ class RunRecord:
             "charge": budget_fields(self.charge),
             "public_seed": self.public_seed,
             "output": self.output,
-            "outcome": self.outcome,
+            "outcome": public_outcome(self.state, self.outcome),
             "reserved_at": self.reserved_at,
             "updated_at": self.updated_at,
             "published_at": self.published_at,
@@ -212,9 +289,10 @@ class RunRequest:
 class Reservation:
     """The ledger's answer: a new or resumed reservation, or an already published run."""
 
-    kind: Literal["new", "resume", "published"]
+    kind: Literal["new", "resume", "published", "failed"]
     record: RunRecord
     remaining: Budget
+    lease: str | None = None  # this attempt's lease (new/resume); never printed
 
 
 @dataclass(frozen=True)
@@ -223,7 +301,8 @@ class DatasetStatus:
 
     grant: Grant
     published: Budget
-    reserved: Budget
+    reserved: Budget  # reserved or publishing: unfinished, resumable
+    failed: Budget  # the data failed validation: charged, nothing released
     remaining: Budget
     runs: dict[str, int]
     report: dict[str, Any]
@@ -291,7 +370,30 @@ class Ledger(ABC):
             "output TEXT NOT NULL, outcome TEXT, reserved_at TEXT NOT NULL, "
             "updated_at TEXT NOT NULL, published_at TEXT, manifest TEXT, "
             f"basis {self.blob_type}, PRIMARY KEY (dataset, run_id))",
+            *self._upgrade_statements(),
         ]
+
+    @staticmethod
+    def _upgrade_statements() -> list[str]:
+        """Version 1 → 2: the attempts' leases (idempotent)."""
+        return [
+            "CREATE TABLE IF NOT EXISTS dpsub_leases ("
+            "dataset TEXT NOT NULL, run_id TEXT NOT NULL, lease TEXT NOT NULL, "
+            "attempts INTEGER NOT NULL, PRIMARY KEY (dataset, run_id))",
+        ]
+
+    def _open_existing(self, meta: dict[str, str]) -> None:
+        """Check an existing ledger's stamp; upgrade a version-1 ledger in place."""
+        if meta.get("application") == APPLICATION and meta.get("schema_version") == "1":
+            with self._transaction(write=True) as execute:
+                for statement in self._upgrade_statements():
+                    execute(statement, ())
+                execute(
+                    "UPDATE dpsub_ledger_meta SET value = ? WHERE key = 'schema_version'",
+                    (str(SCHEMA_VERSION),),
+                )
+            meta = {**meta, "schema_version": str(SCHEMA_VERSION)}
+        self._check_meta(meta)
 
     def create_schema(self) -> None:
         """Create the tables (idempotent) and stamp the schema version."""
@@ -304,8 +406,8 @@ class Ledger(ABC):
                     "INSERT INTO dpsub_ledger_meta (key, value) VALUES (?, ?), (?, ?)",
                     ("application", APPLICATION, "schema_version", str(SCHEMA_VERSION)),
                 )
-            else:
-                self._check_meta(dict(rows))
+        if rows:
+            self._open_existing(dict(rows))
 
     def _check_meta(self, meta: dict[str, str]) -> None:
         if meta.get("application") != APPLICATION:
@@ -327,6 +429,18 @@ class Ledger(ABC):
         privacy, delta = budget_pair(total)
         with self._transaction(write=True) as execute:
             row = self._lock_dataset(execute, dataset)
+            overlap = [
+                g.dataset
+                for g in (_grant_from_row(r) for r in execute(GRANT_SELECT, ()))
+                if g.dataset != dataset
+                and (dataset_contains(g.dataset, dataset) or dataset_contains(dataset, g.dataset))
+            ]
+            if row is None and overlap:
+                raise LedgerError(
+                    f"{dataset} overlaps the granted dataset {overlap[0]}: one datum has one "
+                    "budget, so a folder and the files inside it cannot both be granted; run "
+                    f"jobs on {dataset} under the grant of {overlap[0]}"
+                )
             if row is None:
                 stamp = now_utc()
                 execute(
@@ -344,6 +458,15 @@ class Ledger(ABC):
                 "use another ledger or dataset URI for a new budget"
             )
         return existing, False
+
+    def covering_grant(self, dataset: str) -> str:
+        """The granted dataset that holds ``dataset`` (itself, or a granted folder above it).
+
+        A run on a file or sub-folder of a granted folder is charged to that folder's grant;
+        without one the key itself is returned (and reserve refuses it, naming the fix).
+        """
+        holders = [g.dataset for g in self.grants() if dataset_contains(g.dataset, dataset)]
+        return max(holders, key=len) if holders else dataset
 
     def grants(self) -> list[Grant]:
         with self._transaction(write=False) as execute:
@@ -414,24 +537,23 @@ class Ledger(ABC):
             if mine is not None and mine.state == "published":
                 record = self._with_release(execute, mine)
                 return Reservation("published", record, accountant.remaining)
-            if mine is not None and mine.state == "reserved":
-                if (
-                    mine.input_fingerprint is not None
-                    and request.input_fingerprint is not None
-                    and mine.input_fingerprint != request.input_fingerprint
-                ):
+            if mine is not None and mine.state == "failed":
+                return Reservation("failed", mine, accountant.remaining)
+            if mine is not None and mine.state in RESUMABLE_STATES:
+                if mine.input_fingerprint != request.input_fingerprint:
                     raise LedgerError(
                         f"the input of run {request.run_id} changed since it first started "
-                        "(files or sizes differ); resuming would reuse its noise on other data: "
-                        "restore the input, or start a new run id (this run's budget stays "
-                        "reserved)"
+                        "(file contents, names or sizes differ); resuming would reuse its noise "
+                        "on other data: restore the input, or start a new run id (this run's "
+                        "budget stays reserved)"
                     )
                 execute(
                     "UPDATE dpsub_runs SET output = ?, updated_at = ? "
                     "WHERE dataset = ? AND run_id = ?",
                     (request.output, now_utc(), grant.dataset, request.run_id),
                 )
-                return Reservation("resume", mine, accountant.remaining)
+                lease = self._take_lease(execute, grant.dataset, request.run_id, first=False)
+                return Reservation("resume", mine, accountant.remaining, lease)
             if not accountant.can_afford({request.run_id: request.charge}):
                 raise BudgetRefused(
                     f"budget refused for run {request.run_id} on {grant.dataset}: it asks for "
@@ -440,8 +562,29 @@ class Ledger(ABC):
                     f"{describe_budget(grant.total)} (see dpsub budget show)"
                 )
             record = self._insert_reservation(execute, request, grant, mine)
+            lease = self._take_lease(execute, grant.dataset, request.run_id, first=True)
             accountant.charge(request.run_id, request.charge)
-            return Reservation("new", record, accountant.remaining)
+            return Reservation("new", record, accountant.remaining, lease)
+
+    @staticmethod
+    def _take_lease(execute, dataset: str, run_id: str, first: bool) -> str:
+        """A fresh lease for this attempt; ``first`` restarts the attempt count at 1."""
+        lease = secrets.token_hex(16)
+        rows = execute(
+            "SELECT attempts FROM dpsub_leases WHERE dataset = ? AND run_id = ?", (dataset, run_id)
+        )
+        attempts = 1 if first or not rows else int(rows[0][0]) + 1
+        if rows:
+            execute(
+                "UPDATE dpsub_leases SET lease = ?, attempts = ? WHERE dataset = ? AND run_id = ?",
+                (lease, attempts, dataset, run_id),
+            )
+        else:
+            execute(
+                "INSERT INTO dpsub_leases (dataset, run_id, lease, attempts) VALUES (?, ?, ?, ?)",
+                (dataset, run_id, lease, attempts),
+            )
+        return lease
 
     def _insert_reservation(
         self, execute, request: RunRequest, grant: Grant, returned: RunRecord | None
@@ -504,36 +647,119 @@ class Ledger(ABC):
         )
         return _run_from_row(rows[0])
 
-    def publish(
-        self, dataset: str, run_id: str, outcome: str, manifest: str, basis: bytes | None
-    ) -> None:
-        """Mark a reserved run published, storing its public release (manifest and basis)."""
-        stamp = now_utc()
-        with self._transaction(write=True) as execute:
-            rows = execute(
-                "SELECT state FROM dpsub_runs WHERE dataset = ? AND run_id = ?", (dataset, run_id)
-            )
-            if not rows or rows[0][0] not in ("reserved", "published"):
-                state = rows[0][0] if rows else "missing"
-                raise LedgerError(
-                    f"cannot publish run {run_id} on {dataset}: its ledger state is {state}"
-                )
-            if rows[0][0] == "published":
-                return
-            execute(
-                "UPDATE dpsub_runs SET state = 'published', outcome = ?, manifest = ?, basis = ?, "
-                "published_at = ?, updated_at = ? WHERE dataset = ? AND run_id = ?",
-                (outcome, manifest, basis, stamp, stamp, dataset, run_id),
-            )
+    def _transition(
+        self,
+        dataset: str,
+        run_id: str,
+        lease: str,
+        allowed: tuple[str, ...],
+        assignments: str,
+        params: tuple,
+        first_attempt_only: bool = False,
+    ) -> str | None:
+        """Compare-and-set: apply ``assignments`` if the run is in ``allowed`` and ``lease``
+        is still the current one (and, with ``first_attempt_only``, it was never resumed).
 
-    def return_reservation(self, dataset: str, run_id: str, reason: str) -> None:
-        """Give back a reserved charge whose first attempt stopped on bad input, nothing written."""
+        Returns None when applied, else the run's state as found ('lease lost' when another
+        attempt holds it, 'resumed' when it was resumed). One locked transaction.
+        """
         with self._transaction(write=True) as execute:
-            execute(
-                "UPDATE dpsub_runs SET state = 'returned', outcome = ?, updated_at = ? "
-                "WHERE dataset = ? AND run_id = ? AND state = 'reserved'",
-                (f"bad input: {reason}"[:500], now_utc(), dataset, run_id),
+            self._lock_dataset(execute, dataset)
+            rows = execute(
+                "SELECT r.state, l.lease, l.attempts FROM dpsub_runs r LEFT JOIN dpsub_leases l "
+                "ON l.dataset = r.dataset AND l.run_id = r.run_id "
+                "WHERE r.dataset = ? AND r.run_id = ?",
+                (dataset, run_id),
             )
+            if not rows:
+                return "missing"
+            state, held, attempts = rows[0]
+            if state not in allowed:
+                return state
+            if held != lease:
+                return "lease lost"
+            if first_attempt_only and int(attempts) != 1:
+                return "resumed"
+            execute(
+                f"UPDATE dpsub_runs SET {assignments}, updated_at = ? "
+                "WHERE dataset = ? AND run_id = ?",
+                (*params, now_utc(), dataset, run_id),
+            )
+        return None
+
+    def begin_publishing(self, dataset: str, run_id: str, lease: str) -> None:
+        """Move the run to 'publishing' before any output is written; LeaseLost if this
+        attempt no longer holds it (resumed by another, or already finished)."""
+        found = self._transition(
+            dataset, run_id, lease, RESUMABLE_STATES, "state = 'publishing'", ()
+        )
+        if found is not None:
+            raise LeaseLost(_lost(run_id, found))
+
+    def publish(
+        self,
+        dataset: str,
+        run_id: str,
+        lease: str,
+        outcome: str,
+        manifest: str,
+        basis: bytes | None,
+    ) -> None:
+        """Mark a 'publishing' run published with its release (compare-and-set on the lease)."""
+        found = self._transition(
+            dataset,
+            run_id,
+            lease,
+            ("publishing",),
+            "state = 'published', outcome = ?, manifest = ?, basis = ?, published_at = ?",
+            (outcome, manifest, basis, now_utc()),
+        )
+        if found is not None:
+            raise LeaseLost(_lost(run_id, found))
+
+    def fail(self, dataset: str, run_id: str, lease: str) -> bool:
+        """Record that the data failed validation after it was read: 'failed', still charged.
+
+        The record says only :data:`OUTCOME_DATA_FAILED`. False if the lease was lost.
+        """
+        found = self._transition(
+            dataset,
+            run_id,
+            lease,
+            RESUMABLE_STATES,
+            "state = 'failed', outcome = ?",
+            (OUTCOME_DATA_FAILED,),
+        )
+        return found is None
+
+    def note_aborted(self, dataset: str, run_id: str, lease: str) -> bool:
+        """Record that this attempt stopped (storage, cluster): the run stays reserved."""
+        found = self._transition(
+            dataset, run_id, lease, RESUMABLE_STATES, "outcome = ?", (OUTCOME_ABORTED,)
+        )
+        return found is None
+
+    def return_reservation(self, dataset: str, run_id: str, lease: str) -> bool:
+        """Give back the charge of a run whose *first* attempt stopped on public bad input
+        before anything was written. Refused (False) when the run was resumed, another
+        attempt holds the lease, or the run is no longer 'reserved'."""
+        found = self._transition(
+            dataset,
+            run_id,
+            lease,
+            ("reserved",),
+            "state = 'returned', outcome = ?",
+            (OUTCOME_BAD_INPUT,),
+            first_attempt_only=True,
+        )
+        return found is None
+
+
+def _lost(run_id: str, found: str) -> str:
+    return (
+        f"run {run_id} was taken over by another attempt or finished ({found}): this attempt "
+        "stopped and wrote nothing more; see dpsub budget history"
+    )
 
 
 def _grant_from_row(row: tuple) -> Grant:
@@ -626,7 +852,8 @@ def _status(grant: Grant, runs: list[RunRecord]) -> DatasetStatus:
     return DatasetStatus(
         grant=grant,
         published=_sum_budgets(mode, [r for r in runs if r.state == "published"]),
-        reserved=_sum_budgets(mode, [r for r in runs if r.state == "reserved"]),
+        reserved=_sum_budgets(mode, [r for r in runs if r.state in RESUMABLE_STATES]),
+        failed=_sum_budgets(mode, [r for r in runs if r.state == "failed"]),
         remaining=accountant.remaining,
         runs=counts,
         report=accountant.report(),

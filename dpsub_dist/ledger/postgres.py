@@ -59,7 +59,7 @@ class PostgresLedger(Ledger):
                 f"no dpsub ledger in {self.location}: create it and grant the dataset with "
                 "dpsub budget init --ledger URL --dataset URI --epsilon E --delta D"
             ) from None
-        self._check_meta(meta)
+        self._open_existing(meta)
 
     @contextlib.contextmanager
     def _transaction(self, write: bool) -> Iterator:

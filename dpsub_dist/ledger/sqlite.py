@@ -9,6 +9,7 @@ use PostgreSQL when runs on several hosts share a ledger.
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,16 +42,31 @@ def connect_sqlite(
         with open(file, "rb") as handle:
             if handle.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
                 raise LedgerError(f"{path} is not a SQLite database: {role}")
+    if not file.exists():
+        private_file(file)
     conn = sqlite3.connect(str(file), timeout=BUSY_TIMEOUT_S, isolation_level=None)
     with translate_errors(path, sqlite3.DatabaseError):
         listing = conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
         tables = {row[0] for row in listing}
-    if meta_table in tables:
-        return conn, False
-    if tables or not create:
+    if (tables and meta_table not in tables) or (not tables and not create):
         conn.close()
         raise LedgerError(f"{path} is a SQLite database but not {kind}: {role}")
-    return conn, True
+    private_file(file)  # ours: narrow a ledger made before files were created 0600
+    return conn, meta_table not in tables
+
+
+def private_file(file: Path) -> None:
+    """Create ``file`` with mode 0600, or narrow an existing one we own to 0600.
+
+    The ledger holds each run's private noise seed. SQLite creates its -journal and -wal
+    files with the database file's mode, so they are owner-only too.
+    """
+    try:
+        os.close(os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        info = file.stat()
+        if info.st_uid == os.getuid() and info.st_mode & 0o077:
+            os.chmod(file, 0o600)
 
 
 @contextlib.contextmanager
@@ -92,7 +108,7 @@ class SQLiteLedger(Ledger):
                 self.create_schema()
             else:
                 meta = self._conn.execute("SELECT key, value FROM dpsub_ledger_meta")
-                self._check_meta(dict(meta))
+                self._open_existing(dict(meta))
 
     def _transaction(self, write: bool) -> contextlib.AbstractContextManager:
         return sqlite_transaction(self._conn, self.location, write)
