@@ -56,6 +56,8 @@ from dpsub_dist.ledger.core import (
     budget_fields,
     canonical_dataset,
     check_run_id,
+    dataset_contains,
+    dataset_key,
     decode_array,
     encode_array,
     fingerprint,
@@ -324,7 +326,7 @@ def _charge_ledger(settings: StreamSettings, location: str, dataset: str, output
     from dpsub_dist.ledger import open_ledger
 
     charge = ledger_charge(settings)
-    key = canonical_dataset(dataset)
+    key = dataset_key(dataset)
     run_id = f"stream-{secrets.token_hex(6)}"
     public = {k: v for k, v in asdict(settings).items() if k != "created_at"}
     request = RunRequest(
@@ -337,7 +339,9 @@ def _charge_ledger(settings: StreamSettings, location: str, dataset: str, output
         output=output,
     )
     with open_ledger(location) as book:
-        book.reserve(request)
+        key = book.covering_grant(key)
+        request = replace(request, dataset=key)
+        reservation = book.reserve(request)
         entry = {
             "location": book.location,
             "dataset": key,
@@ -346,8 +350,10 @@ def _charge_ledger(settings: StreamSettings, location: str, dataset: str, output
             "charged": budget_fields(charge),
         }
         settings = replace(settings, ledger=entry)
+        lease = reservation.lease or ""
+        book.begin_publishing(key, run_id, lease)
         book.publish(
-            key, run_id, "stream", json.dumps({"stream": output, **asdict(settings)}), None
+            key, run_id, lease, "stream", json.dumps({"stream": output, **asdict(settings)}), None
         )
     return settings
 
@@ -675,8 +681,7 @@ class Stream:
         if self.settings.ledger is None:
             return
         dataset = self.settings.ledger["dataset"]
-        where = canonical_dataset(uri)
-        if where != dataset and not where.startswith(dataset.rstrip("/") + "/"):
+        if not dataset_contains(dataset, dataset_key(uri)):
             raise InputError(
                 f"batch {uri} is outside the dataset {dataset} whose grant pays for this stream: "
                 "append batches of that dataset, or start a stream charged to this one"
