@@ -3,12 +3,14 @@
 Usage: ``python scheduler_harness.py airflow|prefect PLAN.json RESULTS.json`` (started by
 tests/test_schedulers.py with the scheduler's environment set). PLAN is a list of
 ``{"label", "date", "env"}``: ``env`` (``DPSUB``, ``DPSUB_JOB``) is set before that date's
-run. RESULTS gets, per step, the state the scheduler shows for the run and for the dpsub
-task, and how many times the task ran. Only the retry delay is shortened (10 min → 1 s).
+run. RESULTS gets the scheduler's version and, per step, the state the scheduler shows for
+the run and for the dpsub task, and how many times the task ran. Only the retry delay is
+shortened (10 min → 1 s).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import sys
@@ -69,7 +71,9 @@ def main() -> None:
     sys.path.insert(0, str(PIPELINES))
     plan = json.loads(Path(plan_path).read_text())
     runner = run_airflow if scheduler == "airflow" else run_prefect
-    Path(results_path).write_text(json.dumps(runner(plan), indent=2))
+    steps = runner(plan)
+    version = importlib.metadata.version("apache-airflow" if scheduler == "airflow" else scheduler)
+    Path(results_path).write_text(json.dumps({"version": version, "steps": steps}, indent=2))
 
 
 if __name__ == "__main__":
