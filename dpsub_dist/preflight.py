@@ -15,7 +15,9 @@ run time (the data changed, the ledger's budget was spent meanwhile, a storage o
    or the bucket accepts a write (object storage), and it does not exist yet unless the job
    sets ``overwrite`` or the run id is already published.
 
-Nothing is written or reserved: the check creates no folder, no ledger and no grant.
+Nothing is reserved and nothing stays written: the check creates no folder, no ledger
+and no grant (on object storage, as a run does, it writes and deletes one empty probe
+object under the output prefix to learn that the bucket accepts writes).
 
 Privacy: ``--check`` reads only public facts (paths, footers' schemas, the ledger's grant
 and charges, which ``dpsub budget show`` prints as well). It prints no row count, since n

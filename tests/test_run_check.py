@@ -93,6 +93,15 @@ def test_missing_ledger_is_refused(tmp_path, data, capsys):
     assert not (tmp_path / "ledger.db").exists()  # --check does not create it
 
 
+def test_unreachable_ledger_server_is_exit_1_without_its_password(tmp_path, data, capsys):
+    (tmp_path / "results").mkdir()
+    server = "postgresql://dpsub:s3cret-pw@127.0.0.1:1/ledger"  # nothing listens on port 1
+    code, out = check(job_file(tmp_path, data), capsys, "--ledger", server)
+    assert code == 1, out  # transient: a scheduler retries
+    assert "cannot connect to the ledger" in failed(out, "ledger")
+    assert "s3cret-pw" not in out
+
+
 def test_dataset_not_granted_is_refused(tmp_path, data, capsys):
     (tmp_path / "results").mkdir()
     grant(tmp_path, data)
