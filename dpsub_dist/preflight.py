@@ -43,6 +43,7 @@ from dpsub_dist.io.parquet import (
 )
 from dpsub_dist.io.storage import StorageOptions, filesystem, is_local
 from dpsub_dist.jobfile import Job
+from dpsub_dist.jobfile import _own_unpublished_output as own_unpublished_output
 from dpsub_dist.ledger import Grant, RunRecord, RunRequest, check_run_id, open_ledger
 from dpsub_dist.ledger.core import _check_compatible as check_compatible
 from dpsub_dist.ledger.core import charged_accountant, describe_budget
@@ -167,9 +168,10 @@ def _output(job: Job, run_id: str, record: RunRecord | None) -> str:
     output = job.output_for(run_id)
     if record is not None and record.state == "published":
         return f"{output}: run {run_id} is published there (restored if deleted)"
-    if record is not None and record.state == "reserved":
-        return f"{output}: the reserved run {run_id} resumes into it"
     options = StorageOptions.wrap(job.storage_options)
+    if record is not None and record.state == "reserved":
+        if own_unpublished_output(output, record.dataset, run_id, options):
+            return f"{output}: holds reserved run {run_id}'s release; a re-run publishes it"
     if is_local(output):
         parent = Path(filesystem(output)[1]).expanduser().resolve().parent
         if not parent.is_dir():

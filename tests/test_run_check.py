@@ -14,6 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from dpsub_dist.cli import main
+from dpsub_dist.jobfile import load_job
+from dpsub_dist.ledger import RunRequest, open_ledger
 from dpsub_dist.synth import generate
 
 RUN = "events-2024-06-01"
@@ -182,6 +184,33 @@ def test_existing_output_is_refused_but_a_published_run_id_is_ready(tmp_path, da
     code, out = check(job, capsys)
     assert code == 0, out
     assert f"run {RUN} is already published: a re-run charges nothing" in out
+
+
+def test_reserved_run_id_needs_no_more_budget_but_still_its_output_parent(
+    tmp_path, data, capsys
+):
+    """A run id reserved by an interrupted run resumes without a new charge."""
+    grant(tmp_path, data, "1")  # exactly one run's budget, all of it reserved below
+    job = job_file(tmp_path, data)
+    loaded = load_job(job)
+    request = RunRequest(
+        loaded.dataset_key,
+        loaded.unit,
+        RUN,
+        loaded.config().budget(),
+        loaded.fingerprint(),
+        None,
+        loaded.output_for(RUN),
+    )
+    with open_ledger(str(tmp_path / "ledger.db")) as book:
+        assert book.reserve(request).kind == "new"
+    code, out = check(job, capsys)
+    assert code == 2, out  # the output parent is missing: the resume would fail too
+    assert f"run {RUN} is reserved: a re-run resumes it and charges nothing more" in out
+    assert "does not exist" in failed(out, "output")
+    (tmp_path / "results").mkdir()
+    assert check(job, capsys)[0] == 0
+    assert check(job, capsys, "--run-id", "events-2024-06-02")[0] == 4  # a new id: no budget
 
 
 def test_budget_init_help_describes_the_total_grant(capsys):
