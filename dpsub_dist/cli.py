@@ -32,10 +32,10 @@ def _storage_option(text: str) -> tuple[str, str]:
     return key, value
 
 
-def add_budget_arguments(parser: argparse.ArgumentParser, scope: str = "the whole run") -> None:
+def add_budget_arguments(parser: argparse.ArgumentParser, scope: str = "for the whole run") -> None:
     """--epsilon/--delta or --rho (with --delta), shared by every private command."""
     group = parser.add_argument_group("privacy budget")
-    group.add_argument("--epsilon", type=float, help=f"ε of (ε, δ)-DP for {scope}")
+    group.add_argument("--epsilon", type=float, help=f"ε of (ε, δ)-DP {scope}")
     group.add_argument("--delta", type=float, help="δ of (ε, δ)-DP (with --rho: δ of the report)")
     group.add_argument("--rho", type=float, help="ρ of ρ-zCDP instead of --epsilon")
 
@@ -386,7 +386,12 @@ def add_scheduled_commands(sub) -> None:
         "from the logical date. Re-running a published id charges nothing",
     )
     run.add_argument("--ledger", help="ledger file or postgresql:// URL (overrides the job's)")
-    run.add_argument("--check", action="store_true", help="only validate the job file")
+    run.add_argument(
+        "--check",
+        action="store_true",
+        help="check without running: the job, the ledger and the budget left, the dataset's "
+        "footers and the output folder (exit code as a run would fail; nothing written)",
+    )
     run.add_argument("--scheduler", help="tcp://host:port of a running Dask scheduler")
     run.add_argument("--workers", type=int, help="workers of the local cluster (default: cores)")
     run.add_argument("--quiet", action="store_true", help="no progress bar or cluster banner")
@@ -397,7 +402,7 @@ def add_scheduled_commands(sub) -> None:
     init.add_argument("--ledger", required=True, help="ledger file (created) or postgresql:// URL")
     init.add_argument("--dataset", required=True, help="dataset URI, as the jobs name it")
     init.add_argument("--unit-column", help="user id column: grant for user-level privacy")
-    add_budget_arguments(init)
+    add_budget_arguments(init, "of the dataset's total grant: all its runs together, ever")
     for name, text in (("show", "granted, spent and remaining"), ("history", "every run")):
         view = budget_sub.add_parser(name, help=f"{text} per dataset")
         view.add_argument("--ledger", required=True, help="ledger file or postgresql:// URL")
@@ -425,7 +430,7 @@ def add_scheduled_commands(sub) -> None:
     s_init.add_argument(
         "--dataset", help="dataset URI as granted (dpsub budget init); batches must lie under it"
     )
-    add_budget_arguments(s_init, "the stream's whole horizon (all T batches together)")
+    add_budget_arguments(s_init, "for the stream's whole horizon (all T batches together)")
     s_append = stream_sub.add_parser("append", help="add one batch and release the new basis")
     s_append.add_argument("state", help="stream state file")
     s_append.add_argument("batch", help="the batch: Parquet file, folder or glob")
@@ -453,8 +458,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     job = load_job(args.job)
     if args.check:
-        print(f"{args.job}: valid ({job.method}, rank {job.rank}, dataset {job.dataset})")
-        return 0
+        from dpsub_dist.preflight import exit_code, preflight
+
+        checks = preflight(job, args.run_id, args.ledger)
+        print("\n".join(check.line() for check in checks))
+        return exit_code(checks)
     outcome = run_job(
         job,
         args.run_id,

@@ -1,52 +1,63 @@
 """Prefect flow: ``dpsub run`` with a run id derived from the flow run's logical date.
 
-Deploy it on a daily schedule (e.g. ``prefect deploy pipelines/prefect_flow.py:daily_basis
---cron "15 2 * * *"``). Task retries re-use the run id: a retried run resumes the same
-release or returns the published one and never charges the budget twice.
+Keep ``dpsub_runner.py`` beside this file; set ``DPSUB`` (the dpsub executable, default
+``dpsub`` on PATH) and ``DPSUB_JOB`` (the job file). Run it once locally with
+``python pipelines/prefect_flow.py 2024-06-01``, or deploy it on a daily schedule (e.g.
+``prefect deploy pipelines/prefect_flow.py:daily_basis --cron "15 2 * * *"``). Tested with
+Prefect 3.8 (docs/running-daily.md).
+
+Task retries re-use the run id: a retried run resumes the same release or returns the
+published one and never charges the budget twice. Exit codes (``dpsub_runner.EXIT_CODES``):
+0 Completed · 3 and 4 Completed in a state named "Skipped" (final: not retried) · 2 Failed,
+not retried · 5 and 1 Failed and retried (the retry resumes the run) · any other code
+Failed, not retried.
 """
 
 from __future__ import annotations
 
-import subprocess
-from datetime import date
+import sys
+from datetime import UTC, date, datetime
 
+from dpsub_runner import RETRY, SKIP, SUCCESS, DpsubResult, run_dpsub
 from prefect import flow, get_run_logger, task
-
-JOB = "/etc/dpsub/events-basis.yaml"
-
-EXIT_CODES = {
-    0: "published (or already published: nothing charged)",
-    1: "failed unexpectedly: retry, it resumes under the same run id",
-    2: "bad job file or input: nothing was spent; fix and re-run",
-    3: "published: no stable subspace (the budget was spent)",
-    4: "refused: the dataset's budget is spent; grant more or stop",
-    5: "aborted (scheduler lost or output not writable): retry, it resumes the same run",
-}
+from prefect.states import Completed
 
 
-def dpsub_command(logical_date: date, job: str = JOB) -> list[str]:
-    """The ``dpsub run`` command line for the run of ``logical_date``."""
-    return ["dpsub", "run", job, "--run-id", f"events-basis-{logical_date.isoformat()}", "--quiet"]
+class DpsubFailed(RuntimeError):
+    """A failed ``dpsub run``; ``retry`` tells whether a retry can succeed (it resumes)."""
+
+    def __init__(self, result: DpsubResult) -> None:
+        super().__init__(result.summary())
+        self.retry = result.action == RETRY
 
 
-@task(retries=3, retry_delay_seconds=600)
-def run_job(logical_date: date) -> str:
-    logger = get_run_logger()
-    done = subprocess.run(dpsub_command(logical_date), capture_output=True, text=True)
-    meaning = EXIT_CODES.get(done.returncode, "unknown exit code")
-    logger.info("dpsub run exited %s (%s): %s", done.returncode, meaning, done.stdout.strip())
-    if done.returncode in (0, 3, 4):  # final answers: retrying would not change them
-        return meaning
-    raise RuntimeError(f"dpsub run failed ({meaning}): {done.stderr.strip()}")
+def retry_if_resumable(task, task_run, state) -> bool:
+    """Retry exit codes 1 and 5 (and a killed run) only: they resume the same run id."""
+    try:
+        state.result()
+    except DpsubFailed as err:
+        return err.retry
+    except Exception:
+        return False
+    return False
+
+
+@task(retries=3, retry_delay_seconds=600, retry_condition_fn=retry_if_resumable)
+def run_job(logical_date: date):
+    result = run_dpsub(logical_date)
+    get_run_logger().info(result.summary())
+    if result.action == SUCCESS:
+        return result.meaning
+    if result.action == SKIP:
+        return Completed(message=result.summary(), name="Skipped", data=result.meaning)
+    raise DpsubFailed(result)
 
 
 @flow(name="dpsub-events-basis")
 def daily_basis(logical_date: date | None = None) -> str:
     """One private basis per logical date (default: today, UTC)."""
-    from datetime import UTC, datetime
-
     return run_job(logical_date or datetime.now(UTC).date())
 
 
 if __name__ == "__main__":
-    daily_basis()
+    daily_basis(date.fromisoformat(sys.argv[1]) if len(sys.argv) > 1 else None)

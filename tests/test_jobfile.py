@@ -136,7 +136,8 @@ def test_validated_before_the_ledger_or_the_data(tmp_path, capsys):
     assert "job.yaml: rank must be a positive integer" in capsys.readouterr().err
     assert not ledger.exists()
     good = write(tmp_path, MINIMAL.replace("/state/ledger.db", str(ledger)), "good.yaml")
-    assert main(["run", str(good), "--check"]) == 0
+    assert main(["run", str(good), "--check"]) == 2  # valid, but the ledger does not exist
+    assert "valid" in capsys.readouterr().out and not ledger.exists()
     assert main(["run", str(good), "--run-id", "bad/id"]) == 2
     assert "invalid run id 'bad/id'" in capsys.readouterr().err
     assert main(["run", str(good), "--run-id", "r1"]) == 2  # the ledger does not exist
