@@ -482,7 +482,7 @@ def run_job(
         if known is not None and known.state in ("published", "failed"):
             return _finished(book, job, dataset, run_id, options)
         resuming = known is not None and known.state in RESUMABLE_STATES
-        adopt = resuming and _own_unpublished_output(output, dataset, run_id, options)
+        adopt = resuming and own_unpublished_output(output, dataset, run_id, options)
         if not adopt:
             check_output_dir(output, job.overwrite, options)
         request = RunRequest(
@@ -575,7 +575,7 @@ def _manifest_entry(job: Job, record: RunRecord) -> dict[str, Any]:
     }
 
 
-def _own_unpublished_output(
+def own_unpublished_output(
     output: str, dataset: str, run_id: str, options: Mapping[str, Any]
 ) -> bool:
     """Whether ``output`` already holds this run's release (written, then the publish failed)."""

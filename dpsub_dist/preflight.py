@@ -42,11 +42,9 @@ from dpsub_dist.io.parquet import (
     select_columns,
 )
 from dpsub_dist.io.storage import StorageOptions, filesystem, is_local
-from dpsub_dist.jobfile import Job
-from dpsub_dist.jobfile import _own_unpublished_output as own_unpublished_output
+from dpsub_dist.jobfile import Job, own_unpublished_output
 from dpsub_dist.ledger import Grant, RunRecord, RunRequest, check_run_id, open_ledger
-from dpsub_dist.ledger.core import _check_compatible as check_compatible
-from dpsub_dist.ledger.core import charged_accountant, describe_budget
+from dpsub_dist.ledger.core import charged_accountant, check_compatible, describe_budget
 
 FOOTER_THREADS = 16
 """Footers read at once (object stores answer each request slowly but in parallel)."""
@@ -105,7 +103,8 @@ def _ledger_checks(
     try:
         with open_ledger(location) as book:
             where = book.location  # passwords redacted
-            status = book.status(job.dataset_key)[0]  # LedgerError if not granted
+            granted = book.covering_grant(job.dataset_key)  # the grant a run would charge
+            status = book.status(granted)[0]  # LedgerError if not granted
             record = book.lookup(status.grant.dataset, run_id)
             runs = book.history(status.grant.dataset)
         request = RunRequest(

@@ -32,6 +32,7 @@ EXIT_CODES: dict[int, tuple[str, str]] = {
     4: (SKIP, "refused: the dataset's remaining budget cannot cover the run; grant or stop"),
     2: (FAIL, "bad job file, input or ledger: nothing was spent; fix it and re-run"),
     5: (RETRY, "aborted (Dask scheduler lost or output not writable): a retry resumes the run"),
+    6: (FAIL, "the data failed validation: charged; the detail is in the diagnostics file"),
     1: (RETRY, "unexpected failure (e.g. ledger server unreachable): a retry resumes the run"),
 }
 """dpsub run's exit codes (dpsub --help). Any other code fails the task without a retry."""

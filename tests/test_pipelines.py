@@ -120,10 +120,10 @@ def test_runner_builds_an_accepted_command(monkeypatch):
 
 
 def test_every_exit_code_has_a_scheduler_action():
-    """0 succeeds; 3 and 4 are final (skip); 2 fails for good; 1, 5 and a kill retry; any
-    other code fails without a retry (e.g. a code added by a later dpsub)."""
+    """0 succeeds; 3 and 4 are final (skip); 2 and 6 (data failed validation, charged) fail
+    for good; 1, 5 and a kill retry; any other code fails without a retry."""
     module = runner()
-    actions = {code: module.action_for(code)[0] for code in (0, 1, 2, 3, 4, 5, 6, 137, -9)}
+    actions = {code: module.action_for(code)[0] for code in (0, 1, 2, 3, 4, 5, 6, 7, 137, -9)}
     assert actions == {
         0: "success",
         1: "retry",
@@ -132,10 +132,11 @@ def test_every_exit_code_has_a_scheduler_action():
         4: "skip",
         5: "retry",
         6: "fail",
+        7: "fail",
         137: "fail",
         -9: "retry",
     }
-    assert sorted(module.EXIT_CODES) == [0, 1, 2, 3, 4, 5]
+    assert sorted(module.EXIT_CODES) == [0, 1, 2, 3, 4, 5, 6]
 
 
 def test_example_job_is_valid_and_writes_one_folder_per_run():

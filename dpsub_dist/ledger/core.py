@@ -522,7 +522,7 @@ class Ledger(ABC):
                     "--epsilon E --delta D"
                 )
             grant = _grant_from_row(row)
-            _check_compatible(grant, request)
+            check_compatible(grant, request)
             rows = execute(
                 f"SELECT {_RUN_COLUMNS} FROM dpsub_runs WHERE dataset = ?", (grant.dataset,)
             )
@@ -806,7 +806,7 @@ def _run_from_row(row: tuple) -> RunRecord:
     )
 
 
-def _check_compatible(grant: Grant, request: RunRequest) -> None:
+def check_compatible(grant: Grant, request: RunRequest) -> None:
     if grant.unit != request.unit:
         raise LedgerError(
             f"{grant.dataset} is granted for privacy unit {grant.unit} but the job uses "
