@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -90,7 +91,8 @@ def test_integer_and_integral_float_ids_are_the_same_user():
     as_int = unit_subsets(pa.array([5, 2**40, -3], type=pa.int64()), seed=3, subsets=1009)
     as_float = unit_subsets(pa.array([5.0, 2.0**40, -3.0]), seed=3, subsets=1009)
     as_int32 = unit_subsets(pa.array([5, 7], type=pa.int32()), seed=3, subsets=1009)
-    as_decimal = unit_subsets(pa.array([5, 7]).cast(pa.decimal128(12, 2)), seed=3, subsets=1009)
+    decimals = pa.array([Decimal("5.00"), Decimal("7.00")], type=pa.decimal128(12, 2))
+    as_decimal = unit_subsets(decimals, seed=3, subsets=1009)
     np.testing.assert_array_equal(as_int, as_float)
     np.testing.assert_array_equal(as_int32, as_decimal)
     assert as_int32[0] == as_int[0]
@@ -129,9 +131,11 @@ def test_rows_with_a_null_id_belong_to_no_user_and_are_ignored(tmp_path):
     config = EstimateConfig(
         rank=1, method="gauss", epsilon=1.0, delta=1e-6, row_norm=3.0, unit_column="user"
     )
-    without = run_estimate(config, open_parquet(write_files(tmp_path / "a", [base])), None, 9)
+    without = run_estimate(
+        config, open_parquet(write_files(tmp_path / "a", [base])), None, noise_seed=9
+    )
     with_strays = run_estimate(
-        config, open_parquet(write_files(tmp_path / "b", [base, strays])), None, 9
+        config, open_parquet(write_files(tmp_path / "b", [base, strays])), None, noise_seed=9
     )
     np.testing.assert_array_equal(without.basis, with_strays.basis)
 

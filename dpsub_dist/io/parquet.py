@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dpsub_dist.engine.assign import canonical_unit_ids, unit_type_supported
 from dpsub_dist.errors import InputError
 from dpsub_dist.io.storage import (
     STORAGE_ERRORS,
@@ -211,6 +212,11 @@ def select_columns(
             f"unit column {unit_column!r} is a list ({by_name[unit_column].type}): "
             "pass a scalar user id column"
         )
+    if unit_column is not None and not unit_type_supported(by_name[unit_column].type):
+        raise InputError(
+            f"unit column {unit_column!r} has type {by_name[unit_column].type}: user ids must "
+            "be integers, floats, decimals, strings or binary; convert the column"
+        )
     if requested:
         missing = [c for c in requested if c not in by_name]
         if missing:
@@ -337,6 +343,11 @@ class PartReader:
                 f"{part.path}: footer declares {part.rows} rows but {table.num_rows} were read: "
                 "the file is corrupt; rewrite it"
             )
+        units = None
+        if self.unit_column:  # canonical ids; rows without one belong to no user: dropped
+            keep, units = canonical_unit_ids(table.column(self.unit_column))
+            if keep is not None:
+                table = table.filter(pa.array(keep))
         rows = np.empty((table.num_rows, self.dim), dtype=np.float64)
         widths = self.widths or (None,) * len(self.columns)
         j = 0
@@ -355,7 +366,6 @@ class PartReader:
                 _read_vector(column, width, rows[:, j : j + width], name, part.path, file_row)
                 j += width
         check_finite(rows, self.columns, part.path, self.widths)
-        units = table.column(self.unit_column).to_pandas() if self.unit_column else None
         return rows, units
 
 
