@@ -185,6 +185,26 @@ def test_neighbours_differing_by_one_user_publish_the_same_manifest(tmp_path, na
     assert published_manifest(manifests[0]) == published_manifest(manifests[1])
 
 
+@pytest.mark.parametrize("name", list(NEIGHBOUR_RUNS))
+@pytest.mark.parametrize("route_bytes", [None, 0])
+def test_an_input_without_rows_is_released_not_refused_at_user_level(
+    tmp_path, monkeypatch, name, route_bytes
+):
+    """n = 0 is as private as any other n: the run releases (⊥ or noise) instead of exit 2,
+    on the per-subset Gram route and (``GRAM_ROUTE_BYTES = 0``) the row shuffle alike."""
+    if route_bytes is not None:
+        monkeypatch.setattr("dpsub_dist.job.GRAM_ROUTE_BYTES", route_bytes)
+    empty = users_table([], np.random.default_rng(0), pa.int64())
+    folder = write_files(tmp_path / "empty", [empty])
+    config = dataclasses.replace(NEIGHBOUR_RUNS[name], unit_column="user")
+    run = run_cluster if isinstance(config, ClusterConfig) else run_estimate
+    result = run(config, open_parquet(folder), None, noise_seed=3)
+    assert result.outcome in ("ok", "no_stable_subspace")
+    assert result.manifest["n_rows"] is None
+    if route_bytes is not None and name in ("friendly", "histogram"):
+        assert result.manifest["parameters"]["local_route"] == "row shuffle"
+
+
 def run_cli(capfd, *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     captured = capfd.readouterr()
