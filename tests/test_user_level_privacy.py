@@ -19,6 +19,7 @@ from dpsub_dist.cli import main
 from dpsub_dist.engine.assign import unit_subsets
 from dpsub_dist.engine.sources import parquet_dataset
 from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
+from dpsub_dist.errors import InputError
 from dpsub_dist.estimators.boost import group_seed, groups_of
 from dpsub_dist.estimators.clustering import ClusterConfig, run_cluster
 from dpsub_dist.job import EstimateConfig, run_estimate
@@ -96,6 +97,13 @@ def test_integer_and_integral_float_ids_are_the_same_user():
     np.testing.assert_array_equal(as_int, as_float)
     np.testing.assert_array_equal(as_int32, as_decimal)
     assert as_int32[0] == as_int[0]
+
+
+def test_an_id_column_of_another_type_is_refused_from_the_schema(tmp_path):
+    table = pa.table({"f0": [1.0, 2.0], "f1": [0.5, 0.1], "user": [True, False]})
+    folder = write_files(tmp_path / "flags", [table])
+    with pytest.raises(InputError, match="unit column 'user' has type bool"):
+        open_parquet(folder)(None)
 
 
 def test_the_public_seed_keys_the_hash_of_numeric_ids():
