@@ -246,7 +246,12 @@ def test_cli_neighbours_get_the_same_exit_code_and_lines(tmp_path, scheduler_add
         )  # fmt: skip
         results.append((code, stdout, stderr))
     assert results[0][0] == results[1][0] == 3  # ⊥ both times: isotropic rows
-    assert results[0][1:] == results[1][1:], results
+    # Which step ended in ⊥, and its reason, come from the DP release: they may differ.
+    lines = [
+        [re.sub(r"\(step [^)]*\): .*; manifest", "(step …): …; manifest", text) for text in r[1:]]
+        for r in results
+    ]
+    assert lines[0] == lines[1], results
 
 
 # ------------------------------------------------------------------------ the grep test
@@ -326,6 +331,7 @@ def test_no_published_artifact_holds_the_row_or_user_count(tmp_path, scheduler_a
         published[f"budget {view}"] = stdout + stderr
 
     for name, text in published.items():
+        text = text.replace(str(tmp_path), "<tmp>")  # pytest-<number> is not ours
         forbidden = private_numbers(published_subsets(text))
         leaked = sorted(integers_in(text) & forbidden)
         assert not leaked, f"{name} publishes {leaked}:\n{text}"

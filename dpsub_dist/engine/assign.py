@@ -90,7 +90,7 @@ class UnitIds:
 
 _SCALAR_ID = re.compile(
     r"(u?int(8|16|32|64)|halffloat|float|double|decimal(32|64|128|256)\(\d+, -?\d+\)"
-    r"|(large_)?string|string_view|utf8|(large_)?binary|binary_view|fixed_size_binary\[\d+\])"
+    r"|(large_)?string|string_view|(large_)?binary|binary_view|fixed_size_binary\[\d+\])"
 )
 _DICTIONARY = re.compile(r"dictionary<values=(.+), indices=\w+, ordered=\d>")
 
@@ -109,20 +109,25 @@ def _number_key(value: int | float | Decimal) -> bytes:
     return b"i:%d" % num if den == 1 else b"q:%d/%d" % (num, den)
 
 
+def _string_key(value: str) -> bytes:
+    return b"s:" + value.encode("utf-8")
+
+
+def _binary_key(value: bytes) -> bytes:
+    return b"b:" + bytes(value)
+
+
 def _encoder(type_: pa.DataType):
-    if pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_decimal(type_):
+    """The canonical encoding of the values of one Arrow type (module docstring)."""
+    t = pa.types
+    if t.is_integer(type_) or t.is_floating(type_) or t.is_decimal(type_):
         return _number_key
-    if pa.types.is_string(type_) or pa.types.is_large_string(type_):
-        return lambda value: b"s:" + value.encode("utf-8")
-    if getattr(pa.types, "is_string_view", lambda _t: False)(type_):
-        return lambda value: b"s:" + value.encode("utf-8")
-    if (
-        pa.types.is_binary(type_)
-        or pa.types.is_large_binary(type_)
-        or pa.types.is_fixed_size_binary(type_)
-        or getattr(pa.types, "is_binary_view", lambda _t: False)(type_)
-    ):
-        return lambda value: b"b:" + bytes(value)
+    if t.is_string(type_) or t.is_large_string(type_) or str(type_) == "string_view":
+        return _string_key
+    if t.is_binary(type_) or t.is_large_binary(type_) or t.is_fixed_size_binary(type_):
+        return _binary_key
+    if str(type_) == "binary_view":
+        return _binary_key
     raise TypeError(f"user ids of type {type_} are not supported")
 
 
@@ -150,13 +155,13 @@ def canonical_unit_ids(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray |
     encoded_column = column.dictionary_encode()  # one hash pass: distinct values and indices
     distinct = encoded_column.dictionary
     inverse = encoded_column.indices.to_numpy(zero_copy_only=False)
-    if pa.types.is_integer(distinct.type):
-        encoded = [b"i:%d" % v for v in distinct.to_numpy().tolist()]  # faster than to_pylist
+    encode = _encoder(distinct.type)
+    if pa.types.is_integer(distinct.type):  # Python ints by NumPy: faster than to_pylist
+        values = distinct.to_numpy(zero_copy_only=False).tolist()
     else:
-        encode = _encoder(distinct.type)
-        encoded = [encode(value) for value in distinct.to_pylist()]
-    keys = np.empty(len(encoded), dtype=object)
-    keys[:] = encoded
+        values = distinct.to_pylist()
+    keys = np.empty(len(values), dtype=object)
+    keys[:] = [encode(value) for value in values]
     return keep, UnitIds(keys, inverse.astype(np.int64))
 
 
