@@ -22,7 +22,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dpsub_dist.engine.assign import canonical_unit_ids, unit_type_supported
 from dpsub_dist.errors import InputError
 from dpsub_dist.io.storage import (
     STORAGE_ERRORS,
@@ -212,11 +211,6 @@ def select_columns(
             f"unit column {unit_column!r} is a list ({by_name[unit_column].type}): "
             "pass a scalar user id column"
         )
-    if unit_column is not None and not unit_type_supported(by_name[unit_column].type):
-        raise InputError(
-            f"unit column {unit_column!r} has type {by_name[unit_column].type}: user ids must "
-            "be integers, floats, decimals, strings or binary; convert the column"
-        )
     if requested:
         missing = [c for c in requested if c not in by_name]
         if missing:
@@ -345,6 +339,8 @@ class PartReader:
             )
         units = None
         if self.unit_column:  # canonical ids; rows without one belong to no user: dropped
+            from dpsub_dist.engine.assign import canonical_unit_ids
+
             keep, units = canonical_unit_ids(table.column(self.unit_column))
             if keep is not None:
                 table = table.filter(pa.array(keep))
