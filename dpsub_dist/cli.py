@@ -51,7 +51,11 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated feature columns (default: every numeric column); a vector "
         "column (fixed_size_list or list of numbers, e.g. embeddings) adds its width",
     )
-    parser.add_argument("--unit-column", help="user id column: user-level privacy")
+    parser.add_argument(
+        "--unit-column",
+        help="user id column (integers, strings, …): user-level privacy; rows with a null id "
+        "belong to no user and are ignored",
+    )
     parser.add_argument("--scheduler", help="tcp://host:port of a running Dask scheduler")
     parser.add_argument("--workers", type=int, help="workers of the local cluster (default: cores)")
     parser.add_argument("--seed", type=int, help="public seed (assignment, reference points)")

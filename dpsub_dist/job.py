@@ -179,9 +179,18 @@ def run_estimate(
     resumption; without it DP noise comes from OS entropy.
     """
     config.validate()
+    progress = progress_shown(config, progress)
     if config.boost is not None:
         return boost.run_boosted(config, open_dataset, client, progress, noise_seed)
     return METHODS[config.method](config, open_dataset, client, progress, noise_seed)
+
+
+def progress_shown(config: EstimateConfig, progress: bool) -> bool:
+    """Whether to draw the progress bar: at row level only. It counts tasks (one or more per
+    partition, and partitions follow the footers' row counts) and seconds (proportional to
+    n), and a scheduler forwards stderr: at user level both would publish a function of the
+    private row count."""
+    return progress and config.unit_column is None
 
 
 def open_checked(config: EstimateConfig, open_dataset, client) -> Dataset:
@@ -210,9 +219,16 @@ def build_manifest(
     timings: dict[str, float],
     gathered_bytes: int,
 ) -> dict[str, Any]:
-    """The manifest every method writes: input, parameters, privacy, outcome, versions."""
+    """The manifest every method writes: input, parameters, privacy, outcome, versions.
+
+    At user level the row count is private, so nothing computed from it is published: not
+    n, nor ``partitions`` (from the footers' row counts), ``shuffle_buckets`` (from n·d)
+    or ``timings`` (proportional to n); ``withheld`` names them.
+    """
     user_level = config.unit_column is not None
-    return {
+    if user_level:
+        parameters = {k: v for k, v in parameters.items() if k not in USER_LEVEL_WITHHELD}
+    manifest = {
         "outcome": "ok" if ok else "no_stable_subspace",
         "input": dataset.input,
         "files": dataset.files,
@@ -232,6 +248,17 @@ def build_manifest(
         "versions": versions(),
         "timings": timings,
     }
+    if user_level:
+        del manifest["timings"]
+        manifest["withheld"] = {
+            "fields": ["n_rows", *USER_LEVEL_WITHHELD, "timings"],
+            "reason": "functions of the row count, which is private at user level",
+        }
+    return manifest
+
+
+USER_LEVEL_WITHHELD = ("partitions", "shuffle_buckets")
+"""Parameters that follow the row count (footers, n·d): left out of user-level manifests."""
 
 
 def run_sample_aggregate(
@@ -253,7 +280,10 @@ def run_sample_aggregate(
         config.method, grants, None if user_level else n, dim, k
     )
     q = config.ref_points or sa.default_ref_points(k, t, dim)
-    if n < t * k:
+    # At row level n is public and too few rows is bad input. At user level n is private:
+    # no check; subsets with fewer than k rows give the null point, and the aggregator
+    # releases ⊥ or a noisy point, never a data-dependent exit code.
+    if not user_level and n < t * k:
         raise InputError(
             f"too few rows: {n} rows cannot fill {t} subsets of at least {k} rows: "
             f"use more data, fewer --subsets (≥ {sa.minimum_subsets(config.method, grants)} "

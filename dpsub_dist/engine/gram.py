@@ -9,8 +9,11 @@ partitions: never rows. The number of clipped rows is never computed.
 User level (``user_level=True``): every user's rows are scaled together so that their squared
 norms sum to ≤ 1 (ALGORITHMS.md §0/§7). A first pass sums each user's squared norms per
 partition and adds those per-user tables in a tree on the workers; the second pass reads the
-rows again and looks up each row's user factor there. Only per-user scalars move between
-workers (every worker holds the whole table: about 100 bytes a user); the driver gets none.
+rows again and looks up each row's user factor there. Users are told apart by their canonical
+ids (:mod:`dpsub_dist.engine.assign`): ids that are equal as float64 but not as integers
+stay two users, and rows with a null id belong to no user (the loader drops them). Only
+per-user scalars move between workers (every worker holds the whole table: about 100 bytes a
+user); the driver gets none.
 """
 
 from __future__ import annotations
@@ -58,8 +61,10 @@ def user_squared_norms(loader: Loader, bound: float, part: Any) -> pd.Series:
     """Pass 1 at user level: each user's Σ‖x‖² over this partition's clipped, scaled rows."""
     rows, units = loader(part)
     rows = clip_rows(rows, bound)
-    squared = pd.Series(np.einsum("ij,ij->i", rows, rows))
-    return squared.groupby(pd.Series(units).to_numpy(), dropna=False, sort=False).sum()
+    squared = np.bincount(
+        units.inverse, weights=np.einsum("ij,ij->i", rows, rows), minlength=len(units.keys)
+    )
+    return pd.Series(squared, index=pd.Index(units.keys, dtype=object))
 
 
 def add_user_norms(a: pd.Series, b: pd.Series) -> pd.Series:
@@ -82,10 +87,10 @@ def partition_gram(
     rows, units = loader(part)
     rows = clip_rows(rows, bound)
     if user_norms is not None:
-        index = user_norms.index.get_indexer(pd.Series(units).to_numpy())
+        index = user_norms.index.get_indexer(units.keys)
         if (index < 0).any():  # pragma: no cover - pass 1 saw every user
             raise RuntimeError("a user is missing from the per-user norms: the input changed")
-        totals = user_norms.to_numpy()[index]
+        totals = user_norms.to_numpy()[index][units.inverse]
         rows *= (1.0 / np.sqrt(np.maximum(totals, 1.0)))[:, None]
     return GramSummary(gram_of(rows), rows.sum(axis=0) if center else None)
 

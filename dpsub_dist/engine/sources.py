@@ -7,8 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from dpsub_dist.engine.assign import unit_type_supported
 from dpsub_dist.errors import InputError
 from dpsub_dist.io.parquet import (
+    FileInfo,
     PartReader,
     check_finite,
     column_widths,
@@ -73,6 +75,8 @@ def parquet_dataset(
     else:
         infos = [inspect_file(f, storage_options) for f in files]
     selected = select_columns(infos, columns, unit_column)
+    if unit_column is not None:
+        check_unit_column(infos[0], unit_column)
     widths = column_widths(infos, selected)
     if all(w is None for w in widths):
         widths = []  # scalar columns only: one feature per column
@@ -83,6 +87,16 @@ def parquet_dataset(
     return Dataset(
         parts, offsets, reader, selected, n_rows, uri, files=len(files), widths=widths or None
     )
+
+
+def check_unit_column(info: FileInfo, unit_column: str) -> None:
+    """Refuse, from the schema alone, a unit column whose type cannot hold user ids."""
+    type_name = next(c.type for c in info.columns if c.name == unit_column)
+    if not unit_type_supported(type_name):
+        raise InputError(
+            f"unit column {unit_column!r} has type {type_name}: user ids must be integers, "
+            "floats, decimals, strings or binary; convert the column"
+        )
 
 
 @dataclass(frozen=True)

@@ -240,6 +240,12 @@ def partition_grams(plan: SubsetPlan, loader: Loader, part: Any, offset: int) ->
     return grams, counts, exponents
 
 
+def no_grams(subsets: int, dim: int) -> ScaledGrams:
+    """The Grams of ``subsets`` subsets without rows: zero, counted 0, exponent empty."""
+    exponents = np.full(subsets, EMPTY_EXPONENT, dtype=np.int64)
+    return np.zeros((subsets, dim, dim)), np.zeros(subsets, dtype=np.int64), exponents
+
+
 def add_grams(a: ScaledGrams, b: ScaledGrams) -> ScaledGrams:
     """Sum two partitions' per-subset Gram matrices and counts (a node of the tree)."""
     exponents = np.maximum(a[2], b[2])
@@ -282,6 +288,8 @@ def compute_subset_summaries_from_grams(
     leaves = [
         grams(plan, loader, part, offset) for part, offset in zip(parts, offsets, strict=True)
     ]
+    if not leaves:  # no rows (refused at row level; at user level n is private): t empty subsets
+        leaves = [dask.delayed(no_grams, pure=True)(plan.subsets, local_step.dim)]
     total = tree_sum(leaves, dask.delayed(add_grams, pure=True))
     summarise = dask.delayed(gram_summaries, pure=True)
     cuts = np.linspace(0, plan.subsets, min(GRAM_SUMMARY_TASKS, plan.subsets) + 1).astype(int)

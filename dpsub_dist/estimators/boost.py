@@ -15,7 +15,9 @@
 Each group is the same Dataset with a filtering loader, so every registered method runs
 unchanged. At row level a group's rows are renumbered 0..n_g−1 in global order; ``n_g``
 is public because it depends on positions only. At user level ``n_g`` would need the
-unit column, so each group is described with ``n // B`` rows (from the footers).
+unit column and n itself is private: a group's Dataset carries ``n // B`` rows (from the
+footers) only because the type needs a number; no user-level step reads it and the
+manifests never publish it.
 Cost: every group reads every partition once (B passes over the data).
 """
 
@@ -96,8 +98,8 @@ def groups_of(
     positions: np.ndarray, units: Any, seed: int, groups: int, user_level: bool
 ) -> np.ndarray:
     """Group of each row: keyed hash of its unit id (user level) or global position."""
-    if user_level:
-        return unit_subsets(units, seed, groups)
+    if user_level:  # keyed apart from the subsets' hash: groups and subsets are independent
+        return unit_subsets(units, seed, groups, purpose=b"groups")
     return random_row_subsets(positions, seed, groups)
 
 
@@ -247,7 +249,7 @@ def run_boosted(
             f"no group's estimate is within 2α = {2 * alpha:g} of {agreement_needed(groups)} others"
         )
     timings = {
-        "group_total_s": [r.manifest["timings"].get("total_s") for r in results],
+        "group_total_s": [r.manifest.get("timings", {}).get("total_s") for r in results],
         "total_s": time.monotonic() - started,
     }
     gathered = sum(int(r.manifest["summary_bytes_gathered"]) for r in results)

@@ -64,6 +64,7 @@ from dpsub_dist.job import (
     build_manifest,
     choose_buckets,
     open_checked,
+    progress_shown,
     public_seed,
 )
 from dpsub_dist.linalg import subspace_error, top_eigenvectors
@@ -437,6 +438,7 @@ def run_cluster(
 ) -> EstimateResult:
     """Run ``config.method`` end to end; the result's basis is K×d×q (None for ⊥)."""
     config.validate()
+    progress = progress_shown(config.estimate_config(), progress)
     started = time.monotonic()
     accountant, grants = _plan(config, budget_shares(config))
     dataset = _open(config, open_dataset, client)
@@ -509,7 +511,7 @@ def _run_sample_aggregate(
     user_level = config.unit_column is not None  # the row count is then private
     t = config.subsets or default_subsets(config, grants, None if user_level else n)
     ref = config.ref_points or sa.default_ref_points(q, t, k * dim)
-    if n < t * k * q:
+    if not user_level and n < t * k * q:  # at user level n is private: see job.py
         raise InputError(
             f"too few rows: {n} rows cannot fill {t} subsets of at least {k * q} rows: use "
             f"more data, fewer --subsets (≥ {sa.minimum_subsets(config.aggregator, grants)} at "

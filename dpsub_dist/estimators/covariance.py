@@ -208,20 +208,25 @@ def run_covariance(
     accountant, grants = plan_budget(config)
     grants_total = accountant.total
     dataset = open_checked(config, open_dataset, client)
-    if dataset.n_rows < 1:
+    relation = neighbours(config)
+    # No rows is bad input at row level (n is public); at user level n is private, so an
+    # empty input is summarised as the zero matrix and released with noise like any other.
+    if dataset.n_rows < 1 and relation == "replace":
         raise InputError(f"{dataset.input} has no rows: pass a dataset with at least one row")
     timings["inspect_s"] = time.monotonic() - started
-    relation = neighbours(config)
     mark = time.monotonic()
-    summary = compute_gram(
-        dataset.parts,
-        dataset.loader,
-        float(config.row_norm),
-        config.center,
-        relation == "add_remove",
-        client,
-        progress,
-    )
+    if dataset.parts:
+        summary = compute_gram(
+            dataset.parts,
+            dataset.loader,
+            float(config.row_norm),
+            config.center,
+            relation == "add_remove",
+            client,
+            progress,
+        )
+    else:
+        summary = GramSummary(np.zeros((dataset.dim, dataset.dim)))
     timings["gram_s"] = time.monotonic() - mark
     mark = time.monotonic()
     basis, release = release_basis(

@@ -354,6 +354,13 @@ class PartReader:
                 f"{part.path}: footer declares {part.rows} rows but {table.num_rows} were read: "
                 "the file is corrupt; rewrite it"
             )
+        units = None
+        if self.unit_column:  # canonical ids; rows without one belong to no user: dropped
+            from dpsub_dist.engine.assign import canonical_unit_ids
+
+            keep, units = canonical_unit_ids(table.column(self.unit_column))
+            if keep is not None:
+                table = table.filter(pa.array(keep))
         rows = np.empty((table.num_rows, self.dim), dtype=np.float64)
         widths = self.widths or (None,) * len(self.columns)
         j = 0
@@ -372,7 +379,6 @@ class PartReader:
                 _read_vector(column, width, rows[:, j : j + width], name, part.path, file_row)
                 j += width
         check_finite(rows, self.columns, part.path, self.widths)
-        units = table.column(self.unit_column).to_pandas() if self.unit_column else None
         return rows, units
 
 
