@@ -352,7 +352,7 @@ def run_dpsub(
     record: dict[str, Any] = {
         "status": "ok" if result.basis is not None else "bottom",
         "wall_s": wall,
-        "timings": manifest.get("timings", {}),
+        "timings": result.timings,
         "summary_bytes_gathered": manifest.get("summary_bytes_gathered"),
         "subsets": manifest["parameters"].get("subsets"),
         "local_route": manifest["parameters"].get("local_route"),

@@ -103,10 +103,12 @@ class EstimateConfig:
 
 @dataclass
 class EstimateResult:
-    """What a run produced: the basis (None for ⊥) and the manifest describing it."""
+    """What a run produced: the basis (None for ⊥), the manifest describing it (published)
+    and the wall-clock timings of its steps (operator-only: they depend on the data)."""
 
     basis: np.ndarray | None
     manifest: dict[str, Any]
+    timings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def outcome(self) -> str:
@@ -216,14 +218,15 @@ def build_manifest(
     ok: bool,
     parameters: dict[str, Any],
     release: dict[str, Any],
-    timings: dict[str, float],
     gathered_bytes: int,
 ) -> dict[str, Any]:
     """The manifest every method writes: input, parameters, privacy, outcome, versions.
 
+    Wall-clock timings are never published (they depend on the data: on n at user level,
+    on the data's rank and spread everywhere); they stay in :attr:`EstimateResult.timings`.
     At user level the row count is private, so nothing computed from it is published: not
-    n, nor ``partitions`` (from the footers' row counts), ``shuffle_buckets`` (from n·d)
-    or ``timings`` (proportional to n); ``withheld`` names them.
+    n, nor ``partitions`` (from the footers' row counts) or ``shuffle_buckets`` (from n·d);
+    ``withheld`` names them.
     """
     user_level = config.unit_column is not None
     if user_level:
@@ -246,12 +249,10 @@ def build_manifest(
         "privacy": {**privacy_unit(config), "budget": accountant.report()},
         "summary_bytes_gathered": gathered_bytes,
         "versions": versions(),
-        "timings": timings,
     }
     if user_level:
-        del manifest["timings"]
         manifest["withheld"] = {
-            "fields": ["n_rows", *USER_LEVEL_WITHHELD, "timings"],
+            "fields": ["n_rows", *USER_LEVEL_WITHHELD],
             "reason": "functions of the row count, which is private at user level",
         }
     return manifest
@@ -340,10 +341,9 @@ def run_sample_aggregate(
         basis is not None,
         parameters,
         agg.details,
-        timings,
         int(summaries.nbytes),
     )
-    return EstimateResult(basis, manifest)
+    return EstimateResult(basis, manifest, timings)
 
 
 Runner = Callable[

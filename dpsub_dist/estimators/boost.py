@@ -249,13 +249,13 @@ def run_boosted(
             f"no group's estimate is within 2α = {2 * alpha:g} of {agreement_needed(groups)} others"
         )
     timings = {
-        "group_total_s": [r.manifest.get("timings", {}).get("total_s") for r in results],
+        "group_total_s": [r.timings.get("total_s") for r in results],
         "total_s": time.monotonic() - started,
     }
     gathered = sum(int(r.manifest["summary_bytes_gathered"]) for r in results)
     basis = None if chosen is None else results[chosen].basis
     manifest = build_manifest(
-        config, dataset, accountant, basis is not None, parameters, release, timings, gathered
+        config, dataset, accountant, basis is not None, parameters, release, gathered
     )
     how = "unit id" if user_level else "global row position"
     manifest["privacy"]["groups"] = f"keyed hash of (group seed, {how}) mod {groups}"
@@ -264,4 +264,4 @@ def run_boosted(
         "so one unit affects one group's output; the budget is listed once (each step at its "
         "largest charge over the groups); the selection is post-processing"
     )
-    return EstimateResult(basis, manifest)
+    return EstimateResult(basis, manifest, timings)

@@ -455,7 +455,7 @@ def run_cluster(
     parameters = {"clusters": config.clusters, **parameters}
     ok = bases is not None
     manifest = build_manifest(
-        config.estimate_config(), dataset, accountant, ok, parameters, release, timings, gathered
+        config.estimate_config(), dataset, accountant, ok, parameters, release, gathered
     )
     if config.method == "gibbs":  # nothing charged: no budget may be reported as spent
         manifest["privacy"]["guarantee"] = GIBBS_GUARANTEE
@@ -463,7 +463,7 @@ def run_cluster(
     manifest["method"] = config.method
     manifest["clusters"] = config.clusters
     manifest["basis_layout"] = "basis.npy is K×d×q: basis[c] is cluster c's orthonormal basis"
-    return EstimateResult(bases, manifest)
+    return EstimateResult(bases, manifest, timings)
 
 
 def default_subsets(config: ClusterConfig, grants: dict[str, Budget], n: int | None) -> int:

@@ -251,10 +251,10 @@ def run_covariance(
         "partitions": len(dataset.parts),
     }
     manifest = build_manifest(
-        config, dataset, accountant, basis is not None, parameters, release, timings, summary.nbytes
+        config, dataset, accountant, basis is not None, parameters, release, summary.nbytes
     )
     manifest["privacy"].pop("assignment", None)  # no subsets in this family
-    return EstimateResult(basis, manifest)
+    return EstimateResult(basis, manifest, timings)
 
 
 run_gauss = run_covariance

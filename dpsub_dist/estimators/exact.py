@@ -194,7 +194,6 @@ def run_exact(
         release.basis is not None,
         parameters,
         details,
-        timings,
         gathered,
     )
-    return EstimateResult(release.basis, manifest)
+    return EstimateResult(release.basis, manifest, timings)

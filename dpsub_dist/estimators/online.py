@@ -36,7 +36,6 @@ import json
 import math
 import os
 import secrets
-import time
 from dataclasses import asdict, astuple, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -569,7 +568,6 @@ class Stream:
         files, and any file already in the stream (by real path or by size and ETag/SHA-256)
         or twice in this batch; then the horizon (BudgetRefused, exit 4).
         """
-        started = time.monotonic()
         batch_id = check_run_id(batch_id) if batch_id else canonical_dataset(uri)
         s = self.settings
         self._check_in_dataset(uri)
@@ -628,7 +626,6 @@ class Stream:
             closed = tree.add(summary.gram, noise_rng())
             values, basis = top_eigenvectors(tree.prefix(batch.step), s.rank)
             manifest = self._manifest(settings, batch, [*batches, batch], values, dataset.dim)
-            manifest["timings"] = {"append_s": time.monotonic() - started}
             manifest["summary_bytes_gathered"] = summary.nbytes
             self._store_tree(execute, tree, closed)
             execute(

@@ -253,7 +253,10 @@ class RunRecord:
     basis: bytes | None = None
 
     def public_view(self) -> dict[str, Any]:
-        """Everything but the private noise seed and the stored release, JSON-ready."""
+        """What ``budget history`` publishes, JSON-ready: not the private noise seed, the
+        stored release, or when the run finished (``published_at``/``updated_at`` minus
+        ``reserved_at`` is the run's duration, which depends on the data — on n at user
+        level). Reservation happens before any data is read, so its time is public."""
         return {
             "dataset": self.dataset,
             "run_id": self.run_id,
@@ -263,8 +266,6 @@ class RunRecord:
             "output": self.output,
             "outcome": public_outcome(self.state, self.outcome),
             "reserved_at": self.reserved_at,
-            "updated_at": self.updated_at,
-            "published_at": self.published_at,
         }
 
     def __repr__(self) -> str:  # keep the private seed out of logs and tracebacks
