@@ -238,6 +238,23 @@ def test_choose_cell_side_queries_largest_count_with_sensitivity_one() -> None:
     assert seen["answers"] == [3, 4]
 
 
+def test_histogram_cell_search_stops_at_the_documented_fraction() -> None:
+    """The aggregator's cell-side search uses HISTOGRAM_SEARCH_FRACTION of t (finding 12)."""
+    from dpsub_dist.estimators import sample_aggregate as sa
+    from dpsub_dist.privacy.accountant import Accountant
+
+    accountant = Accountant(ApproxDP(1.0, 1e-6))
+    grants = accountant.split(sa.budget_plan("histogram", False))
+    summaries = np.random.default_rng(5).standard_normal((60, 4))
+    _, seen = _searched(
+        histogram,
+        lambda: sa.aggregate(
+            summaries, "histogram", accountant, grants, np.random.default_rng(0), 1, 2, 2
+        ),
+    )
+    assert seen["threshold"] == pytest.approx(sa.HISTOGRAM_SEARCH_FRACTION * 60)
+
+
 def test_grid_core_weights_equal_one_pass_per_radius() -> None:
     """The radius search's one-pass W(r) is bit for bit core_weights(r).sum(), ties too."""
     rng = np.random.default_rng(3)

@@ -252,7 +252,12 @@ def _aggregate_histogram(summaries, accountant, grants, rng, reference, seed, si
     if side is None:
         accountant.charge("cell_search", grants["cell_search"])
         side = choose_cell_side(
-            summaries, offset, _search_grid(reference), grants["cell_search"], rng
+            summaries,
+            offset,
+            _search_grid(reference),
+            grants["cell_search"],
+            rng,
+            HISTOGRAM_SEARCH_FRACTION,
         )
         details["cell_side_chosen_privately"] = True
         if side is None:
