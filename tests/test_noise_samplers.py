@@ -176,11 +176,16 @@ def test_laplace_tail_is_exact_and_tight(scale: float, sens: float, beta: float)
     assert x == pytest.approx(scale * math.log(1 / (2 * beta)), rel=1e-6)
 
 
-def test_gaussian_tail_bounds_the_subgaussian_tail() -> None:
-    for sigma, beta in [(1.0, 1e-6), (37.5, 1e-9)]:
+def test_gaussian_tail_bounds_the_rounded_gaussian_tail() -> None:
+    mpmath.mp.dps = 40
+    for sigma, beta in [(1.0, 1e-6), (37.5, 1e-9), (2.0, 0.05)]:
         g, sigma_g = noise._gaussian_units(sigma, 1.0, 1, 1)
         m = noise.gaussian_tail(sigma, 1.0, beta) / g
-        assert m == round(m) and math.exp(-(m**2) / (2 * sigma_g**2)) <= beta
+        assert m == round(m)
+        # P(K ≥ m) ≤ e^{1e-16}·P(N(0, σ_g²) ≥ m − ½) ≤ β, and not far above the quantile
+        tail = mpmath.ncdf(-(mpmath.mpf(m) - 0.5) / sigma_g)
+        assert tail * mpmath.exp(1e-16) <= beta
+        assert mpmath.ncdf(-(mpmath.mpf(m) - 3) / sigma_g) > beta
 
 
 def test_truncated_laplace_never_exceeds_its_bound() -> None:

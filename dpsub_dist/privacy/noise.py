@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
+from scipy import special
 
 GRID_BITS = 30
 """The grid step ``g`` is the power of two with ``scale/g ∈ [2^30, 2^31)``."""
@@ -379,13 +380,16 @@ def add_gaussian(
 def gaussian_tail(sigma: float, l2_sensitivity: float, beta: float, size: int = 1) -> float:
     """A grid value ``x`` with P(noise ≥ x) ≤ β for one coordinate of :func:`add_gaussian`.
 
-    The discrete Gaussian is σ_g²-subgaussian (CKS Cor. 9): P(K ≥ m) ≤ e^{−m²/(2σ_g²)};
-    the sampler's pmf is within e^{2·ETA} of it, so ``m = ⌈σ_g √(2(ln(1/β) + 2·ETA))⌉ + 1``.
+    The sampler's pmf is within e^{±(2·ETA + b)} ≤ e^{1e-16} of the continuous N(0, σ_g²)
+    rounded to integers on its support (|k| < 17σ_g; :func:`add_gaussian`), so
+    P(K ≥ m) ≤ e^{1e-16}·Φ̄((m − ½)/σ_g); ``m = ⌈σ_g Φ̄⁻¹(β(1 − 1e-9)) + ½⌉ + 1`` (the 1e-9
+    and the +1 cover that factor and the float evaluation).
     """
     if not 0 < beta < 1:
         raise ValueError(f"beta must be in (0, 1), got {beta}")
     g, sigma_g = _gaussian_units(sigma, l2_sensitivity, size, size)
-    return (math.ceil(sigma_g * math.sqrt(2 * (math.log(1 / beta) + 2 * ETA))) + 1) * g
+    quantile = -float(special.ndtri(beta * (1 - 1e-9)))  # Φ̄⁻¹, accurate for small β
+    return (math.ceil(sigma_g * quantile + 0.5) + 1) * g
 
 
 def add_symmetric_gaussian(
