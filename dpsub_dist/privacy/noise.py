@@ -27,6 +27,7 @@ below and in docs/privacy-noise.md.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import secrets
 import threading
@@ -130,6 +131,7 @@ def _ceil_sqrt(count: int) -> int:
     return root if root * root == count else root + 1
 
 
+@functools.lru_cache(maxsize=1024)
 def _laplace_units(scale: float, sensitivity: float, changed: int) -> tuple[float, int]:
     """Grid ``g`` and integer DLap parameter ``t ≥ scale·(Δ + g·c)/(Δ·g)`` (exact rationals)."""
     _check_scale("Laplace scale", scale)
@@ -139,6 +141,7 @@ def _laplace_units(scale: float, sensitivity: float, changed: int) -> tuple[floa
     return g, math.ceil(Fraction(scale) * (delta + step * changed) / (delta * step))
 
 
+@functools.lru_cache(maxsize=1024)
 def _gaussian_units(sigma: float, sensitivity: float, changed: int, size: int) -> tuple[float, int]:
     """Grid ``g`` and integer σ_g ≥ σ·(Δ + g·⌈√c⌉)/Δ·(1 + size·2^-40)/g (exact rationals)."""
     _check_scale("Gaussian sigma", sigma)
