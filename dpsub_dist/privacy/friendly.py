@@ -54,7 +54,7 @@ def pairwise_sq_distances(points: np.ndarray) -> np.ndarray:
     """t×t upper bounds on the squared Euclidean distances, never below the true ones.
 
     Computed from one Gram matrix, ``(‖a‖² + ‖b‖²) − 2⟨a, b⟩`` clipped at 0, in place (one t×t
-    temporary, not three: 128 MB each at t = 4000). That expression cancels catastrophically
+    temporary besides the result: 128 MB each at t = 4000). That expression cancels catastrophically
     when the distance is small against the norms: its error is at most
     ``γ_{D+2}(‖a‖² + ‖b‖² + 2‖a‖‖b‖) ≤ 2γ_{D+2}(‖a‖² + ‖b‖²)`` for any summation order (Higham
     2002, §3.1; the computed norms are within γ_D of the true ones), so each entry is raised by
@@ -67,15 +67,15 @@ def pairwise_sq_distances(points: np.ndarray) -> np.ndarray:
     points = np.asarray(points, dtype=np.float64)
     gram = points @ points.T
     sq_norms = np.diag(gram).copy()
-    dists = np.add(sq_norms[:, None], sq_norms[None, :])
-    error = dists * (4 * _gamma(points.shape[1] + 2))  # 4γ(n̂_a + n̂_b), before it is reused
-    gram *= 2.0
-    np.subtract(dists, gram, out=dists)
-    np.maximum(dists, 0.0, out=dists)
-    dists += error
-    dists *= 1 + FRIEND_MARGIN
-    np.fill_diagonal(dists, 0.0)
-    return dists
+    norm_sums = np.add(sq_norms[:, None], sq_norms[None, :])
+    gram *= -2.0  # exact; then (n̂_a + n̂_b) − 2⟨a, b⟩ in place, clipped at 0
+    gram += norm_sums
+    np.maximum(gram, 0.0, out=gram)
+    norm_sums *= 4 * _gamma(points.shape[1] + 2)  # the error bound 4γ(n̂_a + n̂_b)
+    gram += norm_sums
+    gram *= 1 + FRIEND_MARGIN
+    np.fill_diagonal(gram, 0.0)
+    return gram
 
 
 def radius_floor(dim: int, norm_bound: float) -> float:
