@@ -31,7 +31,6 @@ import functools
 import math
 import secrets
 import threading
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
@@ -493,15 +492,15 @@ def truncated_laplace_calibration(
 def symmetric_gaussian(rng: np.random.Generator, sigma: float, dim: int) -> np.ndarray:
     """Deprecated (tree aggregation until it moves to :func:`add_symmetric_gaussian`).
 
-    Symmetric d×d discrete-Gaussian noise ``g·K`` on the grid of σ, σ_g ≥ σ/g: pure noise,
-    no value rounded, hence no widening.
+    Symmetric d×d discrete-Gaussian noise ``g·K`` on the grid of σ (σ_g ≥ σ/g, with the
+    sampler-slack widening): pure noise, no value rounded. Recorded with sensitivity NaN.
     """
-    warnings.warn(
-        "noise.symmetric_gaussian is deprecated: use noise.add_symmetric_gaussian",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return add_symmetric_gaussian(rng, np.zeros((dim, dim)), sigma, sigma)
+    rows, cols = np.triu_indices(dim)
+    _record("symmetric_gaussian", sigma, math.nan, rows.size)
+    g, sigma_g = _gaussian_units(sigma, 1.0, 0, rows.size)
+    out = np.empty((dim, dim))
+    out[rows, cols] = out[cols, rows] = _chunked(_discrete_gaussian, rng, sigma_g, rows.size) * g
+    return out
 
 
 def truncated_laplace(
