@@ -84,7 +84,7 @@ def test_bernoulli_exp_samplers_hit_their_probabilities() -> None:
         assert stats.binomtest(int(hits * n), n, math.exp(-(whole + frac / 2**62))).pvalue > 1e-4
 
 
-@pytest.mark.parametrize("sigma", [1, 3, 1000, 2**30 + 12345, 2**31 - 1])
+@pytest.mark.parametrize("sigma", [1, 3, 1000, 2**30 + 12345, 2**31 - 1, 2**33 + 7])
 def test_acceptance_exponent_is_within_eta_of_the_exact_rational(sigma: int) -> None:
     """γ = (|y| − σ²/(σ+1))²/(2σ²) in exact rationals vs the fast path: |γ_f − γ| ≤ ETA."""
     rng = np.random.default_rng(sigma % 1000)

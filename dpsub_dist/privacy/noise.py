@@ -236,9 +236,10 @@ def _acceptance_exponent(y: np.ndarray, sigma: int) -> tuple[np.ndarray, np.ndar
     """γ = (|y| − σ²/t)²/(2σ²), t = σ + 1, as (⌊γ⌋, ⌊frac(γ)·2^62⌋), with |γ_f − γ| ≤ ETA.
 
     σ²/t = σ − 1 + 1/(σ+1). With 64-bit-mantissa long doubles the relative error of γ is
-    ≤ 2^-62, i.e. ≤ 2^-55 for γ < 128; else exact integer arithmetic (slow path).
+    ≤ 2^-62, i.e. ≤ 2^-55 for γ < 128, as long as σ² < 2^64 is exact; else exact integer
+    arithmetic (slow path).
     """
-    if _EXTENDED:
+    if _EXTENDED and sigma < 2**32:
         shift = np.abs(y).astype(np.longdouble) - np.longdouble(sigma - 1)
         d = shift - np.longdouble(1) / np.longdouble(sigma + 1)
         gamma = d * d / (np.longdouble(2) * np.longdouble(sigma) * np.longdouble(sigma))
