@@ -191,7 +191,6 @@ def test_peers_missing_environment_is_reported_not_installed(dirs, tmp_path):
 
 
 def test_plots_are_written(dirs, tmp_path):
-    pytest.importorskip("matplotlib")
     argv = ["--rows", "6000", "--dims", "5,10", "--seeds", "1", "--peers", ""]
     argv += ["--methods", "histogram"]
     assert utility_dim.main(argv + _common(dirs, plot=True)) == 0
