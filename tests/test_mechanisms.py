@@ -1,7 +1,7 @@
 """Noise calibration of the core mechanisms against the formulas of ALGORITHMS.md §2–§4.
 
-Every sampler call is recorded (the module's reference to ``privacy.noise`` is
-wrapped), so the tests check the scale actually drawn, not a helper's return value.
+Every sampler call is recorded (:func:`privacy.noise.draw_log`), so the tests check the
+scale actually drawn, not a helper's return value.
 """
 
 from __future__ import annotations
@@ -15,24 +15,7 @@ import pytest
 from dpsub_dist.privacy import friendly, histogram, noise, sparse_vector
 from dpsub_dist.privacy.accountant import ZCDP, ApproxDP
 from dpsub_dist.privacy.calibration import gaussian_delta, gaussian_sigma_approx_dp
-
-
-class Recorder:
-    """Wraps a noise sampler and records (scale, size) of every call."""
-
-    def __init__(self, sampler):
-        self.sampler = sampler
-        self.calls: list[tuple[float, object]] = []
-
-    def __call__(self, rng, scale, size=None):
-        self.calls.append((scale, size))
-        return self.sampler(rng, scale, size)
-
-
-def record(module, name: str) -> tuple[Recorder, mock._patch]:
-    recorder = Recorder(getattr(noise, name))
-    return recorder, mock.patch.object(module, name, recorder)
-
+from dpsub_dist.privacy.noise import Draw
 
 # -- §2 histogram ------------------------------------------------------------------
 
@@ -40,23 +23,25 @@ def record(module, name: str) -> tuple[Recorder, mock._patch]:
 @pytest.mark.parametrize("epsilon,delta", [(0.5, 1e-6), (1.0, 1e-3), (3.0, 1e-9)])
 def test_histogram_counts_get_laplace_two_over_epsilon_and_threshold(epsilon, delta) -> None:
     points = np.array([[0.1], [0.2], [1.5], [2.5], [2.6], [2.7]])
-    recorder, patch = record(histogram, "laplace")
-    with patch:
+    with noise.draw_log() as draws:
         release = histogram.shifted_grid_histogram(
             points, 1.0, 0.0, ApproxDP(epsilon, delta), np.random.default_rng(0)
         )
-    assert recorder.calls == [(2 / epsilon, 3)]  # one draw per non-empty cell (3 cells)
-    assert release.threshold == pytest.approx(1 + (2 / epsilon) * math.log(1 / delta))
+    # one draw per non-empty cell (3 cells), L1 sensitivity 2 of the count vector
+    assert draws == [Draw("laplace", 2 / epsilon, 2.0, 3)]
+    assert release.threshold == pytest.approx(1 + (2 / epsilon) * math.log(1 / delta), rel=1e-6)
+    # the exact discrete tail: P(noise ≥ τ − 1) ≤ δ/2, with τ − 1 on the noise grid
+    tail = noise.laplace_tail(2 / epsilon, 2.0, delta / 2, coordinates_changed=2)
+    assert release.threshold - 1 == tail
 
 
 def test_histogram_zcdp_grant_runs_at_epsilon_sqrt_two_rho() -> None:
-    recorder, patch = record(histogram, "laplace")
-    with patch:
+    with noise.draw_log() as draws:
         release = histogram.shifted_grid_histogram(
             np.zeros((5, 2)), 1.0, 0.3, ZCDP(0.125, 1e-5), np.random.default_rng(0)
         )
-    assert recorder.calls[0][0] == pytest.approx(2 / 0.5)  # ε = √(2·0.125) = 0.5
-    assert release.threshold == pytest.approx(1 + 4 * math.log(1e5))
+    assert draws[0].scale == pytest.approx(2 / 0.5)  # ε = √(2·0.125) = 0.5
+    assert release.threshold == pytest.approx(1 + 4 * math.log(1e5), rel=1e-6)
 
 
 def test_histogram_releases_the_centre_of_a_dominant_cell() -> None:
@@ -98,13 +83,12 @@ def test_core_weights_formula_by_hand() -> None:
 
 
 def _friendly_release(ptr, gauss, points, radius=1.0, seed=0):
-    laplace_rec, laplace_patch = record(friendly, "laplace")
-    gauss_rec, gauss_patch = record(friendly, "gaussian")
-    with laplace_patch, gauss_patch:
+    with noise.draw_log() as draws:
         release = friendly.friendly_core_average(
             points, radius, ptr, gauss, np.random.default_rng(seed)
         )
-    return release, laplace_rec.calls, gauss_rec.calls
+    laplace_calls = [d for d in draws if d.kind == "laplace"]
+    return release, laplace_calls, [d for d in draws if d.kind == "gaussian"]
 
 
 @pytest.mark.parametrize(
@@ -116,15 +100,19 @@ def test_friendly_approx_dp_calibration(eps1, delta1, eps2, delta2) -> None:
     release, laplace_calls, gauss_calls = _friendly_release(
         ApproxDP(eps1, delta1), ApproxDP(eps2, delta2), points, radius
     )
-    assert laplace_calls == [(4 / eps1, None)]
+    assert laplace_calls == [Draw("laplace", 4 / eps1, 4.0, 1)]
     lower = release.noisy_weight - (4 / eps1) * math.log(1 / (2 * delta1)) - 4
-    assert release.weight_lower_bound == pytest.approx(lower)
+    assert release.weight_lower_bound == pytest.approx(lower, rel=1e-6)
+    # exact: released weight minus a grid tail bound (P(noise ≥ x) ≤ δ₁) minus 4, no rounding
+    tail = noise.laplace_tail(4 / eps1, 4.0, delta1)
+    assert release.weight_lower_bound == release.noisy_weight - tail - 4
+    lower = release.weight_lower_bound
     assert release.point is not None
     sensitivity = 16 * radius / lower
     delta_gauss = delta2 * math.exp(-eps1)  # so that δ₁ + e^{ε₁}·δ_gauss = δ₁ + δ₂ is charged
     expected = gaussian_sigma_approx_dp(sensitivity, eps2, delta_gauss)
     assert release.sigma == pytest.approx(expected, rel=1e-12)
-    assert gauss_calls == [(release.sigma, (3,))]
+    assert gauss_calls == [Draw("gaussian", release.sigma, sensitivity, 3)]
     # independent checks: never more noise than the classic formula, and the exact δ holds
     if eps2 < 1:  # the classic formula (16r/L)·√(2 ln(1.25/δ))/ε₂ is valid and never beaten
         classic = sensitivity * math.sqrt(2 * math.log(1.25 / delta_gauss)) / eps2
@@ -137,9 +125,10 @@ def test_friendly_zcdp_calibration() -> None:
     points = np.zeros((t, 2))
     release, laplace_calls, _ = _friendly_release(ZCDP(0.5, 1e-6), ZCDP(0.08, 0.0), points, radius)
     eps1 = math.sqrt(2 * 0.5)
-    assert laplace_calls[0][0] == pytest.approx(4 / eps1)
+    assert laplace_calls[0].scale == pytest.approx(4 / eps1)
     lower = release.noisy_weight - (4 / eps1) * math.log(1 / (2 * 1e-6)) - 4
-    assert release.weight_lower_bound == pytest.approx(lower)
+    assert release.weight_lower_bound == pytest.approx(lower, rel=1e-6)
+    lower = release.weight_lower_bound
     assert release.sigma == pytest.approx((16 * radius / lower) / math.sqrt(2 * 0.08))
 
 
@@ -173,20 +162,23 @@ def test_friendly_sensitivity_facts_hold_on_random_neighbours() -> None:
 
 @pytest.mark.parametrize("sensitivity,epsilon", [(1.0, 1.0), (4.0, 0.3)])
 def test_above_threshold_noise_scales(sensitivity, epsilon) -> None:
-    recorder, patch = record(sparse_vector, "laplace")
     asked: list[int] = []
 
     def query(j: int) -> float:
         asked.append(j)
         return 1e9 if j == 2 else -1e9  # query 2 is far above any noise
 
-    with patch:
+    with noise.draw_log() as draws:
         index = sparse_vector.above_threshold(
             query, 6, 0.0, sensitivity, epsilon, np.random.default_rng(0)
         )
     assert index == 2 and asked == [0, 1, 2]  # lazy: stops at the first hit
-    scales = [scale for scale, _ in recorder.calls]
-    assert scales == pytest.approx([2 * sensitivity / epsilon] + [4 * sensitivity / epsilon] * 3)
+    assert [d.kind for d in draws] == ["laplace"] * 4
+    # the threshold's scale is 2Δ′/ε with Δ′ = Δ + g (the rounding of the queries on grid g)
+    shifted = sensitivity + noise.grid_step(4 * sensitivity / epsilon)
+    assert draws[0] == Draw("laplace", 2 * shifted / epsilon, shifted, 1)
+    assert draws[0].scale == pytest.approx(2 * sensitivity / epsilon, rel=1e-8)
+    assert draws[1:] == [Draw("laplace", 4 * sensitivity / epsilon, sensitivity, 1)] * 3
 
 
 def test_above_threshold_none_when_nothing_clears() -> None:

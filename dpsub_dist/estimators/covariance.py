@@ -147,8 +147,13 @@ def release_basis(
     accountant: Accountant,
     grants: dict[str, Budget],
     rng: np.random.Generator,
+    row_norm: float = 1.0,
 ) -> tuple[np.ndarray | None, dict[str, Any]]:
-    """Driver half: private mean (if centring), Alg. 1 or Alg. 2, top-k eigenvectors."""
+    """Driver half: private mean (if centring), Alg. 1 or Alg. 2, top-k eigenvectors.
+
+    The mean is released in input units (``row_norm`` × the scaled rows' mean), on the noise
+    grid; the centring shift is computed from that released mean (post-processing).
+    """
     sens = SENSITIVITY[relation]
     details: dict[str, Any] = {"neighbours": relation}
     shift = 0.0
@@ -156,10 +161,14 @@ def release_basis(
         if sens.row_sum is None:
             raise InputError("centring is not available at user level: drop --center")
         accountant.charge("mean", grants["mean"])
-        mean = gaussian_mean(summary.row_sum, n_rows, grants["mean"], sens.row_sum, rng)
-        shift = n_rows * np.outer(mean.mean, mean.mean)
+        mean = gaussian_mean(
+            summary.row_sum, n_rows, grants["mean"], sens.row_sum, rng, unit=row_norm
+        )
+        scaled = mean.mean / row_norm
+        shift = n_rows * np.outer(scaled, scaled)
         details.update(mean_sensitivity=mean.sensitivity, mean_noise_sigma=mean.sigma)
-        details["scaled_mean"] = mean.mean
+        details["mean"] = mean.mean.tolist()
+        details["mean_note"] = "private mean of the rows clipped to norm ≤ row_norm, input units"
     if method == "gauss":
         accountant.charge("gram_noise", grants["gram_noise"])
         noisy = analyze_gauss(summary.gram, grants["gram_noise"], sens.gram, rng)
@@ -224,11 +233,8 @@ def run_covariance(
         accountant,
         grants,
         noise_rng(noise_seed),
+        float(config.row_norm),
     )
-    scaled_mean = release.pop("scaled_mean", None)
-    if scaled_mean is not None:
-        release["mean"] = (scaled_mean * float(config.row_norm)).tolist()
-        release["mean_note"] = "private mean of the rows clipped to norm ≤ row_norm, input units"
     timings["aggregate_s"] = time.monotonic() - mark
     timings["total_s"] = time.monotonic() - started
     parameters = {

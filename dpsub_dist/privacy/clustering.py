@@ -39,8 +39,8 @@ import math
 
 import numpy as np
 
+from dpsub_dist.privacy import noise
 from dpsub_dist.privacy.accountant import Budget, gaussian_sigma
-from dpsub_dist.privacy.noise import gaussian, symmetric_gaussian
 
 GRAM_SENSITIVITY = 2.0
 """L2 sensitivity of one SuLQ iteration's K Gram matrices, rows of norm ≤ 1 (§9 b)."""
@@ -58,10 +58,10 @@ def release_cluster_grams(grams: np.ndarray, sigma: float, rng: np.random.Genera
     """K×d×d Gram matrices plus symmetric Gaussian noise of std σ (WWS15 SuLQ k-plane, §9 b).
 
     Pass ``σ = gram_noise_sigma(grant)``: that is what makes one release (ε, δ)-DP (or
-    ρ-zCDP) for rows of norm ≤ 1 under replace-one neighbours.
+    ρ-zCDP) for rows of norm ≤ 1 under replace-one neighbours. The K upper triangles are
+    one :func:`noise.add_symmetric_gaussian` release with L2 sensitivity Δ = 2 (on its grid).
     """
-    dim = grams.shape[-1]
-    return grams + np.stack([symmetric_gaussian(rng, sigma, dim) for _ in range(grams.shape[0])])
+    return noise.add_symmetric_gaussian(rng, grams, sigma, GRAM_SENSITIVITY)
 
 
 # --------------------------------------------------------------------------- Bingham sampling
@@ -100,7 +100,7 @@ def sample_bingham(matrix: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     omega = 1.0 + 2.0 * a / b
     log_bound = 0.5 * (m - b) + 0.5 * m * math.log(b / m)
     for _ in range(MAX_BINGHAM_TRIES):
-        y = gaussian(rng, 1.0, m) / np.sqrt(omega)
+        y = rng.standard_normal(m) / np.sqrt(omega)
         z = y / np.linalg.norm(y)
         log_accept = -float(a @ z**2) + 0.5 * m * math.log(float(omega @ z**2)) + log_bound
         if math.log(rng.uniform()) < log_accept:

@@ -25,7 +25,7 @@ relation. (ii) The top-k projector ``P`` moves, in Frobenius norm, by at most
 The gap itself is only known through a private lower bound, which is what the noise is
 calibrated with (propose–test–release).
 
-Pure NumPy/SciPy; DP noise only from :mod:`dpsub_dist.privacy.noise`.
+Pure NumPy/SciPy; DP noise only from :mod:`dpsub_dist.privacy.noise` (on its grid).
 """
 
 from __future__ import annotations
@@ -35,11 +35,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy.stats import norm
 
 from dpsub_dist.linalg import top_eigenvectors
+from dpsub_dist.privacy import noise
 from dpsub_dist.privacy.accountant import ZCDP, ApproxDP, Budget, gaussian_sigma, laplace_epsilon
-from dpsub_dist.privacy.noise import gaussian, laplace, symmetric_gaussian
 
 Neighbours = Literal["replace", "add_remove"]
 
@@ -101,7 +100,7 @@ def analyze_gauss(
     """
     gram = _square(gram)
     sigma = gaussian_sigma(grant, sensitivity)
-    noisy = gram + symmetric_gaussian(rng, sigma, gram.shape[0])
+    noisy = noise.add_symmetric_gaussian(rng, gram, sigma, sensitivity)
     return GaussRelease(noisy, sigma, sensitivity)
 
 
@@ -124,9 +123,13 @@ def noisy_gap_lower_bound(
 ) -> tuple[float, float, str, float]:
     """Private eigengap and a lower bound on the true gap that fails with probability ≤ δ.
 
-    (ε, δ) grant (DTTZ14 Alg. 2 step 1–2): ``d̂ = gap + Lap(Δ/ε)``, bound ``d̂ − (Δ/ε) ln(1/δ)``
-    (fails with probability δ/2). ρ-zCDP grant (T24 §3.8.4): ``d̂ = gap + N(0, σ²)``,
-    ``σ = Δ/√(2ρ)``, bound ``d̂ − σ Φ⁻¹(1 − δ₀)`` (fails with probability δ₀).
+    (ε, δ) grant (DTTZ14 Alg. 2 step 1–2): ``d̂ = gap + Lap(Δ/ε)`` on the noise grid
+    (:func:`noise.add_laplace`, ε = Δ/scale), bound ``d̂ − x`` with ``x`` the grid point that
+    the noise exceeds with probability ≤ δ/2 (:func:`noise.laplace_tail`; ≈ (Δ/ε) ln(1/δ)).
+    ρ-zCDP grant (T24 §3.8.4): ``d̂ = gap + N_Z(0, σ²)``, ``σ = Δ/√(2ρ)``
+    (:func:`noise.add_gaussian`), bound ``d̂ − x`` with P(noise ≥ x) ≤ δ₀
+    (:func:`noise.gaussian_tail`, subgaussian tail). Both ``d̂`` and ``x`` lie on the same
+    power-of-two grid, so the bound is exact: it is a function of released values only.
     Returns ``(d̂, lower bound, noise name, noise scale)``.
     """
     if isinstance(grant, ZCDP):
@@ -134,13 +137,14 @@ def noisy_gap_lower_bound(
         if not 0 < failure < 1:
             raise ValueError("the gap test needs delta0 in (0, 1): give it a delta share")
         scale = gaussian_sigma(grant, sensitivity)
-        noisy = gap + float(gaussian(rng, scale, ()))
-        return noisy, noisy - scale * float(norm.isf(failure)), "gaussian", scale
+        noisy = noise.add_gaussian(rng, gap, scale, sensitivity)
+        return noisy, noisy - noise.gaussian_tail(scale, sensitivity, failure), "gaussian", scale
     if not isinstance(grant, ApproxDP) or not 0 < grant.delta < 1:
         raise ValueError("the gap test needs an (epsilon, delta) grant with delta in (0, 1)")
     scale = sensitivity / laplace_epsilon(grant)
-    noisy = gap + float(laplace(rng, scale))
-    return noisy, noisy - scale * math.log(1.0 / grant.delta), "laplace", scale
+    noisy = noise.add_laplace(rng, gap, scale, sensitivity)
+    tail = noise.laplace_tail(scale, sensitivity, grant.delta / 2)
+    return noisy, noisy - tail, "laplace", scale
 
 
 def gap_perturbation(
@@ -179,7 +183,7 @@ def gap_perturbation(
         return GapRelease(None, None, noisy_gap, lower, noise_name, noise_scale, None, None)
     top = vectors[:, :k]
     sigma = gaussian_sigma(noise_grant, projector_sens)
-    noisy = top @ top.T + symmetric_gaussian(rng, sigma, dim)
+    noisy = noise.add_symmetric_gaussian(rng, top @ top.T, sigma, projector_sens)
     basis = top_eigenvectors(noisy, k)[1]
     return GapRelease(
         basis, noisy, noisy_gap, lower, noise_name, noise_scale, projector_sens, sigma
@@ -196,20 +200,29 @@ class MeanRelease:
 
 
 def gaussian_mean(
-    row_sum: np.ndarray, n_rows: int, grant: Budget, sensitivity: float, rng: np.random.Generator
+    row_sum: np.ndarray,
+    n_rows: int,
+    grant: Budget,
+    sensitivity: float,
+    rng: np.random.Generator,
+    unit: float = 1.0,
 ) -> MeanRelease:
-    """Gaussian mechanism on the sum of norm-≤1 rows, divided by the public count ``n``.
+    """Gaussian mechanism on the mean of norm-≤1 rows, in units of ``unit`` (the row-norm bound).
 
-    ``Σ x_i + N(0, σ² I)``, σ from :func:`accountant.gaussian_sigma` for the sum's L2
-    sensitivity (2 replace-one: ``a − b``), then ``/ n`` (post-processing; ``n`` is public
-    under replace-one neighbours). Used to centre the covariance (ALGORITHMS.md §7).
+    σ from :func:`accountant.gaussian_sigma` for the sum's L2 sensitivity (2 replace-one:
+    ``a − b``); the sum is scaled by ``unit/n`` first (``n`` is public under replace-one
+    neighbours), so the released mean ``unit·Σ x_i/n + N_Z(0, (unit·σ/n)²)`` is the same
+    mechanism with Δ and σ both scaled by ``unit/n``, drawn by :func:`noise.add_gaussian`:
+    the published mean lies on its power-of-two grid. Used to centre the covariance
+    (ALGORITHMS.md §7); ``sigma`` and ``sensitivity`` are reported for the sum.
     """
     if n_rows < 1:
         raise ValueError(f"n_rows must be ≥ 1 (got {n_rows})")
+    factor = unit / n_rows
     row_sum = np.asarray(row_sum, dtype=np.float64)
     sigma = gaussian_sigma(grant, sensitivity)
-    noisy = row_sum + gaussian(rng, sigma, row_sum.shape)
-    return MeanRelease(noisy / n_rows, sigma, sensitivity)
+    noisy = noise.add_gaussian(rng, row_sum * factor, sigma * factor, sensitivity * factor)
+    return MeanRelease(noisy, sigma, sensitivity)
 
 
 def _square(matrix: np.ndarray) -> np.ndarray:

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dpsub_dist.privacy import noise
 from dpsub_dist.privacy.accountant import ApproxDP, Budget, gaussian_sigma, laplace_epsilon
-from dpsub_dist.privacy.noise import coarsen, gaussian, laplace
 from dpsub_dist.privacy.sparse_vector import above_threshold
 
 WEIGHT_SENSITIVITY = 4.0
@@ -88,15 +88,30 @@ def friendly_core_average(
     total = float(weights.sum())
     eps1, delta1 = _ptr_parameters(ptr_grant)
     scale = WEIGHT_SENSITIVITY / eps1
-    noisy_total = coarsen(total + float(laplace(rng, scale)), scale)
-    lower = noisy_total - scale * math.log(1 / (2 * delta1)) - WEIGHT_SENSITIVITY
+    noisy_total = noise.add_laplace(rng, total, scale, WEIGHT_SENSITIVITY)
+    lower = ptr_lower_bound(noisy_total, scale, delta1)
     if lower < t / 4:
         return FriendlyRelease(None, noisy_total, lower, None)
     mean = weights @ points / total
     if isinstance(gaussian_grant, ApproxDP):
         gaussian_grant = ApproxDP(gaussian_grant.epsilon, gaussian_grant.delta * math.exp(-eps1))
-    sigma = gaussian_sigma(gaussian_grant, 16 * radius / lower)
-    return FriendlyRelease(mean + gaussian(rng, sigma, mean.shape), noisy_total, lower, sigma)
+    sensitivity = 16 * radius / lower
+    sigma = gaussian_sigma(gaussian_grant, sensitivity)
+    point = noise.add_gaussian(rng, mean, sigma, sensitivity)
+    return FriendlyRelease(point, noisy_total, lower, sigma)
+
+
+def ptr_lower_bound(noisy_weight: float, scale: float, delta: float) -> float:
+    """``Ŵ − x − 4`` with P(noise ≥ x) ≤ δ: a lower bound on W − 4 that fails w.p. ≤ δ.
+
+    ``Ŵ`` is the released grid value of :func:`noise.add_laplace` and ``x`` a point of the
+    same power-of-two grid (:func:`noise.laplace_tail`); 4 is a multiple of that grid
+    whenever ε ≥ 2^-28, so the difference is exact in floating point: it cannot round up.
+    """
+    bound = noisy_weight - noise.laplace_tail(scale, WEIGHT_SENSITIVITY, delta)
+    if (bound - WEIGHT_SENSITIVITY) + WEIGHT_SENSITIVITY != bound:
+        raise ValueError("the core-test lower bound would be rounded: epsilon is too small")
+    return bound - WEIGHT_SENSITIVITY
 
 
 def grid_core_weights(sq_dists: np.ndarray, grid: np.ndarray) -> np.ndarray:

@@ -50,8 +50,8 @@ from typing import Literal
 import numpy as np
 
 from dpsub_dist.linalg import top_eigenvectors
+from dpsub_dist.privacy import noise
 from dpsub_dist.privacy.accountant import ApproxDP, Budget, laplace_epsilon
-from dpsub_dist.privacy.noise import truncated_laplace, truncated_laplace_calibration
 
 GAP_SENSITIVITY = 2.0
 """Sensitivity of the gap statistic f_s (each score moves by ≤ 1 under replace-one)."""
@@ -238,8 +238,8 @@ def gap_max_release(
     # Two zeros stand for the infinitely many k-dim subspaces no data span reaches.
     ranked = sorted([*spans.scores.tolist(), null, 0, 0], reverse=True)
     gap = max(0.0, ranked[0] - ranked[1] - 1)
-    scale, bound = truncated_laplace_calibration(GAP_SENSITIVITY, epsilon, delta)
-    noisy = float(gap + truncated_laplace(rng, scale, bound))
+    scale, bound = noise.truncated_laplace_calibration(GAP_SENSITIVITY, epsilon, delta)
+    noisy = noise.add_truncated_laplace(rng, gap, scale, bound, GAP_SENSITIVITY)
     data_wins = spans.top_basis is not None and spans.scores[0] > null
     if noisy <= bound:
         basis, reason = None, "gap"

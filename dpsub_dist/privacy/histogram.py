@@ -1,11 +1,14 @@
 """Shifted-grid stability histogram (SS21 Alg. 2; ALGORITHMS.md §2) and its private cell side (§4).
 
 Input domain: ``t`` points in R^D. Neighbour relation: replace one point.
-Privacy map: Laplace(2/ε) on each non-empty cell's count, release the best cell
-only if its noisy count exceeds ``τ = 1 + (2/ε) ln(1/δ)``: ``(ε, δ)``-DP (SS21
-Lemma A.15, Vadhan 2017 Thm 3.5). Replacing a point moves two counts by one;
-a cell present in only one neighbour has count 1 and passes with probability
-at most δ/2. For a zCDP grant the step runs with ε = √(2ρ), δ = δ₀.
+Privacy map: Laplace(2/ε) on each non-empty cell's count (discrete, on the power-of-two
+grid of :func:`noise.add_laplace`; counts are integers, so lie on it), release the best cell
+only if its noisy count exceeds ``τ = 1 + x`` with P(noise ≥ x) ≤ δ/2
+(:func:`noise.laplace_tail`, ≈ (2/ε) ln(1/δ)): ``(ε, δ)``-DP (SS21 Lemma A.15, Vadhan 2017
+Thm 3.5). Replacing a point moves two counts by one (two coordinates change: the rounding
+widening is for c = 2); a cell present in only one neighbour has count 1 and passes with
+probability at most δ/2. For a zCDP grant the step runs with ε = √(2ρ), δ = δ₀. The
+released count is a noise output itself (on the grid).
 
 Cells are keyed by the exact bytes of their integer coordinates, so only
 non-empty cells exist and no two cells can collide.
@@ -13,20 +16,22 @@ non-empty cells exist and no two cells can collide.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
+from dpsub_dist.privacy import noise
 from dpsub_dist.privacy.accountant import ApproxDP, Budget, laplace_epsilon
-from dpsub_dist.privacy.noise import coarsen, laplace
 from dpsub_dist.privacy.sparse_vector import above_threshold
 
 MAX_COUNT_SENSITIVITY = 1.0
 """Replacing one point lowers one cell count by 1 and raises another by 1, so the
 largest count moves by at most 1. (ALGORITHMS.md §4 quotes 2, the L1 sensitivity
 of the whole count vector; 1 is the sensitivity of the max, which is what §4 queries.)"""
+
+COUNT_VECTOR_SENSITIVITY = 2.0
+"""L1 change of the cell-count vector when one point is replaced (two counts move by 1)."""
 
 
 @dataclass(frozen=True)
@@ -71,14 +76,22 @@ def shifted_grid_histogram(
     """Release a point of the most popular grid cell, or ⊥ (SS21 Alg. 2, §2)."""
     epsilon, delta = _histogram_parameters(grant)
     labels, cells = grid_cells(points, side, offset)
-    noisy = np.bincount(labels) + laplace(rng, 2 / epsilon, len(cells))
-    threshold = 1 + (2 / epsilon) * math.log(1 / delta)
+    scale = COUNT_VECTOR_SENSITIVITY / epsilon
+    noisy = noise.add_laplace(
+        rng,
+        np.bincount(labels).astype(np.float64),
+        scale,
+        COUNT_VECTOR_SENSITIVITY,
+        coordinates_changed=2,
+    )
+    threshold = 1 + noise.laplace_tail(
+        scale, COUNT_VECTOR_SENSITIVITY, delta / 2, coordinates_changed=2
+    )
     best = int(np.argmax(noisy))
     if noisy[best] <= threshold:
         return HistogramRelease(None, None, threshold)
     inside = rng.uniform(0.0, 1.0, cells.shape[1]) if output == "uniform" else 0.5
-    released_count = coarsen(float(noisy[best]), 2 / epsilon)
-    return HistogramRelease((cells[best] + offset + inside) * side, released_count, threshold)
+    return HistogramRelease((cells[best] + offset + inside) * side, float(noisy[best]), threshold)
 
 
 def choose_cell_side(

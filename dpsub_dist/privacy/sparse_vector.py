@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from dpsub_dist.privacy.noise import laplace
+from dpsub_dist.privacy import noise
 
 
 def geometric_grid(r_min: float, r_max: float, step: float = 2**0.5) -> np.ndarray:
@@ -33,13 +33,25 @@ def above_threshold(
 ) -> int | None:
     """Index of the first query whose noisy value reaches the noisy threshold, or None.
 
-    T̂ = T + Lap(2Δ/ε); stop at the first j with q_j + Lap(4Δ/ε) ≥ T̂. Each q_j
-    must have sensitivity ≤ Δ for the neighbour relation of the caller.
+    T̂ = T + Lap(2Δ′/ε); stop at the first j with q̃_j ≥ T̂, q̃_j = q_j + Lap(4Δ/ε) on the grid
+    ``g`` of scale 4Δ/ε (:func:`noise.add_laplace`: ``g·(round(q_j/g) + K)``, its scale widened
+    for the rounding). Each q_j must have sensitivity ≤ Δ for the caller's neighbour relation.
+
+    Discrete form of Dwork & Roth (2014) Thm 3.23: the rounded queries move by ≤ Δ′ = Δ + g,
+    in multiples of ``g``; the proof shifts the threshold noise by such a multiple (≤ Δ′) and
+    the j-th query noise by ≤ 2Δ′. Both noises are discrete Laplace on grids dividing ``g``
+    (the threshold's grid, of scale 2Δ′/ε < 4Δ/ε, is a power of two ≤ g), with pmf ratios
+    ≤ e^{Δ′/(2Δ′/ε)} = e^{ε/2} and ≤ e^{2Δ′/(4Δ′/ε)} = e^{ε/2}: ε-DP for the index in total.
     """
     if not (epsilon > 0 and sensitivity > 0):
         raise ValueError("epsilon and sensitivity must be > 0")
-    noisy_threshold = threshold + laplace(rng, 2 * sensitivity / epsilon)
+    query_scale = 4 * sensitivity / epsilon
+    shifted = sensitivity + noise.grid_step(query_scale)  # Δ′: rounding on the query grid
+    threshold_scale = 2 * shifted / epsilon
+    if noise.grid_step(threshold_scale) > noise.grid_step(query_scale):
+        raise ValueError(f"epsilon {epsilon} is too small for the sparse-vector grid")
+    noisy_threshold = threshold + noise.laplace_noise(rng, threshold_scale, sensitivity=shifted)
     for j in range(n_queries):
-        if query(j) + laplace(rng, 4 * sensitivity / epsilon) >= noisy_threshold:
+        if noise.add_laplace(rng, query(j), query_scale, sensitivity) >= noisy_threshold:
             return j
     return None
