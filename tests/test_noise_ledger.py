@@ -240,7 +240,15 @@ def test_every_method_has_a_noise_ledger_case() -> None:
     assert {case.method for case in CASES.values()} == registered - set(NOT_DP)
 
 
-def _api_run(case: Case, source: Path) -> dict[str, Any]:
+def run_case(case: Case, source: Path, tmp: Path, scheduler: str) -> tuple[dict, np.ndarray]:
+    """Run ``case`` as a user would; its manifest and released basis."""
+    if case.command == "api":
+        return _api_run(case, source)
+    out = _cli_run(case, source, tmp, scheduler)
+    return json.loads((out / "manifest.json").read_text()), np.load(out / "basis.npy")
+
+
+def _api_run(case: Case, source: Path) -> tuple[dict, np.ndarray]:
     """``PrivateSubspace.fit`` without a client: GAP-MAX then draws in this process (with a
     client it draws in its one worker task, out of this log's sight)."""
     import pyarrow.parquet as pq
@@ -251,10 +259,10 @@ def _api_run(case: Case, source: Path) -> dict[str, Any]:
     )
     budget = {k.lstrip("-"): float(v) for k, v in args.items() if k != "--method"}
     est = PrivateSubspace(2, method=args["--method"], seed=3, **budget).fit(rows)
-    return est.manifest_
+    return est.manifest_, est.basis_
 
 
-def _cli_run(case: Case, source: Path, tmp: Path, scheduler: str) -> dict[str, Any]:
+def _cli_run(case: Case, source: Path, tmp: Path, scheduler: str) -> Path:
     common = ["--scheduler", scheduler, "--quiet"]
     if case.command == "stream":
         state = tmp / "stream.db"
@@ -265,7 +273,7 @@ def _cli_run(case: Case, source: Path, tmp: Path, scheduler: str) -> dict[str, A
             assert (
                 main(["stream", "append", str(state), str(part), "--out", str(out), *common]) == 0
             )
-        return json.loads((out / "manifest.json").read_text())
+        return out
     if case.command == "run":
         ledger = tmp / "ledger.db"
         grant = ["--ledger", str(ledger), "--dataset", f"{source}/", *BUDGET[:1], "10"]
@@ -277,10 +285,10 @@ def _cli_run(case: Case, source: Path, tmp: Path, scheduler: str) -> dict[str, A
             f"output: {tmp}/{{run_id}}\nledger: {ledger}\n"
         )
         assert main(["run", str(job), "--run-id", "r1", *common]) == 0
-        return json.loads((tmp / "r1" / "manifest.json").read_text())
+        return tmp / "r1"
     rank = ["--rank", "2", "--seed", "3", "--out", str(tmp / "out")]
     assert main([case.command, str(source), *rank, *case.args, *common]) == 0
-    return json.loads((tmp / "out" / "manifest.json").read_text())
+    return tmp / "out"
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -290,9 +298,6 @@ def test_every_draw_has_the_scale_its_charged_budget_buys(
     case = CASES[name]
     monkeypatch.setattr(noise, "new_noise_seed", lambda: NOISE_SEED)
     with noise.draw_log() as draws:
-        if case.command == "api":
-            manifest = _api_run(case, data[case.source])
-        else:
-            manifest = _cli_run(case, data[case.source], tmp_path, scheduler_address)
+        manifest, _ = run_case(case, data[case.source], tmp_path, scheduler_address)
     assert manifest["outcome"] == "ok", manifest["release"]
     check_noise_ledger(Run(manifest, list(draws)))
