@@ -79,3 +79,11 @@ def test_analytic_sigma_is_the_smallest_private_sigma(epsilon: float, delta: flo
     assert _exact_delta(1.0, sigma, epsilon) <= delta * (1 + 1e-12)
     assert _exact_delta(1.0, sigma * (1 - 1e-9), epsilon) > delta
     assert math.isfinite(sigma)
+
+
+@pytest.mark.parametrize("total", [ApproxDP(1.0), ZCDP(1.0)])
+def test_a_delta_free_total_can_be_spent_exactly(total) -> None:
+    """δ = 0 (δ₀ = 0) totals: a charge of exactly the total, with δ = 0, fits."""
+    acc = Accountant(total, conversion_delta=1e-6 if isinstance(total, ZCDP) else None)
+    acc.charge("all", total)
+    assert acc.spent == total
