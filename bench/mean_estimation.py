@@ -36,12 +36,12 @@ def clipped_mean(rows: np.ndarray, bound: float) -> np.ndarray:
 
 def gaussian_mean(rows: np.ndarray, bound: float, epsilon: float, delta: float) -> np.ndarray:
     """(ε, δ)-DP mean of rows clipped to ``bound`` (replace-one sensitivity 2·bound/n)."""
+    from dpsub_dist.privacy import noise
     from dpsub_dist.privacy.accountant import ApproxDP, gaussian_sigma
-    from dpsub_dist.privacy.noise import gaussian, noise_rng
 
-    sigma = gaussian_sigma(ApproxDP(epsilon, delta), 2 * bound / rows.shape[0])
-    mean = clipped_mean(rows, bound)
-    return mean + gaussian(noise_rng(), sigma, mean.shape)
+    sensitivity = 2 * bound / rows.shape[0]
+    sigma = gaussian_sigma(ApproxDP(epsilon, delta), sensitivity)
+    return noise.add_gaussian(noise.noise_rng(), clipped_mean(rows, bound), sigma, sensitivity)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -260,6 +260,7 @@ def run_sample_aggregate(
             "at this budget), or a larger budget"
         )
     seed = public_seed(config)
+    sa.check_scale(config.method, config.scale, sa.reference_points(seed, dim, q))
     plan = SubsetPlan(
         subsets=t,
         n_rows=n,

@@ -28,20 +28,30 @@ from privacy_audit import AuditResult, audit
 from dpsub_dist.privacy import friendly, histogram, noise, sparse_vector
 from dpsub_dist.privacy.accountant import ApproxDP
 
+SAMPLERS = {"laplace": ("add_laplace", "laplace_noise"), "gaussian": ("add_gaussian",)}
+"""The ``privacy.noise`` functions behind each kind of noise, and where their scale is."""
+SCALE_POSITION = {"add_laplace": 2, "laplace_noise": 1, "add_gaussian": 2}
+
 
 @contextlib.contextmanager
 def under_noised(module: Any, factor: float, samplers: tuple[str, ...] = ("laplace",)) -> Iterator:
-    """Within the block, ``module``'s noise samplers draw ``factor`` × the calibrated scale."""
+    """Within the block, the noise samplers (every module calls them through ``privacy.noise``)
+    draw ``factor`` × the calibrated scale; ``module`` names the mechanism under test."""
 
-    def scaled(sampler: Callable) -> Callable:
-        def draw(rng, scale, *args, **kwargs):
-            return sampler(rng, scale * factor, *args, **kwargs)
+    def scaled(name: str) -> Callable:
+        sampler, position = getattr(noise, name), SCALE_POSITION[name]
+
+        def draw(*args, **kwargs):
+            args = list(args)
+            args[position] *= factor
+            return sampler(*args, **kwargs)
 
         return draw
 
     with contextlib.ExitStack() as stack:
-        for name in samplers:
-            stack.enter_context(mock.patch.object(module, name, scaled(getattr(noise, name))))
+        for kind in samplers:
+            for name in SAMPLERS[kind]:
+                stack.enter_context(mock.patch.object(noise, name, scaled(name)))
         yield
 
 
@@ -249,8 +259,9 @@ MEAN_POINTS = 200
 
 
 def _one_point_at(position: float) -> np.ndarray:
+    """The moved point sits just inside r: the friend test is sound, so a tie at r is no friend."""
     points = np.zeros((MEAN_POINTS, 1))
-    points[0, 0] = position
+    points[0, 0] = position * (1 - 2.0**-20)
     return points
 
 

@@ -126,3 +126,87 @@ def test_zcdp_sigma() -> None:
 def test_validation(fn, args, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         fn(*args)
+
+
+# -- each mechanism draws the noise its formula gives (privacy.noise.draw_log) ----------
+
+
+def _textbook_analytic_sigma(sens: float, eps: float, delta: float) -> float:
+    """Balle & Wang (2018) Thm 8 solved with the plain Φ formula (independent of calibration.py)."""
+    from scipy.optimize import brentq
+
+    def excess(sigma: float) -> float:
+        a, b = sens / (2 * sigma) - eps * sigma / sens, -sens / (2 * sigma) - eps * sigma / sens
+        return norm.cdf(a) - math.exp(eps) * norm.cdf(b) - delta
+
+    return brentq(excess, 1e-3 * sens, 1e3 * sens, xtol=1e-14)
+
+
+def test_analyze_gauss_and_mean_draw_the_formula_sigma() -> None:
+    import numpy as np
+
+    from dpsub_dist.privacy import covariance as cov
+    from dpsub_dist.privacy import noise
+    from dpsub_dist.privacy.accountant import ZCDP, ApproxDP
+
+    rng = np.random.default_rng(0)
+    with noise.draw_log() as draws:
+        cov.analyze_gauss(np.eye(3), ApproxDP(2.0, 1e-6), math.sqrt(2), rng)
+        cov.analyze_gauss(np.eye(3), ZCDP(0.125), 1.0, rng)
+        cov.gaussian_mean(np.ones(4), 100, ApproxDP(0.5, 1e-5), 2.0, rng, unit=3.0)
+    gauss, zcdp, mean = draws
+    assert (gauss.kind, gauss.size, gauss.sensitivity) == ("symmetric_gaussian", 6, math.sqrt(2))
+    assert gauss.scale == pytest.approx(_textbook_analytic_sigma(math.sqrt(2), 2.0, 1e-6), rel=1e-8)
+    assert zcdp.scale == pytest.approx(2.0)  # Δ/√(2ρ) = 1/0.5
+    # ε = 0.5 < 1: the classic σ = 2·√(2 ln(1.25e5))/0.5 = 19.37922 is the smaller one
+    classic = 2.0 * math.sqrt(2 * math.log(1.25 / 1e-5)) / 0.5
+    assert classic == pytest.approx(19.379222, rel=1e-6)
+    expected = min(classic, _textbook_analytic_sigma(2.0, 0.5, 1e-5))
+    # the mean is released in input units: Δ and σ of the sum, both scaled by unit/n = 0.03
+    assert mean.kind == "gaussian" and mean.size == 4
+    assert mean.sensitivity == pytest.approx(2.0 * 0.03)
+    assert mean.scale == pytest.approx(expected * 0.03, rel=1e-8)
+
+
+def test_gap_test_and_projector_draw_the_formula_scales() -> None:
+    import numpy as np
+
+    from dpsub_dist.privacy import covariance as cov
+    from dpsub_dist.privacy import noise
+    from dpsub_dist.privacy.accountant import ZCDP, ApproxDP
+
+    gram = np.diag([1000.0, 10.0, 1.0])
+    with noise.draw_log() as draws:
+        release = cov.gap_perturbation(
+            gram, 1, ApproxDP(0.2, 1e-6), ApproxDP(1.0, 1e-6), "replace", np.random.default_rng(1)
+        )
+        zc = cov.gap_perturbation(
+            gram, 1, ZCDP(0.02, 1e-6), ZCDP(0.5), "add_remove", np.random.default_rng(2)
+        )
+    gap, projector, zgap, zprojector = draws
+    assert (gap.kind, gap.scale, gap.sensitivity) == ("laplace", 2.0 / 0.2, 2.0)  # Δ/ε
+    assert release.gap_lower_bound == pytest.approx(release.noisy_gap - 10 * math.log(1e6), 1e-6)
+    assert projector.sensitivity == pytest.approx(math.sqrt(2) / (release.gap_lower_bound - 3))
+    assert projector.scale == pytest.approx(
+        _textbook_analytic_sigma(projector.sensitivity, 1.0, 1e-6), rel=1e-8
+    )
+    assert (zgap.kind, zgap.scale) == ("gaussian", pytest.approx(2.0 / 0.2))  # Δ/√(2ρ)
+    assert zprojector.sensitivity == pytest.approx(1.0 / (zc.gap_lower_bound - 2))
+    assert zprojector.scale == pytest.approx(zprojector.sensitivity)  # Δ/√(2·0.5)
+
+
+def test_sulq_grams_draw_sigma_with_sensitivity_two() -> None:
+    import numpy as np
+
+    from dpsub_dist.privacy import clustering, noise
+    from dpsub_dist.privacy.accountant import ApproxDP
+
+    grant = ApproxDP(1.0, 1e-6)
+    sigma = clustering.gram_noise_sigma(grant)
+    assert sigma == pytest.approx(_textbook_analytic_sigma(2.0, 1.0, 1e-6), rel=1e-8)
+    with noise.draw_log() as draws:
+        noisy = clustering.release_cluster_grams(
+            np.zeros((3, 4, 4)), sigma, np.random.default_rng(0)
+        )
+    assert draws == [noise.Draw("symmetric_gaussian", sigma, 2.0, 30)]  # 3 × 10 entries
+    assert np.array_equal(noisy, np.swapaxes(noisy, 1, 2))

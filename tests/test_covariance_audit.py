@@ -21,8 +21,8 @@ import pytest
 from privacy_audit import audit
 
 from dpsub_dist.privacy import covariance as cov
+from dpsub_dist.privacy import noise
 from dpsub_dist.privacy.accountant import ApproxDP, gaussian_sigma
-from dpsub_dist.privacy.noise import laplace
 
 RUNS = 30_000
 EPSILON, DELTA = 2.0, 1e-5
@@ -113,8 +113,11 @@ def test_gap_perturbation_gap_test_audit_catches_half_laplace(cached_sigma, monk
     g = 50.0
     before, after = np.diag([g, 1.0]), np.diag([g + 1.0, 0.0])
     factor = {"value": 1.0}
+    real = noise.add_laplace
     monkeypatch.setattr(
-        cov, "laplace", lambda rng, scale, size=None: laplace(rng, factor["value"] * scale, size)
+        noise,
+        "add_laplace",
+        lambda rng, value, scale, sens, **kw: real(rng, value, factor["value"] * scale, sens, **kw),
     )
 
     def run(value: float):

@@ -7,6 +7,7 @@ scale actually drawn, not a helper's return value.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from unittest import mock
 
 import numpy as np
@@ -237,6 +238,23 @@ def test_choose_cell_side_queries_largest_count_with_sensitivity_one() -> None:
     assert seen["answers"] == [3, 4]
 
 
+def test_histogram_cell_search_stops_at_the_documented_fraction() -> None:
+    """The aggregator's cell-side search uses HISTOGRAM_SEARCH_FRACTION of t (finding 12)."""
+    from dpsub_dist.estimators import sample_aggregate as sa
+    from dpsub_dist.privacy.accountant import Accountant
+
+    accountant = Accountant(ApproxDP(1.0, 1e-6))
+    grants = accountant.split(sa.budget_plan("histogram", False))
+    summaries = np.random.default_rng(5).standard_normal((60, 4))
+    _, seen = _searched(
+        histogram,
+        lambda: sa.aggregate(
+            summaries, "histogram", accountant, grants, np.random.default_rng(0), 1, 2, 2
+        ),
+    )
+    assert seen["threshold"] == pytest.approx(sa.HISTOGRAM_SEARCH_FRACTION * 60)
+
+
 def test_grid_core_weights_equal_one_pass_per_radius() -> None:
     """The radius search's one-pass W(r) is bit for bit core_weights(r).sum(), ties too."""
     rng = np.random.default_rng(3)
@@ -250,9 +268,61 @@ def test_grid_core_weights_equal_one_pass_per_radius() -> None:
         np.testing.assert_array_equal(friendly.grid_core_weights(sq, grid), expected)
 
 
-def test_pairwise_sq_distances_are_the_plain_expression() -> None:
-    points = np.random.default_rng(4).standard_normal((50, 7)) * 1e3
-    gram = points @ points.T
-    norms = np.diag(gram)
-    plain = np.maximum(norms[:, None] + norms[None, :] - 2 * gram, 0.0)
-    np.testing.assert_array_equal(friendly.pairwise_sq_distances(points), plain)
+def _exact_sq_distances(points: np.ndarray) -> np.ndarray:
+    """High-precision reference: squared distances of the float64 points in exact rationals."""
+    rows = [[Fraction(float(x)) for x in row] for row in points]
+    t = len(rows)
+    out = np.zeros((t, t))
+    for i in range(t):
+        for j in range(i + 1, t):
+            exact = sum((a - b) ** 2 for a, b in zip(rows[i], rows[j], strict=True))
+            out[i, j] = out[j, i] = float(exact)
+    return out
+
+
+def _far_apart_points(t: int = 200) -> np.ndarray:
+    """Points of norm ≈ 80 whose pairwise distances are ≈ 1.1e-7 ≫ a radius of 1e-10."""
+    rng = np.random.default_rng(0)
+    return rng.standard_normal(64) * 10 + rng.standard_normal((t, 64)) * 1e-8
+
+
+def test_far_apart_points_are_not_friends_at_a_tiny_radius() -> None:
+    """Finding 6: ‖a‖² + ‖b‖² − 2⟨a, b⟩ cancels; at r = 1e-10 far pairs must not be friends."""
+    points = _far_apart_points()
+    sq = friendly.pairwise_sq_distances(points)
+    off_diagonal = ~np.eye(len(points), dtype=bool)
+    assert not np.any(sq[off_diagonal] <= 1e-10 * 1e-10)
+    assert friendly.core_weights(sq, 1e-10).sum() == 0.0
+    exact = _exact_sq_distances(points[:40])
+    assert exact[off_diagonal[:40, :40]].min() > 1e-15  # truly far apart at this radius
+
+
+def test_private_radius_grid_sees_no_friends_below_the_true_distances() -> None:
+    points = _far_apart_points()
+    sq = friendly.pairwise_sq_distances(points)
+    grid = sparse_vector.geometric_grid(1e-12, 1e-8)
+    assert not np.any(friendly.grid_core_weights(sq, grid))
+    assert friendly.choose_radius(sq, grid, ApproxDP(50.0), np.random.default_rng(0)) is None
+
+
+@pytest.mark.parametrize("spread", [1e-9, 1e-4, 1.0])
+def test_pairwise_sq_distances_bound_the_exact_distances(spread: float) -> None:
+    """Every entry is ≥ the exact squared distance, and close to it when it is not tiny."""
+    rng = np.random.default_rng(4)
+    points = rng.standard_normal(7) * 1e3 + rng.standard_normal((30, 7)) * spread * 1e3
+    points[3] = points[5]  # a repeated point: exact distance 0
+    sq = friendly.pairwise_sq_distances(points)
+    exact = _exact_sq_distances(points)
+    assert np.all(sq >= exact)
+    assert np.all(np.diag(sq) == 0.0)
+    sq_norms = np.sum(points**2, axis=1)
+    error = 16 * 9 * 2.0**-53 * np.add.outer(sq_norms, sq_norms)  # 16·γ_{D+2}·(‖a‖² + ‖b‖²)
+    assert np.all(sq <= exact * (1 + 2.0**-40) + error)
+
+
+def test_radius_floor_is_where_rounding_stops_deciding() -> None:
+    floor = friendly.radius_floor(64, 80.0)
+    points = _far_apart_points()
+    sq = friendly.pairwise_sq_distances(points)
+    assert floor**2 >= 2**10 * sq[0, 1] / 2  # the error term is ≤ r²/1024 at the floor
+    assert friendly.radius_floor(4 * 64, 80.0) > floor  # longer vectors: larger floor

@@ -19,13 +19,19 @@ from typing import Any, Literal
 
 import numpy as np
 
+from dpsub_dist.errors import InputError
 from dpsub_dist.linalg import (
     top_left_singular_vectors,
     top_right_singular_vectors,
     top_right_singular_vectors_from_gram,
 )
 from dpsub_dist.privacy.accountant import Accountant, ApproxDP, Budget, laplace_epsilon
-from dpsub_dist.privacy.friendly import choose_radius, friendly_core_average, pairwise_sq_distances
+from dpsub_dist.privacy.friendly import (
+    choose_radius,
+    friendly_core_average,
+    pairwise_sq_distances,
+    radius_floor,
+)
 from dpsub_dist.privacy.histogram import choose_cell_side, shifted_grid_histogram
 from dpsub_dist.privacy.sparse_vector import geometric_grid
 
@@ -190,10 +196,28 @@ def aggregate(
     return _aggregate_histogram(summaries, accountant, grants, rng, reference, seed, scale)
 
 
-def _search_grid(reference: np.ndarray) -> np.ndarray:
+def _search_grid(reference: np.ndarray, floor: float = 0.0) -> np.ndarray:
     # Every y_j = vec(Π_j R) has norm ≤ ‖R‖_F, so pairwise distances are ≤ 2‖R‖_F.
     top = 2 * float(np.linalg.norm(reference))
-    return geometric_grid(top / GRID_SPAN, top)
+    return geometric_grid(max(top / GRID_SPAN, floor), top)
+
+
+def friend_radius_floor(reference: np.ndarray) -> float:
+    """Smallest friend radius resolved for the points y_j (norm ≤ ‖R‖_F; public, from R)."""
+    return radius_floor(reference.size, float(np.linalg.norm(reference)) * (1 + 2.0**-20))
+
+
+def check_scale(method: Aggregator, scale: float | None, reference: np.ndarray) -> None:
+    """Refuse a given friend radius below the precision floor (public facts: exit 2, free)."""
+    if method != "friendly" or scale is None:
+        return
+    floor = friend_radius_floor(reference)
+    if scale < floor:
+        raise InputError(
+            f"--radius {scale:g} is below the precision floor {floor:.3g} of the friend test "
+            f"at D·q = {reference.size} (float64 distances cannot resolve it): pass "
+            f"--radius ≥ {floor:.3g}, or omit --radius to choose it privately"
+        )
 
 
 def _aggregate_friendly(summaries, accountant, grants, rng, reference, radius) -> Aggregate:
@@ -201,7 +225,8 @@ def _aggregate_friendly(summaries, accountant, grants, rng, reference, radius) -
     details: dict[str, Any] = {}
     if radius is None:
         accountant.charge("radius_search", grants["radius_search"])
-        radius = choose_radius(sq_dists, _search_grid(reference), grants["radius_search"], rng)
+        grid = _search_grid(reference, friend_radius_floor(reference))
+        radius = choose_radius(sq_dists, grid, grants["radius_search"], rng)
         details["radius_chosen_privately"] = True
         if radius is None:
             return Aggregate(None, {**details, "failed_step": "radius_search"})
@@ -227,7 +252,12 @@ def _aggregate_histogram(summaries, accountant, grants, rng, reference, seed, si
     if side is None:
         accountant.charge("cell_search", grants["cell_search"])
         side = choose_cell_side(
-            summaries, offset, _search_grid(reference), grants["cell_search"], rng
+            summaries,
+            offset,
+            _search_grid(reference),
+            grants["cell_search"],
+            rng,
+            HISTOGRAM_SEARCH_FRACTION,
         )
         details["cell_side_chosen_privately"] = True
         if side is None:

@@ -38,19 +38,54 @@ class FriendlyRelease:
     sigma: float | None
 
 
-def pairwise_sq_distances(points: np.ndarray) -> np.ndarray:
-    """t×t squared Euclidean distances from one Gram matrix of the points.
+UNIT_ROUNDOFF = 2.0**-53
+"""Unit roundoff u of float64 arithmetic."""
 
-    ``(‖a‖² + ‖b‖²) − 2⟨a, b⟩`` clipped at 0, computed in place (one t×t temporary, not
-    three: 128 MB each at t = 4000); doubling is exact, so the values are those of the
-    plain expression.
+FRIEND_MARGIN = 2.0**-48
+"""Relative margin on the distance bound: covers rounding of the bound itself and of r·r."""
+
+
+def _gamma(terms: int) -> float:
+    """γ_n = n·u/(1 − n·u): the error factor of any n-term float64 sum (Higham 2002, §3.1)."""
+    return terms * UNIT_ROUNDOFF / (1 - terms * UNIT_ROUNDOFF)
+
+
+def pairwise_sq_distances(points: np.ndarray) -> np.ndarray:
+    """t×t upper bounds on the squared Euclidean distances, never below the true ones.
+
+    Computed from one Gram matrix, ``(‖a‖² + ‖b‖²) − 2⟨a, b⟩`` clipped at 0, in place (one t×t
+    temporary, not three: 128 MB each at t = 4000). That expression cancels catastrophically
+    when the distance is small against the norms: its error is at most
+    ``γ_{D+2}(‖a‖² + ‖b‖² + 2‖a‖‖b‖) ≤ 2γ_{D+2}(‖a‖² + ‖b‖²)`` for any summation order (Higham
+    2002, §3.1; the computed norms are within γ_D of the true ones), so each entry is raised by
+    twice that bound, ``4γ_{D+2}(n̂_a + n̂_b)``, and by the relative margin FRIEND_MARGIN.
+    The diagonal is exactly 0. A pair counts as friends (``bound ≤ r·r``) only if its true
+    distance is ≤ r: the mean's sensitivity 16r/(W − 4) holds; the entry depends on the pair
+    alone, so the weight sensitivity 4 holds too. Radii near the error (``r² ≲ 2^10·bound``)
+    lose friends: see :func:`radius_floor`.
     """
+    points = np.asarray(points, dtype=np.float64)
     gram = points @ points.T
     sq_norms = np.diag(gram).copy()
     dists = np.add(sq_norms[:, None], sq_norms[None, :])
+    error = dists * (4 * _gamma(points.shape[1] + 2))  # 4γ(n̂_a + n̂_b), before it is reused
     gram *= 2.0
     np.subtract(dists, gram, out=dists)
-    return np.maximum(dists, 0.0, out=dists)
+    np.maximum(dists, 0.0, out=dists)
+    dists += error
+    dists *= 1 + FRIEND_MARGIN
+    np.fill_diagonal(dists, 0.0)
+    return dists
+
+
+def radius_floor(dim: int, norm_bound: float) -> float:
+    """Smallest radius the friend test resolves for points of norm ≤ ``norm_bound`` in R^dim.
+
+    At ``r² = 2^10 · 8γ_{D+2}·B²`` (the largest error term of :func:`pairwise_sq_distances`
+    times 1024) a pair is counted as friends once its true distance is below ≈ 0.999·r; below
+    that radius rounding, not distance, decides. Public: it depends on D and a public norm bound.
+    """
+    return math.sqrt(2.0**10 * 8 * _gamma(dim + 2)) * norm_bound
 
 
 def core_weights(sq_dists: np.ndarray, radius: float) -> np.ndarray:

@@ -27,6 +27,7 @@ below and in docs/privacy-noise.md.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import secrets
 import threading
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
+from scipy import special
 
 GRID_BITS = 30
 """The grid step ``g`` is the power of two with ``scale/g ∈ [2^30, 2^31)``."""
@@ -129,6 +131,7 @@ def _ceil_sqrt(count: int) -> int:
     return root if root * root == count else root + 1
 
 
+@functools.lru_cache(maxsize=1024)
 def _laplace_units(scale: float, sensitivity: float, changed: int) -> tuple[float, int]:
     """Grid ``g`` and integer DLap parameter ``t ≥ scale·(Δ + g·c)/(Δ·g)`` (exact rationals)."""
     _check_scale("Laplace scale", scale)
@@ -138,6 +141,7 @@ def _laplace_units(scale: float, sensitivity: float, changed: int) -> tuple[floa
     return g, math.ceil(Fraction(scale) * (delta + step * changed) / (delta * step))
 
 
+@functools.lru_cache(maxsize=1024)
 def _gaussian_units(sigma: float, sensitivity: float, changed: int, size: int) -> tuple[float, int]:
     """Grid ``g`` and integer σ_g ≥ σ·(Δ + g·⌈√c⌉)/Δ·(1 + size·2^-40)/g (exact rationals)."""
     _check_scale("Gaussian sigma", sigma)
@@ -164,15 +168,17 @@ def _bernoulli_exp_ratio(rng: np.random.Generator, num: np.ndarray, den: int) ->
     """Bernoulli(exp(−num/den)) for integers 0 ≤ num ≤ den (CKS Alg. 1, γ ≤ 1), exact.
 
     K = 1; while Bernoulli(γ/K): K += 1; return K odd. Bernoulli(γ/K) is ``U < num`` for
-    ``U`` uniform on {0, …, den·K − 1}.
+    ``U`` uniform on {0, …, den·K − 1}. All live draws share K, so each round is one call.
     """
-    k = np.ones(num.shape[0], dtype=np.int64)
+    out = np.zeros(num.shape[0], dtype=bool)
     live = np.arange(num.shape[0])
+    k = 1
     while live.size:
-        hit = rng.integers(0, den * k[live]) < num[live]
+        hit = rng.integers(0, den * k, live.size) < num[live]
+        out[live[~hit]] = k % 2 == 1
         live = live[hit]
-        k[live] += 1
-    return k % 2 == 1
+        k += 1
+    return out
 
 
 def _bernoulli_exp_minus_one(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -190,15 +196,17 @@ def _bernoulli_exp_dyadic(rng: np.random.Generator, whole: np.ndarray, frac: np.
     for level in range(int(whole.max(initial=0))):
         live = np.flatnonzero(ok & (whole > level))
         ok[live] = _bernoulli_exp_minus_one(rng, live.size)
-    k = np.ones(n, dtype=np.int64)
+    odd = np.zeros(n, dtype=bool)
     live = np.flatnonzero(ok)
+    k = 1
     while live.size:
         hit = (rng.integers(0, 2**62, live.size) < frac[live]) & (
-            rng.integers(0, k[live]) == 0
+            rng.integers(0, k, live.size) == 0
         )
+        odd[live[~hit]] = k % 2 == 1
         live = live[hit]
-        k[live] += 1
-    return ok & (k % 2 == 1)
+        k += 1
+    return ok & odd
 
 
 # --------------------------------------------------------------------------- integer samplers
@@ -254,8 +262,8 @@ def _discrete_gaussian(rng: np.random.Generator, sigma: int, n: int) -> np.ndarr
     Propose Y ~ DLap(t = σ + 1), accept with probability exp(−(|Y| − σ²/t)²/(2σ²)). The
     acceptance exponent is computed to within ETA and sampled exactly from that dyadic
     value; proposals with γ ≥ GAMMA_CAP (|Y| ≳ 17σ) are rejected. Hence the pmf is within
-    a factor e^{±2·ETA} of the discrete Gaussian on |k| ≲ 17σ and zero beyond, where the
-    discrete Gaussian has mass < e^-120.
+    a factor e^{±2·ETA} of the discrete Gaussian on |k| < 17σ and zero beyond, where the
+    discrete Gaussian has mass < e^-140.
     """
     out = np.empty(n, dtype=np.int64)
     pending = np.arange(n)
@@ -357,13 +365,13 @@ def add_gaussian(
     differ by an integer vector of L2 norm ≤ Δ_g = (Δ + g·⌈√c⌉)/g; σ_g is σ widened by
     ``(Δ + g⌈√c⌉)/Δ·(1 + size·2^-40)`` in grid units, so Δ_g/σ_g ≤ (Δ/σ)/(1 + size·2^-40).
     zCDP: N_Z(0, σ_g²) with integer shift Δ_g is Δ_g²/(2σ_g²)-zCDP (CKS Thm 14), within ρ.
-    (ε, δ): N_Z(0, σ_g²) is within e^{±b}, b ≤ 6/σ_g² ≤ 6·2^-60, of the continuous Gaussian
-    rounded to the grid (Euler–Maclaurin on |k| ≤ 17σ_g), a post-processing of the
-    continuous mechanism the caller calibrated. Sampler slack: pmf within e^{±2·ETA} per
-    coordinate; removed tail < e^-120 per coordinate. Total: a = size·(2·ETA + b) ≤
-    size·7e-17, covered by the 1 + size·2^-40 widening (ε shrinks by ≥ ε·size·2^-40 ≥ 2a
-    whenever ε ≥ 1.6e-4); below that, and for the δ factor e^a, the slack is explicit
-    (docs/privacy-noise.md).
+    (ε, δ): N_Z(0, σ_g²) is within e^{±b}, b ≤ 13/σ_g² ≤ 1.2e-17, of the continuous Gaussian
+    rounded to the grid (midpoint rule on |k| ≤ 17σ_g), a post-processing of the continuous
+    mechanism the caller calibrated. Sampler slack: pmf within e^{±2·ETA} per coordinate, zero
+    beyond 17σ_g (discrete-Gaussian mass < e^-140 there). Total: with a = size·(2·ETA + b) ≤
+    size·7.5e-17, δ(ε) ≤ e^a·δ_ref(ε − 2a); the 1 + size·2^-40 widening absorbs the 2a in ε
+    whenever ε ≥ 2e-4; the factor e^a on δ (≤ 1 + 4e-9 at 5·10⁷ values) and ε below 2e-4 are
+    explicit slack (docs/privacy-noise.md).
     """
     arr = np.asarray(value, dtype=np.float64)
     changed = arr.size if coordinates_changed is None else coordinates_changed
@@ -375,13 +383,16 @@ def add_gaussian(
 def gaussian_tail(sigma: float, l2_sensitivity: float, beta: float, size: int = 1) -> float:
     """A grid value ``x`` with P(noise ≥ x) ≤ β for one coordinate of :func:`add_gaussian`.
 
-    The discrete Gaussian is σ_g²-subgaussian (CKS Cor. 9): P(K ≥ m) ≤ e^{−m²/(2σ_g²)};
-    the sampler's pmf is within e^{2·ETA} of it, so ``m = ⌈σ_g √(2(ln(1/β) + 2·ETA))⌉ + 1``.
+    The sampler's pmf is within e^{±(2·ETA + b)} ≤ e^{1e-16} of the continuous N(0, σ_g²)
+    rounded to integers on its support (|k| < 17σ_g; :func:`add_gaussian`), so
+    P(K ≥ m) ≤ e^{1e-16}·Φ̄((m − ½)/σ_g); ``m = ⌈σ_g Φ̄⁻¹(β(1 − 1e-9)) + ½⌉ + 1`` (the 1e-9
+    and the +1 cover that factor and the float evaluation).
     """
     if not 0 < beta < 1:
         raise ValueError(f"beta must be in (0, 1), got {beta}")
     g, sigma_g = _gaussian_units(sigma, l2_sensitivity, size, size)
-    return (math.ceil(sigma_g * math.sqrt(2 * (math.log(1 / beta) + 2 * ETA))) + 1) * g
+    quantile = -float(special.ndtri(beta * (1 - 1e-9)))  # Φ̄⁻¹, accurate for small β
+    return (math.ceil(sigma_g * quantile + 0.5) + 1) * g
 
 
 def add_symmetric_gaussian(
