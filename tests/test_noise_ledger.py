@@ -221,7 +221,9 @@ CASES = {
     "exact zcdp": Case("exact", "api", "exact", (*RHO, "--method", "exact")),
     "boost": _estimate("boost", *BUDGET, "--boost", "2"),
     "cluster sample-aggregate": _cluster("sample-aggregate"),
-    "cluster sample-aggregate histogram": _cluster("sample-aggregate", "--aggregator", "histogram"),
+    "cluster sample-aggregate histogram": _cluster(
+        "sample-aggregate", "--aggregator", "histogram", "--epsilon", "12"
+    ),  # at ε = 4 the histogram aggregator ends in ⊥ for about half the noise seeds
     "cluster sulq": _cluster("sulq", "--method", "sulq"),
     "stream": Case("stream", "stream", "rows", tuple(RHO)),
     "run": Case("run", "run", "rows"),
@@ -296,7 +298,7 @@ def test_every_draw_has_the_scale_its_charged_budget_buys(
     name: str, data: dict[str, Path], tmp_path: Path, scheduler_address: str, monkeypatch
 ) -> None:
     case = CASES[name]
-    monkeypatch.setattr(noise, "new_noise_seed", lambda: NOISE_SEED)
+    monkeypatch.setattr(noise.secrets, "randbits", lambda bits: NOISE_SEED)  # "OS entropy"
     with noise.draw_log() as draws:
         manifest, _ = run_case(case, data[case.source], tmp_path, scheduler_address)
     assert manifest["outcome"] == "ok", manifest["release"]
