@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs PostgreSQL's server binaries (initdb, pg_ctl) for the ledger tests when they are
 # missing. The tests start and stop their own throwaway cluster on 127.0.0.1 (tests/pg.py);
-# nothing is started here. Without the binaries those tests skip with the reason.
+# nothing is started here. Failing here fails CI (.ci/run): those tests must not skip.
 set -euo pipefail
 have_pg() {
   command -v initdb >/dev/null 2>&1 && command -v pg_ctl >/dev/null 2>&1 && return 0

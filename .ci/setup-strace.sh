@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs strace for tests/test_no_raw_data.py, which traces the driver's openat calls to
 # prove it never opens a data file (pyarrow opens files from C++, out of Python's sight).
-# Without it that one test skips with the reason; the Python-level check still runs.
+# Failing here fails CI (.ci/run): the strace check must not skip.
 set -euo pipefail
 if command -v strace >/dev/null 2>&1; then
   echo "strace present"

@@ -4,8 +4,8 @@ The server binaries come from the system (``.ci/setup-postgres.sh`` installs Deb
 ``postgresql`` package). PostgreSQL refuses to run as root, so as root the cluster is
 created and run as the ``postgres`` user (``runuser``). The cluster lives in a temporary
 folder, listens on a free loopback port with trust authentication, and is stopped and
-deleted when the session ends. Tests skip, with the reason, only when no server can be
-started.
+deleted when the session ends. When no server can be started the tests skip with the
+reason, and that skip fails the session (tests/conftest.py ALLOWED_SKIPS does not list it).
 """
 
 from __future__ import annotations

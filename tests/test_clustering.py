@@ -52,9 +52,13 @@ def union_of_subspaces(
     return np.einsum("ndq,nq->nd", own, rng.standard_normal((n, rank))) + noise, bases
 
 
-def fit(rows: np.ndarray, client=None, **config) -> tuple[np.ndarray | None, dict]:
+def fit(
+    rows: np.ndarray, client=None, noise_seed: int | None = None, **config
+) -> tuple[np.ndarray | None, dict]:
+    """``run_cluster`` on in-memory rows; ``noise_seed`` is the private seed a ledger run
+    record would pass (OS entropy without it)."""
     cfg = ClusterConfig(**{"epsilon": 1.0, "delta": 1e-6, **config})
-    result = run_cluster(cfg, lambda c: array_dataset(rows), client)
+    result = run_cluster(cfg, lambda c: array_dataset(rows), client, noise_seed=noise_seed)
     return result.basis, result.manifest
 
 
@@ -203,9 +207,14 @@ def test_gibbs_recovers_two_lines_at_a_large_epsilon() -> None:
 
 def test_sample_aggregate_recovers_the_subspaces(dask_client) -> None:
     """Small version of the issue's claim (the full one is marked slow below): typically
-    ≈ 0.05; the private radius search sometimes lands one grid step higher (≈ 0.1–0.12)."""
+    ≈ 0.05; the private radius search sometimes lands one grid step higher (≈ 0.1–0.12).
+
+    With OS-entropy noise about 1 run in 8 ends in ⊥ at the core test (measured: noise
+    seeds 1–8 gave ⊥ once, errors 0.058–0.081 otherwise), which made this test flaky; the
+    fixed private noise seed makes it deterministic. The ⊥ rate is a utility property,
+    measured by the slow test below, not by CI."""
     rows, truth = union_of_subspaces(100_000, 20, 2, 3, 1)
-    bases, manifest = fit(rows, dask_client, clusters=3, rank=2, epsilon=3.0, seed=2)
+    bases, manifest = fit(rows, dask_client, noise_seed=1, clusters=3, rank=2, epsilon=3.0, seed=2)
     assert manifest["outcome"] == "ok", manifest["release"]
     assert matched_subspace_errors(bases, truth).max() < 0.2
     assert max(manifest["release"]["projection_residual"]) < 0.3

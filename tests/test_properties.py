@@ -158,6 +158,16 @@ def matrices(draw, max_rows: int = 30, max_cols: int = 12, min_size: int = 1) ->
     return base * draw(MAGNITUDES)
 
 
+def assert_rank_below(rows: np.ndarray, k: int) -> None:
+    """``rows`` has numerical rank < k: fewer rows, or σ_k within Gram-route rounding of 0."""
+    m, d = rows.shape
+    if m < k or not np.any(rows):
+        return
+    singular = np.linalg.svd(rows / np.max(np.abs(rows)), compute_uv=False)
+    tolerance = 10 * np.sqrt(max(m, d) * np.finfo(float).eps)  # 10× the library's own
+    assert len(singular) < k or singular[k - 1] <= tolerance * singular[0], singular
+
+
 def assert_orthonormal_rows(vt: np.ndarray, k: int, d: int) -> None:
     assert vt.shape == (k, d)
     assert np.all(np.isfinite(vt))
@@ -177,7 +187,8 @@ def test_top_right_singular_vectors_orthonormal_or_none(rows, k) -> None:
                 raise
             with np.errstate(under="ignore"):
                 vt = top_right_singular_vectors(rows, k, np.random.default_rng(0))
-    if vt is None:
+    if vt is None:  # allowed only for an input that has no k-dimensional row space
+        assert_rank_below(rows, k)
         return
     assert_orthonormal_rows(vt, k, d)
     # the basis captures the top-k energy (relative to the largest singular value)
@@ -197,7 +208,9 @@ def test_randomized_route_orthonormal_or_none(rows, k) -> None:
         mock.patch.object(linalg, "EXACT_SPEED_RATIO", 0),
     ):
         vt = top_right_singular_vectors(rows, k, np.random.default_rng(1))
-    if vt is not None:
+    if vt is None:
+        assert_rank_below(rows, k)
+    else:
         assert_orthonormal_rows(vt, k, d)
 
 

@@ -58,6 +58,13 @@ def objects(s3: S3Server, prefix: str) -> list[str]:
     return [p for p in fs.find(prefix) if p.startswith(prefix.rstrip("/") + "/")]
 
 
+def all_objects(s3: S3Server) -> set[str]:
+    """Every object in every bucket of the server."""
+    fs = s3.fs()
+    fs.invalidate_cache()
+    return {path for bucket in fs.ls("") for path in fs.find(bucket)}
+
+
 def assert_no_secret(s3: S3Server, *texts: str) -> None:
     for user, creds in s3.users.items():
         for text in texts:
@@ -166,17 +173,19 @@ def test_vector_column_from_s3_in_place(s3, tmp_path, scheduler_address, capsys)
 # -- bad input: one line, exit 2, nothing written --------------------------------------
 
 
-def _fails(capsys, scheduler: str, tmp_path: Path, source: str, storage: list[str], out=None):
+def _fails(s3, capsys, scheduler: str, tmp_path: Path, source: str, storage: list[str], out=None):
     """``dpsub estimate`` (in this process, on the shared cluster) must fail with exit 2,
     one error line, no output and no secret; returns the error line."""
     out = out or str(tmp_path / "out")
     args = ["estimate", source, "--rank", "2", *BUDGET, "--out", out, "--quiet"]
+    before = all_objects(s3)
     code = main([*args, "--scheduler", scheduler, *storage])
     stdout, stderr = capsys.readouterr()
     assert code == 2, stderr
     lines = [line for line in stderr.splitlines() if line.startswith("dpsub estimate:")]
     assert len(lines) == 1, stderr
     assert not Path(tmp_path / "out").exists()
+    assert all_objects(s3) == before  # nothing written on the object store either
     for value in storage:
         if value.startswith("secret="):
             assert value.removeprefix("secret=") not in stdout + stderr
@@ -185,16 +194,18 @@ def _fails(capsys, scheduler: str, tmp_path: Path, source: str, storage: list[st
 
 def test_missing_bucket(s3, dataset, scheduler_address, tmp_path, capsys):
     line = _fails(
-        capsys, scheduler_address, tmp_path, "s3://no-such-bucket/gauss/", s3.storage_args()
+        s3, capsys, scheduler_address, tmp_path, "s3://no-such-bucket/gauss/", s3.storage_args()
     )
     assert "bucket 'no-such-bucket' does not exist" in line
 
 
 def test_missing_object(s3, dataset, scheduler_address, tmp_path, capsys):
-    line = _fails(capsys, scheduler_address, tmp_path, "s3://data/nothing-here/", s3.storage_args())
+    line = _fails(
+        s3, capsys, scheduler_address, tmp_path, "s3://data/nothing-here/", s3.storage_args()
+    )
     assert "input path not found: s3://data/nothing-here/" in line
     line = _fails(
-        capsys, scheduler_address, tmp_path, "s3://data/gauss/part-9.parquet", s3.storage_args()
+        s3, capsys, scheduler_address, tmp_path, "s3://data/gauss/part-9.parquet", s3.storage_args()
     )
     assert "input path not found" in line
 
@@ -202,7 +213,7 @@ def test_missing_object(s3, dataset, scheduler_address, tmp_path, capsys):
 def test_bad_credentials(s3, dataset, scheduler_address, tmp_path, capsys):
     forged = [f"endpoint_url={s3.endpoint}", "key=AKIAFORGEDFORGED", "secret=not-a-real-secret"]
     storage = [arg for option in forged for arg in ("--storage-option", option)]
-    line = _fails(capsys, scheduler_address, tmp_path, "s3://data/gauss/", storage)
+    line = _fails(s3, capsys, scheduler_address, tmp_path, "s3://data/gauss/", storage)
     assert "access denied listing s3://data/gauss/" in line
     assert "does not exist in our records" in line
 
@@ -212,7 +223,7 @@ def test_access_denied_reading_objects_on_the_workers(
 ):
     # "driver" may list the bucket but not get data objects: the footers fail on the workers.
     line = _fails(
-        capsys, scheduler_address, tmp_path, "s3://data/gauss/", s3.storage_args("driver")
+        s3, capsys, scheduler_address, tmp_path, "s3://data/gauss/", s3.storage_args("driver")
     )
     assert "access denied reading s3://data/gauss/part-0000" in line
 
@@ -220,7 +231,13 @@ def test_access_denied_reading_objects_on_the_workers(
 def test_output_write_denied_before_any_work(s3, dataset, scheduler_address, tmp_path, capsys):
     reader = s3.storage_args("reader")
     line = _fails(
-        capsys, scheduler_address, tmp_path, "s3://data/gauss/", reader, "s3://data/runs/denied/"
+        s3,
+        capsys,
+        scheduler_address,
+        tmp_path,
+        "s3://data/gauss/",
+        reader,
+        "s3://data/runs/denied/",
     )
     assert "access denied checking the output s3://data/runs/denied/" in line
     assert objects(s3, "data/runs/denied") == []
@@ -228,9 +245,11 @@ def test_output_write_denied_before_any_work(s3, dataset, scheduler_address, tmp
 
 def test_output_bucket_missing_or_root(s3, dataset, scheduler_address, tmp_path, capsys):
     admin = s3.storage_args()
-    line = _fails(capsys, scheduler_address, tmp_path, "s3://data/gauss/", admin, "s3://nope/r/")
+    line = _fails(
+        s3, capsys, scheduler_address, tmp_path, "s3://data/gauss/", admin, "s3://nope/r/"
+    )
     assert "bucket 'nope' of --out s3://nope/r/ does not exist" in line
-    line = _fails(capsys, scheduler_address, tmp_path, "s3://data/gauss/", admin, "s3://data/")
+    line = _fails(s3, capsys, scheduler_address, tmp_path, "s3://data/gauss/", admin, "s3://data/")
     assert "is a bucket root" in line
 
 
@@ -242,7 +261,7 @@ def test_corrupt_object_named_and_secret_not_in_worker_logs(
         data = fs.cat_file(name)
         fs.pipe_file(f"data/corrupt/part-{i}.parquet", data[: len(data) // 2] if i == 2 else data)
     storage = s3.storage_args()
-    line = _fails(capsys, scheduler_address, tmp_path, "s3://data/corrupt/", storage)
+    line = _fails(s3, capsys, scheduler_address, tmp_path, "s3://data/corrupt/", storage)
     assert line.startswith(
         "dpsub estimate: error: s3://data/corrupt/part-2.parquet: not a readable Parquet file"
     )
@@ -291,3 +310,49 @@ def test_write_run_on_s3_manifest_last_overwrite_and_checksum(s3, dataset):
     s3.fs().rm_file("data/runs/unit/manifest.json")
     with pytest.raises(InputError, match="no manifest.json"):
         read_run(out, opts)
+
+
+def test_run_on_s3_is_never_seen_half_written(s3, dataset, monkeypatch):
+    """After every PUT and DELETE of a write (new run, then an overwrite), a second client
+    reading the prefix sees either no manifest (not a finished run) or a complete run whose
+    basis matches its manifest: the manifest is written last and removed first."""
+    import asyncio
+
+    import s3fs
+
+    opts = StorageOptions(s3.storage_options("admin"))
+    out = "s3://data/runs/order/"
+    seen: list[tuple[str, str, str]] = []
+
+    def reader_view() -> str:
+        try:
+            basis, manifest = read_run(out, s3.storage_options("admin"))
+        except InputError as err:
+            assert "no manifest.json" in str(err), err  # any other refusal: a torn run
+            return "unfinished"
+        return manifest["outcome"] + ("" if basis is None else "+basis")
+
+    def observed(method):
+        async def wrapper(self, path, *args, **kwargs):
+            result = await method(self, path, *args, **kwargs)
+            if "runs/order/" in path:
+                seen.append((method.__name__, path.rsplit("/", 1)[1], ""))
+                view = await asyncio.to_thread(reader_view)
+                seen[-1] = (*seen[-1][:2], view)
+            return result
+
+        return wrapper
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_pipe_file", observed(s3fs.S3FileSystem._pipe_file))
+    monkeypatch.setattr(s3fs.S3FileSystem, "_rm_file", observed(s3fs.S3FileSystem._rm_file))
+    s3fs.S3FileSystem.clear_instance_cache()  # cached instances bound the unwrapped methods
+    basis = np.linalg.qr(np.random.default_rng(1).standard_normal((6, 2)))[0]
+    write_run(out, basis, {"outcome": "ok"}, overwrite=False, storage_options=opts)
+    write_run(out, None, {"outcome": "no_stable_subspace"}, overwrite=True, storage_options=opts)
+    assert seen == [
+        ("_pipe_file", "basis.npy", "unfinished"),
+        ("_pipe_file", "manifest.json", "ok+basis"),
+        ("_rm_file", "manifest.json", "unfinished"),  # the old run is untrusted first
+        ("_rm_file", "basis.npy", "unfinished"),
+        ("_pipe_file", "manifest.json", "no_stable_subspace"),
+    ]

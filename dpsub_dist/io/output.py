@@ -5,7 +5,9 @@ size and SHA-256 of every other output (``outputs``), so a basis that does not b
 its manifest is refused.
 
 - Local folders are written atomically: a hidden temporary sibling folder is filled
-  (basis, then manifest, each fsync'ed) and renamed into place.
+  (basis, then manifest, each fsync'ed) and renamed into place. ``--overwrite`` renames the
+  previous run aside first and back if the new one cannot be moved in, so a failed write
+  leaves it intact; it is deleted only after the new run is in place.
 - Object storage (``s3://bucket/prefix/`` …) has no rename, but each object PUT is atomic:
   the run prefix must be empty (or ``--overwrite``, which first deletes the old
   ``manifest.json`` and then the rest of the prefix), then the basis is written, then
@@ -152,10 +154,7 @@ def write_run(
         if final.exists():
             if not overwrite:
                 raise InputError(f"output folder appeared while running: {out}: choose a new --out")
-            old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
-            final.rename(old)
-            tmp.rename(final)
-            shutil.rmtree(old, ignore_errors=True)
+            _replace_folder(tmp, final)
         else:
             tmp.rename(final)
     except OSError as err:  # disk full, read-only, permissions: nothing is left behind
@@ -168,6 +167,23 @@ def write_run(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return str(final)
+
+
+def _replace_folder(new: Path, final: Path) -> None:
+    """Put the finished folder ``new`` in place of the run at ``final`` (``--overwrite``).
+
+    The previous run is renamed aside, never deleted first, and renamed back if the new one
+    cannot be moved in: a failure leaves it intact and readable. It is deleted only once
+    the new run is in place.
+    """
+    old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+    final.rename(old)
+    try:
+        new.rename(final)
+    except BaseException:
+        old.rename(final)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _write_remote(

@@ -1,0 +1,305 @@
+"""End-to-end noise ledger: every noise draw of a whole run has the scale that the budget the
+manifest says was charged for its step buys (docs/testing.md).
+
+Each case runs one method the way a user does (``dpsub estimate``/``cluster``/``stream``/
+``run``) while :func:`dpsub_dist.privacy.noise.draw_log` records every draw (kind, the
+scale/σ asked for, sensitivity, size). From the published manifest alone (the charged
+budget of each step, and the public or released numbers a step's sensitivity depends on)
+:data:`STEP_SCALES` recomputes the scales each step may draw, with the package's
+calibration functions and the sensitivities of the privacy argument written out here as
+literals (ALGORITHMS.md). Then:
+
+- every draw matches a charged step's formula: noise drawn from another step's grant, or
+  at a fraction of the calibrated σ, matches none;
+- every charged step drew noise (a step charged but never noised is a wiring error too).
+
+A method added to the registries without a case here fails
+:func:`test_every_method_has_a_noise_ledger_case`; a step added without a formula fails
+the ledger check with its name.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dpsub_dist import PrivateSubspace
+from dpsub_dist.cli import main
+from dpsub_dist.estimators.clustering import CLUSTER_METHODS
+from dpsub_dist.job import METHODS
+from dpsub_dist.privacy import noise
+from dpsub_dist.privacy.accountant import ZCDP, ApproxDP, Budget, gaussian_sigma, laplace_epsilon
+from dpsub_dist.synth import generate
+
+NOISE_SEED = 0xD15EA5E
+"""Private noise seed planted for these runs only, so that every run reaches its last step."""
+
+# Sensitivities of the privacy arguments (ALGORITHMS.md), as literals: a changed constant in
+# the package must show up as a mismatch, not be reused by the test.
+FRIEND_WEIGHT = 4.0  # §3: W moves by ≤ 4 when one of the t points is replaced
+MAX_CELL_COUNT = 1.0  # §4: the largest cell count moves by ≤ 1
+COUNT_VECTOR = 2.0  # §2: two cell counts move by 1
+GRAM = {"replace": math.sqrt(2.0), "add_remove": 1.0}  # §7: upper triangle of AᵀA
+ROW_SUM = 2.0  # §7: a − b for unit-norm rows
+EIGENGAP = 2.0  # §7: Weyl, λ_k − λ_{k+1} moves by ≤ 2
+PROJECTOR = {"replace": (math.sqrt(2.0), 3.0), "add_remove": (1.0, 2.0)}  # c/(L − s)
+GAP_MAX_SCORE_GAP = 2.0  # §5: each span score moves by ≤ 1, their gap by ≤ 2
+SULQ_GRAM = 2.0  # §9: one unit-norm row moves between clusters' Grams
+TREE_NODE = math.sqrt(2.0)  # §8: Σ aaᵀ with ‖a‖ ≤ 1, replace one row
+
+
+def _grant(step: dict[str, Any]) -> Budget:
+    if "epsilon" in step:
+        return ApproxDP(step["epsilon"], step["delta"])
+    return ZCDP(step["rho"], step["delta0"])
+
+
+def _sparse_vector(sensitivity: float, step: dict[str, Any]) -> list[float]:
+    """AboveThreshold (§4): queries Lap(4Δ/ε), threshold Lap(2Δ′/ε), Δ′ = Δ + the query grid."""
+    epsilon = laplace_epsilon(_grant(step))
+    query = 4 * sensitivity / epsilon
+    return [query, 2 * (sensitivity + noise.grid_step(query)) / epsilon]
+
+
+def _core_noise(run: Run, step: dict[str, Any]) -> list[float]:
+    """§3 step 3: σ for 16r/L, the PTR step's δ shifted by e^{−ε₁} under (ε, δ)."""
+    grant = _grant(step)
+    if isinstance(grant, ApproxDP):
+        eps1 = laplace_epsilon(_grant(run.steps["core_test"]))
+        grant = ApproxDP(grant.epsilon, grant.delta * math.exp(-eps1))
+    return [
+        gaussian_sigma(grant, 16 * r["radius"] / r["core_weight_lower_bound"])
+        for r in run.releases
+        if r.get("noise_sigma")
+    ]
+
+
+def _gap_test(run: Run, step: dict[str, Any]) -> list[float]:
+    grant = _grant(step)
+    if isinstance(grant, ZCDP):  # T24 §3.8.4: Gaussian gap under zCDP
+        return [gaussian_sigma(grant, EIGENGAP)]
+    return [EIGENGAP / laplace_epsilon(grant)]
+
+
+def _projector_noise(run: Run, step: dict[str, Any]) -> list[float]:
+    release = run.manifest["release"]
+    scale, shift = PROJECTOR[release["neighbours"]]
+    return [gaussian_sigma(_grant(step), scale / (release["gap_lower_bound"] - shift))]
+
+
+def _mean(run: Run, step: dict[str, Any]) -> list[float]:
+    """§7: σ for the row sum, drawn on the mean: scaled by row_norm/n (n public, row level)."""
+    unit = run.manifest["parameters"]["row_norm"] / run.manifest["n_rows"]
+    return [gaussian_sigma(_grant(step), ROW_SUM) * unit]
+
+
+def _tree_node(run: Run, step: dict[str, Any]) -> list[float]:
+    """§8: every node gets ρ/L of the stream's total ρ (each row is in ≤ L released nodes)."""
+    total = run.manifest["privacy"]["budget"]["total_granted"]["rho"]
+    levels = run.manifest["parameters"]["levels"]
+    return [gaussian_sigma(ZCDP(total / levels), TREE_NODE)]
+
+
+Formula = Callable[["Run", dict[str, Any]], list[float]]
+
+STEP_SCALES: dict[str, Formula] = {
+    "radius_search": lambda run, step: _sparse_vector(FRIEND_WEIGHT, step),
+    "cell_search": lambda run, step: _sparse_vector(MAX_CELL_COUNT, step),
+    "core_test": lambda run, step: [FRIEND_WEIGHT / laplace_epsilon(_grant(step))],
+    "core_noise": _core_noise,
+    "histogram": lambda run, step: [COUNT_VECTOR / laplace_epsilon(_grant(step))],
+    "gram_noise": lambda run, step: [
+        gaussian_sigma(_grant(step), GRAM[run.manifest["release"]["neighbours"]])
+    ],
+    "mean": _mean,
+    "gap_test": _gap_test,
+    "projector_noise": _projector_noise,
+    "gap_max": lambda run, step: [GAP_MAX_SCORE_GAP / laplace_epsilon(_grant(step))],
+    r"iteration_\d+": lambda run, step: [gaussian_sigma(_grant(step), SULQ_GRAM)],
+    r"batch \d+": _tree_node,
+}
+"""Step name (a regular expression) → the noise scales that step's charged budget buys."""
+
+
+@dataclass
+class Run:
+    """One finished run: its manifest and every noise draw made while it ran."""
+
+    manifest: dict[str, Any]
+    draws: list[noise.Draw]
+
+    @property
+    def steps(self) -> dict[str, dict[str, Any]]:
+        return {s["step"]: s for s in self.manifest["privacy"]["budget"]["steps"]}
+
+    @property
+    def releases(self) -> list[dict[str, Any]]:
+        """The run's release, and each boosting group's."""
+        groups = self.manifest["parameters"].get("group_runs", [])
+        return [self.manifest["release"], *(g["release"] for g in groups)]
+
+
+def _formula(step: str) -> Formula:
+    matches = [f for pattern, f in STEP_SCALES.items() if re.fullmatch(pattern, step)]
+    assert len(matches) == 1, f"no noise formula for step {step!r}: add one to STEP_SCALES"
+    return matches[0]
+
+
+def check_noise_ledger(run: Run) -> None:
+    """Every draw is at a scale some charged step buys; every charged step drew."""
+    assert run.draws, "no noise was drawn"
+    allowed = {name: _formula(name)(run, step) for name, step in run.steps.items()}
+    used: set[str] = set()
+    for draw in run.draws:
+        owners = [
+            name
+            for name, scales in allowed.items()
+            if any(math.isclose(draw.scale, s, rel_tol=1e-12) for s in scales)
+        ]
+        assert owners, f"{draw} matches no charged step's calibration: {allowed}"
+        used.update(owners)
+    assert used == set(allowed), f"charged but never noised: {set(allowed) - used}"
+
+
+# ----------------------------------------------------------------------------- the runs
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("noise-ledger")
+    return {
+        "rows": generate(root / "rows", rows=20_000, dim=8, rank=2, partitions=2, seed=1).path,
+        "clusters": generate(
+            root / "clusters", rows=60_000, dim=8, rank=2, clusters=2, partitions=2, seed=1
+        ).path,
+        "exact": generate(root / "exact", rows=150, dim=5, rank=2, model="exact", seed=1).path,
+    }
+
+
+BUDGET = ["--epsilon", "4", "--delta", "1e-6"]
+RHO = ["--rho", "1", "--delta", "1e-6"]
+COV = ["--row-norm", "5"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """How a user runs one method: ``command`` (estimate, cluster, …) and its arguments."""
+
+    method: str
+    command: str
+    source: str
+    args: tuple[str, ...] = ()
+
+
+def _estimate(method: str, *args: str) -> Case:
+    return Case(method, "estimate", "rows", args)
+
+
+def _cluster(method: str, *args: str) -> Case:
+    return Case(f"cluster {method}", "cluster", "clusters", (*BUDGET, "--clusters", "2", *args))
+
+
+CASES = {
+    "friendly": _estimate("friendly", *BUDGET),
+    "friendly zcdp": _estimate("friendly", *RHO),
+    "friendly fixed radius": _estimate("friendly", *BUDGET, "--radius", "0.1"),
+    "histogram": _estimate("histogram", *BUDGET, "--method", "histogram"),
+    "histogram zcdp": _estimate("histogram", *RHO, "--method", "histogram"),
+    "gauss centred": _estimate("gauss", *BUDGET, "--method", "gauss", *COV, "--center"),
+    "gauss zcdp": _estimate("gauss", *RHO, "--method", "gauss", *COV),
+    "gap-perturb": _estimate("gap-perturb", *BUDGET, "--method", "gap-perturb", *COV),
+    "gap-perturb zcdp": _estimate("gap-perturb", *RHO, "--method", "gap-perturb", *COV),
+    "exact": Case("exact", "api", "exact", (*BUDGET, "--method", "exact")),
+    "exact zcdp": Case("exact", "api", "exact", (*RHO, "--method", "exact")),
+    "boost": _estimate("boost", *BUDGET, "--boost", "2"),
+    "cluster sample-aggregate": _cluster("sample-aggregate"),
+    "cluster sample-aggregate histogram": _cluster(
+        "sample-aggregate", "--aggregator", "histogram", "--epsilon", "12"
+    ),  # at ε = 4 the histogram aggregator ends in ⊥ for about half the noise seeds
+    "cluster sulq": _cluster("sulq", "--method", "sulq"),
+    "stream": Case("stream", "stream", "rows", tuple(RHO)),
+    "run": Case("run", "run", "rows"),
+}
+"""Every way to run a method, under (ε, δ) and ρ-zCDP where it has both paths."""
+
+NOT_DP = {
+    "cluster gibbs": "the Gibbs sampler's guarantee holds only at stationarity "
+    "(docs/clustering.md): not a calibrated noise mechanism, so there is no scale to check"
+}
+
+
+def test_every_method_has_a_noise_ledger_case() -> None:
+    """Registered methods, boosting, every clustering method, streams and ledgered runs."""
+    registered = {*METHODS, "boost", "stream", "run", *(f"cluster {m}" for m in CLUSTER_METHODS)}
+    assert {case.method for case in CASES.values()} == registered - set(NOT_DP)
+
+
+def run_case(case: Case, source: Path, tmp: Path, scheduler: str) -> tuple[dict, np.ndarray]:
+    """Run ``case`` as a user would; its manifest and released basis."""
+    if case.command == "api":
+        return _api_run(case, source)
+    out = _cli_run(case, source, tmp, scheduler)
+    return json.loads((out / "manifest.json").read_text()), np.load(out / "basis.npy")
+
+
+def _api_run(case: Case, source: Path) -> tuple[dict, np.ndarray]:
+    """``PrivateSubspace.fit`` without a client: GAP-MAX then draws in this process (with a
+    client it draws in its one worker task, out of this log's sight)."""
+    import pyarrow.parquet as pq
+
+    args = dict(zip(case.args[::2], case.args[1::2], strict=True))
+    rows = np.vstack(
+        [pq.read_table(p).to_pandas().to_numpy() for p in sorted(source.glob("*.parquet"))]
+    )
+    budget = {k.lstrip("-"): float(v) for k, v in args.items() if k != "--method"}
+    est = PrivateSubspace(2, method=args["--method"], seed=3, **budget).fit(rows)
+    return est.manifest_, est.basis_
+
+
+def _cli_run(case: Case, source: Path, tmp: Path, scheduler: str) -> Path:
+    common = ["--scheduler", scheduler, "--quiet"]
+    if case.command == "stream":
+        state = tmp / "stream.db"
+        init = ["stream", "init", str(state), "--horizon", "4", "--rank", "2", "--clip-norm"]
+        assert main([*init, "5", *case.args]) == 0
+        for i, part in enumerate(sorted(source.glob("*.parquet"))):
+            out = tmp / f"step{i}"
+            assert (
+                main(["stream", "append", str(state), str(part), "--out", str(out), *common]) == 0
+            )
+        return out
+    if case.command == "run":
+        ledger = tmp / "ledger.db"
+        grant = ["--ledger", str(ledger), "--dataset", f"{source}/", *BUDGET[:1], "10"]
+        assert main(["budget", "init", *grant, "--delta", "1e-5"]) == 0
+        job = tmp / "job.yaml"
+        job.write_text(
+            f"dataset: {source}/\nrank: 2\nmethod: friendly\n"
+            "budget: {epsilon: 4.0, delta: 1.0e-6}\n"
+            f"output: {tmp}/{{run_id}}\nledger: {ledger}\n"
+        )
+        assert main(["run", str(job), "--run-id", "r1", *common]) == 0
+        return tmp / "r1"
+    rank = ["--rank", "2", "--seed", "3", "--out", str(tmp / "out")]
+    assert main([case.command, str(source), *rank, *case.args, *common]) == 0
+    return tmp / "out"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_draw_has_the_scale_its_charged_budget_buys(
+    name: str, data: dict[str, Path], tmp_path: Path, scheduler_address: str, monkeypatch
+) -> None:
+    case = CASES[name]
+    monkeypatch.setattr(noise.secrets, "randbits", lambda bits: NOISE_SEED)  # "OS entropy"
+    with noise.draw_log() as draws:
+        manifest, _ = run_case(case, data[case.source], tmp_path, scheduler_address)
+    assert manifest["outcome"] == "ok", manifest["release"]
+    check_noise_ledger(Run(manifest, list(draws)))
