@@ -487,27 +487,13 @@ def truncated_laplace_calibration(
     return scale, scale * math.log1p(math.expm1(epsilon) / (2 * delta))
 
 
-# --------------------------------------------------------------------------- deprecated
-
-
-def symmetric_gaussian(rng: np.random.Generator, sigma: float, dim: int) -> np.ndarray:
-    """Deprecated (tree aggregation until it moves to :func:`add_symmetric_gaussian`).
-
-    Symmetric d×d discrete-Gaussian noise ``g·K`` on the grid of σ (σ_g ≥ σ/g, with the
-    sampler-slack widening): pure noise, no value rounded. Recorded with sensitivity NaN.
-    """
-    rows, cols = np.triu_indices(dim)
-    _record("symmetric_gaussian", sigma, math.nan, rows.size)
-    g, sigma_g = _gaussian_units(sigma, 1.0, 0, rows.size)
-    out = np.empty((dim, dim))
-    out[rows, cols] = out[cols, rows] = _chunked(_discrete_gaussian, rng, sigma_g, rows.size) * g
-    return out
+# --------------------------------------------------------------------------- test helpers
 
 
 def truncated_laplace(
     rng: np.random.Generator, scale: float, bound: float, size: int | tuple[int, ...] | None = None
 ):
-    """Deprecated: pure noise of :func:`add_truncated_laplace` (kept for existing tests)."""
+    """Pure noise of :func:`add_truncated_laplace` (its distribution tests); never published."""
     g, t = _laplace_units(scale, scale, 1)
     _check_scale("truncation bound", bound)
     limit = math.floor(Fraction(bound) / Fraction(g))
