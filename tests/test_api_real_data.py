@@ -207,3 +207,13 @@ def test_cli_names_the_columns_and_warns_about_id_like_ones(
         "warning: feature column(s) customerId look like identifiers (integer type, "
         "id/key-like name): pass --columns without them unless they are measurements"
     ]
+
+
+def test_boosted_fit_takes_the_mean_and_variance_of_the_chosen_group() -> None:
+    X, _ = shifted_low_rank()
+    est = gauss(center=True, boost=3).fit(X)
+    chosen = est.manifest_["release"]["chosen_group"]
+    group = est.manifest_["parameters"]["group_runs"][chosen]["release"]
+    assert est.mean_.tolist() == group["mean"]
+    assert est.explained_variance_ratio_.tolist() == group["explained_variance_ratio"]
+    np.testing.assert_allclose(est.transform(X), (X - est.mean_) @ est.basis_, atol=1e-9)
