@@ -266,7 +266,12 @@ def run_to_output(args: argparse.Namespace, config, runner, storage_options) -> 
     check_output_dir(args.out, args.overwrite, storage_options)
 
     def open_dataset(client):
-        return parquet_dataset(args.input, args.columns, args.unit_column, storage_options, client)
+        dataset = parquet_dataset(
+            args.input, args.columns, args.unit_column, storage_options, client
+        )
+        if dataset.id_like:  # from the schema only (names, integer types): public
+            print(ID_LIKE_WARNING.format(", ".join(dataset.id_like)), file=sys.stderr)
+        return dataset
 
     with dask_client(args.scheduler, args.quiet, args.workers) as client:
         result = runner(config, open_dataset, client, progress=not args.quiet)
@@ -281,8 +286,25 @@ def run_to_output(args: argparse.Namespace, config, runner, storage_options) -> 
         return 3
     where = out.rstrip("/")
     shape = "×".join(str(size) for size in result.basis.shape)
-    print(f"wrote {where}/basis.npy ({shape}) and manifest.json")
+    print(f"wrote {where}/basis.npy ({shape}) and manifest.json{columns_used(result.manifest)}")
     return 0
+
+
+ID_LIKE_WARNING = (
+    "warning: feature column(s) {} look like identifiers (integer type, id/key-like name): "
+    "pass --columns without them unless they are measurements"
+)
+
+SHOWN_COLUMNS = 8
+
+
+def columns_used(manifest: dict) -> str:
+    """`` from N columns: a, b, …`` for the success line: names from the schema, no data."""
+    columns = manifest.get("columns") or []
+    shown = ", ".join(columns[:SHOWN_COLUMNS])
+    more = ", … (manifest lists all)" if len(columns) > SHOWN_COLUMNS else ""
+    noun = "column" if len(columns) == 1 else "columns"
+    return f" from {len(columns)} {noun}: {shown}{more}" if columns else ""
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from dpsub_dist.io.parquet import (
     column_widths,
     feature_count,
     feature_name,
+    id_like_columns,
     inspect_file,
     list_parquet_files,
     plan_parts,
@@ -43,6 +44,8 @@ class Dataset:
     input: str
     files: int = 0
     widths: list[int | None] | None = None
+    id_like: tuple[str, ...] = ()
+    """Feature columns whose schema looks like an identifier (:func:`looks_like_id`)."""
 
     @property
     def dim(self) -> int:
@@ -85,7 +88,15 @@ def parquet_dataset(
     reader = PartReader(tuple(selected), unit_column, storage_options, tuple(widths))
     n_rows = sum(p.rows for p in parts)
     return Dataset(
-        parts, offsets, reader, selected, n_rows, uri, files=len(files), widths=widths or None
+        parts,
+        offsets,
+        reader,
+        selected,
+        n_rows,
+        uri,
+        files=len(files),
+        widths=widths or None,
+        id_like=tuple(id_like_columns(infos[0], selected)),
     )
 
 

@@ -138,6 +138,50 @@ def plan_budget(config: EstimateConfig) -> tuple[Accountant, dict[str, Budget]]:
     return accountant, grants
 
 
+def released_variance(
+    top_values: np.ndarray,
+    trace: float,
+    row_norm: float,
+    n_rows: int,
+    relation: Neighbours,
+) -> dict[str, Any]:
+    """Explained variance of the released components, from the released noisy matrix only.
+
+    Post-processing of Analyze Gauss's output (no privacy cost): ``top_values`` are the top-k
+    eigenvalues of the released ``AᵀA + E`` (minus ``n·μ̂μ̂ᵀ`` from the released mean when
+    centring) and ``trace`` its trace; the exact Gram never enters. Negative noisy eigenvalues
+    are clipped to 0 and the total is at least the sum of the top k, so the ratios are
+    non-negative, sorted descending (the components' order) and sum to ≤ 1. Variances are in
+    input units, ``row_norm²·λ/n`` (rows as clipped to ``row_norm``; divided by n, not n − 1):
+    ``row_norm`` and, at row level, ``n`` are public. At user level n is private, so only the
+    ratio (which does not need it) is released.
+    """
+    top = np.maximum(np.asarray(top_values, dtype=np.float64), 0.0)
+    total = max(float(trace), float(top.sum()))
+    ratio = top / total if total > 0 else np.zeros_like(top)
+    while ratio.sum() > 1.0:  # rounding: step the total up by ulps until Σ ratio ≤ 1 exactly
+        total = float(np.nextafter(total, np.inf))
+        ratio = top / total
+    variance = None
+    if relation == "replace" and n_rows > 0:
+        variance = (top * (row_norm**2 / n_rows)).tolist()
+    return {
+        "explained_variance": variance,
+        "explained_variance_ratio": ratio.tolist(),
+        "explained_variance_note": EXPLAINED_VARIANCE_NOTE[relation],
+    }
+
+
+EXPLAINED_VARIANCE_NOTE = {
+    "replace": "eigenvalues of the released noisy matrix × row_norm²/n (rows clipped to "
+    "row_norm), clipped at 0; ratio to its trace: post-processing, no privacy cost",
+    "add_remove": "ratio only (top eigenvalues of the released noisy matrix to its trace): "
+    "the variance itself needs the row count, private at user level",
+    "gap-perturb": "not released: gap-perturb releases a noisy projector, whose eigenvalues "
+    "(about 1 and 0) say nothing of the variance; a private one would need its own budget",
+}
+
+
 def release_basis(
     summary: GramSummary,
     method: str,
@@ -173,7 +217,12 @@ def release_basis(
         accountant.charge("gram_noise", grants["gram_noise"])
         noisy = analyze_gauss(summary.gram, grants["gram_noise"], sens.gram, rng)
         details.update(gram_sensitivity=noisy.sensitivity, gram_noise_sigma=noisy.sigma)
-        return top_eigenvectors(noisy.matrix - shift, rank)[1], details
+        released = noisy.matrix - shift  # from released values only: noisy Gram, noisy mean
+        values, basis = top_eigenvectors(released, rank)
+        details.update(
+            released_variance(values, float(np.trace(released)), row_norm, n_rows, relation)
+        )
+        return basis, details
     accountant.charge("gap_test", grants["gap_test"])
     accountant.charge("projector_noise", grants["projector_noise"])
     release = gap_perturbation(
@@ -187,6 +236,9 @@ def release_basis(
         gap_sensitivity=sens.gap,
         projector_sensitivity=release.projector_sensitivity,
         projector_noise_sigma=release.sigma,
+        explained_variance=None,
+        explained_variance_ratio=None,
+        explained_variance_note=EXPLAINED_VARIANCE_NOTE["gap-perturb"],
     )
     if release.basis is None:
         details.update(failed_step="gap_test", failure_reason=NO_GAP_REASON)

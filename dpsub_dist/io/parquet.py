@@ -244,6 +244,26 @@ def select_columns(
     return numeric
 
 
+ID_WORDS = frozenset({"id", "ids", "key", "idx", "index", "uuid", "pk"})
+"""Name parts that mark an identifier (``id``, ``user_id``, ``userId``, ``row_key``, ``idx``)."""
+
+
+def looks_like_id(name: str, type_name: str) -> bool:
+    """Whether a column looks like an identifier from the schema alone: integer type and a name
+    part in :data:`ID_WORDS`. Values are never looked at: reading them to test uniqueness or
+    scale would be a data access no budget pays for."""
+    if not re.fullmatch(r"u?int\d*", type_name.lower()):
+        return False
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)  # userId → user Id
+    return any(part in ID_WORDS for part in re.split(r"[^a-z0-9]+", spaced.lower()))
+
+
+def id_like_columns(info: FileInfo, selected: Sequence[str]) -> list[str]:
+    """The selected feature columns that look like identifiers (:func:`looks_like_id`)."""
+    types = {c.name: c.type for c in info.columns}
+    return [name for name in selected if looks_like_id(name, types.get(name, ""))]
+
+
 def column_widths(infos: Sequence[FileInfo], selected: Sequence[str]) -> list[int | None]:
     """Width of each selected column (None: scalar), the same in every file that has rows."""
     widths: list[int | None] = []
