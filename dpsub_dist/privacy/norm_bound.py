@@ -34,10 +34,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpsub_dist.privacy.accountant import Budget, laplace_epsilon
-from dpsub_dist.privacy.sparse_vector import above_threshold, geometric_grid
+from dpsub_dist.privacy.sparse_vector import above_threshold
 
-GRID = geometric_grid(2.0**-10, 2.0**40)
-"""Public grid of candidate bounds: 2^-10·√2^j up to 2^40 (101 values, data-independent)."""
+GRID = 2.0 ** (np.arange(-20, 81) / 2)
+"""Public grid of candidate bounds: 2^-10·√2^j, j = 0 … 100, up to 2^40 (data-independent; the
+even j are exact powers of two, so a published bound reads e.g. 8.0)."""
 
 NORM_QUANTILE = 0.99
 """Fraction of the rows the private bound must cover (measured: docs/covariance.md)."""
