@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument(
         "--method",
         default="friendly",
-        help="friendly (default), histogram, gauss or gap-perturb (covariance: need --row-norm), "
+        help="friendly (default), histogram, gauss or gap-perturb (covariance perturbation), "
         "or exact (SS21 GAP-MAX, small inputs only)",
     )
     add_subset_arguments(est)
@@ -133,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument(
         "--row-norm",
         type=float,
-        help="gauss/gap-perturb (required): public bound B; longer rows are scaled down to B",
+        help="gauss/gap-perturb: public bound B, longer rows are scaled down to B (default: "
+        "chosen privately from the data with 10%% of the budget; required with --unit-column)",
     )
     est.add_argument(
         "--center", action="store_true", help="gauss/gap-perturb: centre with a private mean"

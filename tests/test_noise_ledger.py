@@ -54,6 +54,7 @@ PROJECTOR = {"replace": (math.sqrt(2.0), 3.0), "add_remove": (1.0, 2.0)}  # c/(L
 GAP_MAX_SCORE_GAP = 2.0  # §5: each span score moves by ≤ 1, their gap by ≤ 2
 SULQ_GRAM = 2.0  # §9: one unit-norm row moves between clusters' Grams
 TREE_NODE = math.sqrt(2.0)  # §8: Σ aaᵀ with ‖a‖ ≤ 1, replace one row
+NORM_COUNT = 1.0  # norm_bound: a replaced row moves each count #{‖x‖ ≤ grid_j} by ≤ 1
 
 
 def _grant(step: dict[str, Any]) -> Budget:
@@ -113,6 +114,7 @@ Formula = Callable[["Run", dict[str, Any]], list[float]]
 STEP_SCALES: dict[str, Formula] = {
     "radius_search": lambda run, step: _sparse_vector(FRIEND_WEIGHT, step),
     "cell_search": lambda run, step: _sparse_vector(MAX_CELL_COUNT, step),
+    "norm_bound": lambda run, step: _sparse_vector(NORM_COUNT, step),
     "core_test": lambda run, step: [FRIEND_WEIGHT / laplace_epsilon(_grant(step))],
     "core_noise": _core_noise,
     "histogram": lambda run, step: [COUNT_VECTOR / laplace_epsilon(_grant(step))],
@@ -219,6 +221,8 @@ CASES = {
     "gauss zcdp": _estimate("gauss", *RHO, "--method", "gauss", *COV),
     "gap-perturb": _estimate("gap-perturb", *BUDGET, "--method", "gap-perturb", *COV),
     "gap-perturb zcdp": _estimate("gap-perturb", *RHO, "--method", "gap-perturb", *COV),
+    "gauss private norm": _estimate("gauss", *BUDGET, "--method", "gauss", "--center"),
+    "gap-perturb private norm zcdp": _estimate("gap-perturb", *RHO, "--method", "gap-perturb"),
     "exact": Case("exact", "api", "exact", (*BUDGET, "--method", "exact")),
     "exact zcdp": Case("exact", "api", "exact", (*RHO, "--method", "exact")),
     "boost": _estimate("boost", *BUDGET, "--boost", "2"),

@@ -9,6 +9,10 @@ noisy eigengap (Alg. 2), and the top-k eigenvectors (post-processing).
 Neighbours: replace one row (row level) or add/remove one user (``--unit-column``: each user's
 rows are scaled together so their squared norms sum to ≤ 1). Centring needs the public row count,
 so it is row level only.
+
+Without ``--row-norm`` (row level only), ``B`` is chosen first under DP from a histogram of row
+norms over a public grid (:mod:`dpsub_dist.privacy.norm_bound`, step ``norm_bound``), published,
+and then used exactly like a public bound.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import dask
 import numpy as np
 
-from dpsub_dist.engine.gram import GramSummary, compute_gram
+from dpsub_dist.engine.gram import GramSummary, compute_gram, tree_sum
+from dpsub_dist.engine.subsets import Loader, compute_in_process, compute_on_cluster
 from dpsub_dist.errors import InputError
 from dpsub_dist.linalg import top_eigenvectors
 from dpsub_dist.privacy.accountant import ZCDP, Accountant, Budget
@@ -32,6 +38,7 @@ from dpsub_dist.privacy.covariance import (
     gaussian_mean,
 )
 from dpsub_dist.privacy.noise import noise_rng
+from dpsub_dist.privacy.norm_bound import NORM_QUANTILE, norm_counts, private_norm_bound
 
 if TYPE_CHECKING:  # job imports this module to register the runners
     from dpsub_dist.engine.sources import Dataset
@@ -41,6 +48,9 @@ COVARIANCE_METHODS = ("gauss", "gap-perturb")
 
 MEAN_SHARE = 0.2
 """Share of the budget spent on the mean when centring (its error enters only as n‖μ̂ − μ‖²)."""
+
+NORM_SHARE = 0.1
+"""Share of the budget spent on the private row-norm bound when no --row-norm is given."""
 
 GAP_TEST_SHARE = 0.2
 """Share of gap-perturb's budget spent on the noisy eigengap (typically ≫ its margin)."""
@@ -72,19 +82,21 @@ def check_options(config: EstimateConfig) -> None:
             )
         return
     if config.row_norm is None:
-        raise InputError(
-            f"--method {config.method} needs a public bound on row norms: pass --row-norm B "
-            "(longer rows are scaled down to norm B; choose B from domain knowledge, not the data)"
-        )
-    try:
-        bound = float(config.row_norm)
-    except (TypeError, ValueError):
-        bound = math.nan
-    if isinstance(config.row_norm, bool) or not (math.isfinite(bound) and bound > 0):
-        raise InputError(
-            f"--row-norm must be a positive finite number (got {config.row_norm!r}): "
-            "pass e.g. --row-norm 10"
-        )
+        if config.unit_column:
+            raise InputError(
+                f"--method {config.method} at user level needs a public bound on row norms: "
+                "pass --row-norm B (the private bound is row level only)"
+            )
+    else:
+        try:
+            bound = float(config.row_norm)
+        except (TypeError, ValueError):
+            bound = math.nan
+        if isinstance(config.row_norm, bool) or not (math.isfinite(bound) and bound > 0):
+            raise InputError(
+                f"--row-norm must be a positive finite number (got {config.row_norm!r}): "
+                "pass e.g. --row-norm 10"
+            )
     if config.center and config.unit_column:
         raise InputError(
             "--center is row level only: the private mean needs the public row count, which "
@@ -110,8 +122,14 @@ def neighbours(config: EstimateConfig) -> Neighbours:
     return "add_remove" if config.unit_column else "replace"
 
 
-def budget_plan(method: str, center: bool, zcdp: bool) -> dict[str, tuple[float, float]]:
-    """Each step's (share of ε or ρ, share of δ); zCDP Gaussians need no δ, the gap test does."""
+def budget_plan(
+    method: str, center: bool, zcdp: bool, private_norm: bool = False
+) -> dict[str, tuple[float, float]]:
+    """Each step's (share of ε or ρ, share of δ); zCDP Gaussians need no δ, the gap test does.
+
+    ``private_norm`` (no ``--row-norm``): the pure-DP ``norm_bound`` step first, NORM_SHARE of
+    ε or ρ and no δ, the other steps scaled by the rest.
+    """
     delta_share = 0.0 if zcdp else 1.0
     if method == "gauss":
         steps = {"gram_noise": (1.0, delta_share)}
@@ -124,6 +142,11 @@ def budget_plan(method: str, center: bool, zcdp: bool) -> dict[str, tuple[float,
         rest = 1.0 - MEAN_SHARE
         steps = {name: (p * rest, q * rest) for name, (p, q) in steps.items()}
         steps = {"mean": (MEAN_SHARE, MEAN_SHARE * delta_share), **steps}
+    if private_norm:
+        rest = 1.0 - NORM_SHARE
+        steps = {"norm_bound": (NORM_SHARE, 0.0)} | {
+            name: (p * rest, q) for name, (p, q) in steps.items()
+        }
     return steps
 
 
@@ -131,7 +154,9 @@ def plan_budget(config: EstimateConfig) -> tuple[Accountant, dict[str, Budget]]:
     """Split the run's budget between the steps; checked before any data is read."""
     total = config.budget()
     accountant = Accountant(total)
-    shares = budget_plan(config.method, config.center, isinstance(total, ZCDP))
+    shares = budget_plan(
+        config.method, config.center, isinstance(total, ZCDP), config.row_norm is None
+    )
     grants = accountant.split(shares)
     if not accountant.can_afford(grants):
         raise InputError("the budget plan exceeds the budget: this is a bug, please report it")
@@ -245,6 +270,33 @@ def release_basis(
     return release.basis, details
 
 
+NORM_SOURCE = (
+    f"private (step norm_bound): the smallest value 2^-10·√2^j (j = 0…100) at which the noisy "
+    f"count of rows with norm ≤ it reaches {NORM_QUANTILE}·n (sparse vector)"
+)
+
+
+def compute_norm_counts(
+    parts: list[Any], loader: Loader, client: Any | None, progress: bool
+) -> np.ndarray:
+    """Row counts per bin of the public norm grid (:func:`norm_counts`), summed on the workers.
+
+    Only the grid's 102 integer counts reach the driver (operator-only, never published).
+    """
+    count = dask.delayed(_partition_norm_counts, pure=True)
+    tasks = [count(loader, part) for part in parts]
+    root = tree_sum(tasks, dask.delayed(np.add, pure=True), tasks)
+    if client is None:
+        return compute_in_process(root)[0]
+    others = [t for t in tasks if t is not root]
+    label = f"{len(parts)} partitions → row-norm counts"
+    return compute_on_cluster(client, others, [root], label, progress)[0]
+
+
+def _partition_norm_counts(loader: Loader, part: Any) -> np.ndarray:
+    return norm_counts(loader(part)[0])
+
+
 def run_covariance(
     config: EstimateConfig,
     open_dataset: Callable[[Any], Dataset],
@@ -266,12 +318,22 @@ def run_covariance(
     if dataset.n_rows < 1 and relation == "replace":
         raise InputError(f"{dataset.input} has no rows: pass a dataset with at least one row")
     timings["inspect_s"] = time.monotonic() - started
+    rng = noise_rng(noise_seed)
+    if config.row_norm is None:
+        mark = time.monotonic()
+        counts = compute_norm_counts(dataset.parts, dataset.loader, client, progress)
+        accountant.charge("norm_bound", grants["norm_bound"])
+        row_norm = private_norm_bound(counts, dataset.n_rows, grants["norm_bound"], rng).bound
+        norm_source = NORM_SOURCE
+        timings["norm_bound_s"] = time.monotonic() - mark
+    else:
+        row_norm, norm_source = float(config.row_norm), "public (--row-norm)"
     mark = time.monotonic()
     if dataset.parts:
         summary = compute_gram(
             dataset.parts,
             dataset.loader,
-            float(config.row_norm),
+            row_norm,
             config.center,
             relation == "add_remove",
             client,
@@ -289,17 +351,20 @@ def run_covariance(
         relation,
         accountant,
         grants,
-        noise_rng(noise_seed),
-        float(config.row_norm),
+        rng,
+        row_norm,
     )
     timings["aggregate_s"] = time.monotonic() - mark
     timings["total_s"] = time.monotonic() - started
     parameters = {
-        "row_norm": float(config.row_norm),
+        "row_norm": row_norm,
+        "row_norm_source": norm_source,
         "row_scaling": ROW_SCALING[relation],
         "clipped_rows": "not counted (a count would need its own privacy budget)",
         "center": config.center,
-        "budget_shares": budget_plan(config.method, config.center, isinstance(grants_total, ZCDP)),
+        "budget_shares": budget_plan(
+            config.method, config.center, isinstance(grants_total, ZCDP), config.row_norm is None
+        ),
         "partitions": len(dataset.parts),
     }
     manifest = build_manifest(
