@@ -117,6 +117,16 @@ def tree_sum(nodes: Sequence[Any], combine: Callable[[Any, Any], Any], built: li
     return level[0]
 
 
+
+def sum_on_workers(tasks: list, client: Any | None, label: str, progress: bool) -> Any:
+    """Σ of the delayed ``tasks`` (arrays), tree-summed on the workers; only the sum
+    reaches the driver. In-process without a client."""
+    root = tree_sum(tasks, dask.delayed(np.add, pure=True), tasks)
+    if client is None:
+        return compute_in_process(root)[0]
+    others = [t for t in tasks if t is not root]
+    return compute_on_cluster(client, others, [root], label, progress)[0]
+
 def compute_gram(
     parts: Sequence[Any],
     loader: Loader,

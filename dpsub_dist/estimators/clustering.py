@@ -47,7 +47,7 @@ import dask
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from dpsub_dist.engine.gram import clip_rows, gram_of, tree_sum
+from dpsub_dist.engine.gram import clip_rows, gram_of, sum_on_workers
 from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.engine.subsets import (
     SubsetPlan,
@@ -265,12 +265,7 @@ class PartitionGrams:
 def sum_over_partitions(task: PartitionGrams, parts: list, bases: np.ndarray, client: Any):
     """Σ over partitions of ``task(part, bases)``: mapped on the workers, tree-summed there."""
     mapped = dask.delayed(task, pure=True)
-    built = [mapped(part, bases) for part in parts]
-    root = tree_sum(built, dask.delayed(np.add, pure=True), built)
-    if client is None:
-        return compute_in_process(root)[0]
-    others = [t for t in built if t is not root]
-    return compute_on_cluster(client, others, [root], "cluster Grams", False)[0]
+    return sum_on_workers([mapped(part, bases) for part in parts], client, "cluster Grams", False)
 
 
 # --------------------------------------------------------------------------- Gibbs rows

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 import dask
 import numpy as np
 
-from dpsub_dist.engine.gram import GramSummary, compute_gram, tree_sum
-from dpsub_dist.engine.subsets import Loader, compute_in_process, compute_on_cluster
+from dpsub_dist.engine.gram import GramSummary, compute_gram, sum_on_workers
+from dpsub_dist.engine.subsets import Loader
 from dpsub_dist.errors import InputError
 from dpsub_dist.linalg import top_eigenvectors
 from dpsub_dist.privacy.accountant import ZCDP, Accountant, Budget
@@ -285,12 +285,7 @@ def compute_norm_counts(
     """
     count = dask.delayed(_partition_norm_counts, pure=True)
     tasks = [count(loader, part) for part in parts]
-    root = tree_sum(tasks, dask.delayed(np.add, pure=True), tasks)
-    if client is None:
-        return compute_in_process(root)[0]
-    others = [t for t in tasks if t is not root]
-    label = f"{len(parts)} partitions → row-norm counts"
-    return compute_on_cluster(client, others, [root], label, progress)[0]
+    return sum_on_workers(tasks, client, f"{len(parts)} partitions → row-norm counts", progress)
 
 
 def _partition_norm_counts(loader: Loader, part: Any) -> np.ndarray:
