@@ -15,7 +15,7 @@ import numpy as np
 
 from dpsub_dist.engine.sources import Dataset, array_dataset, parquet_dataset
 from dpsub_dist.errors import NoStableSubspace
-from dpsub_dist.io.parquet import feature_name, looks_like_id
+from dpsub_dist.io.parquet import feature_name, id_like_message, looks_like_id
 from dpsub_dist.job import EstimateConfig, run_estimate
 
 
@@ -136,12 +136,7 @@ class PrivateSubspace:
             types = {str(c): str(t) for c, t in zip(X.columns, X.dtypes, strict=True)}
             id_like = [c for c in dataset.columns if looks_like_id(c, types.get(c, ""))]
         if id_like:
-            warnings.warn(
-                f"feature column(s) {', '.join(id_like)} look like identifiers (integer type, "
-                "id/key-like name): pass columns= without them unless they are measurements",
-                UserWarning,
-                stacklevel=3,
-            )
+            warnings.warn(id_like_message(id_like, "columns="), UserWarning, stacklevel=3)
 
     def transform(self, X: Any) -> Any:
         """Project rows onto the private basis (post-processing: no extra privacy cost).

@@ -262,6 +262,7 @@ def run_to_output(args: argparse.Namespace, config, runner, storage_options) -> 
     from dpsub_dist.engine.cluster import dask_client
     from dpsub_dist.engine.sources import parquet_dataset
     from dpsub_dist.io.output import check_output_dir, write_run
+    from dpsub_dist.io.parquet import id_like_message
 
     config.validate()
     check_output_dir(args.out, args.overwrite, storage_options)
@@ -271,7 +272,7 @@ def run_to_output(args: argparse.Namespace, config, runner, storage_options) -> 
             args.input, args.columns, args.unit_column, storage_options, client
         )
         if dataset.id_like:  # from the schema only (names, integer types): public
-            print(ID_LIKE_WARNING.format(", ".join(dataset.id_like)), file=sys.stderr)
+            print(f"warning: {id_like_message(dataset.id_like, '--columns')}", file=sys.stderr)
         return dataset
 
     with dask_client(args.scheduler, args.quiet, args.workers) as client:
@@ -290,11 +291,6 @@ def run_to_output(args: argparse.Namespace, config, runner, storage_options) -> 
     print(f"wrote {where}/basis.npy ({shape}) and manifest.json{columns_used(result.manifest)}")
     return 0
 
-
-ID_LIKE_WARNING = (
-    "warning: feature column(s) {} look like identifiers (integer type, id/key-like name): "
-    "pass --columns without them unless they are measurements"
-)
 
 SHOWN_COLUMNS = 8
 

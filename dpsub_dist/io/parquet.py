@@ -258,6 +258,14 @@ def looks_like_id(name: str, type_name: str) -> bool:
     return any(part in ID_WORDS for part in re.split(r"[^a-z0-9]+", spaced.lower()))
 
 
+def id_like_message(names: Sequence[str], option: str) -> str:
+    """The one-line warning for id-like feature columns; ``option`` names how to drop them."""
+    return (
+        f"feature column(s) {', '.join(names)} look like identifiers (integer type, "
+        f"id/key-like name): pass {option} without them unless they are measurements"
+    )
+
+
 def id_like_columns(info: FileInfo, selected: Sequence[str]) -> list[str]:
     """The selected feature columns that look like identifiers (:func:`looks_like_id`)."""
     types = {c.name: c.type for c in info.columns}
