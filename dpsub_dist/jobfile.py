@@ -501,6 +501,7 @@ def run_job(
         attempt = _Attempt(book, dataset, run_id, reservation.lease or "")
         if adopt and reservation.kind == "resume":
             basis, manifest = read_run(output, options)
+            attempt.begin_publishing()  # the output is already on disk: adopt it
             attempt.publish(manifest["outcome"], json.dumps(manifest), basis)
             return RunOutcome(
                 run_id, "resumed", manifest["outcome"], output, charge, reservation.remaining
@@ -508,7 +509,7 @@ def run_job(
         result = attempt.estimate(job, reservation, scheduler, workers, quiet, client, options)
         manifest = dict(result.manifest)
         manifest["ledger"] = _manifest_entry(job, reservation.record)
-        book.begin_publishing(dataset, run_id, attempt.lease)  # before anything is written
+        attempt.begin_publishing()  # before anything is written
         write_run(output, result.basis, manifest, job.overwrite, options)
         _, published = read_run(output, options)  # as written, with the outputs' checksums
         attempt.publish(result.outcome, json.dumps(published), result.basis)
@@ -525,8 +526,12 @@ class _Attempt:
     run_id: str
     lease: str = field(repr=False)
 
+    def begin_publishing(self) -> None:
+        """Move the run to 'publishing' (compare-and-set on the lease; LeaseLost if lost)."""
+        self.book.begin_publishing(self.dataset, self.run_id, self.lease)
+
     def publish(self, outcome: str, manifest: str, basis: np.ndarray | None) -> None:
-        self.book.begin_publishing(self.dataset, self.run_id, self.lease)  # no-op if done
+        """Mark the 'publishing' run published with its release."""
         self.book.publish(self.dataset, self.run_id, self.lease, outcome, manifest, _npy(basis))
 
     def estimate(self, job, reservation, scheduler, workers, quiet, client, options):
