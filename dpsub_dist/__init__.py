@@ -7,6 +7,6 @@ try:
 except PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0+local"
 
-from dpsub_dist.api import PrivateSubspace  # noqa: E402
+from dpsub_dist.api import PrivateSubspace, PrivateSubspaceClustering  # noqa: E402
 
-__all__ = ["PrivateSubspace", "__version__"]
+__all__ = ["PrivateSubspace", "PrivateSubspaceClustering", "__version__"]
