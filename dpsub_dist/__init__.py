@@ -7,6 +7,17 @@ try:
 except PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0+local"
 
-from dpsub_dist.api import PrivateSubspace, PrivateSubspaceClustering  # noqa: E402
+ESTIMATORS = ("PrivateSubspace", "PrivateSubspaceClustering")
 
-__all__ = ["PrivateSubspace", "PrivateSubspaceClustering", "__version__"]
+
+def __getattr__(name: str):
+    """The estimators, imported on first use: scikit-learn's import (about 1.5 s) is then
+    paid by API users only, not by every ``dpsub`` command and Dask worker."""
+    if name in ESTIMATORS:
+        from dpsub_dist import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [*ESTIMATORS, "__version__"]

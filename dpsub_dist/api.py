@@ -109,8 +109,9 @@ class _PrivateEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseE
         return result
 
     def _fit_rows(self, X: Any, columns: list[str] | None) -> tuple[Any, list[str] | None]:
-        """In-memory input checked as scikit-learn does (its errors and feature names),
-        Dask input as it is (lazy: nothing is read here). Returns the rows and the names."""
+        """In-memory input checked as scikit-learn does (its errors and feature names); Dask
+        input left where it is (only a Dask DataFrame's partition lengths are computed, on
+        Dask). Returns the rows and the feature names."""
         if columns is not None and hasattr(X, "columns"):
             X = X[_present(X, columns)]
         _warn_id_like(X)
