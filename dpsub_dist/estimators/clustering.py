@@ -51,8 +51,6 @@ from dpsub_dist.engine.gram import clip_rows, gram_of, sum_on_workers
 from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.engine.subsets import (
     SubsetPlan,
-    compute_in_process,
-    compute_on_cluster,
     compute_subset_summaries,
     progress_bar,
 )
@@ -60,6 +58,7 @@ from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import sample_aggregate as sa
 from dpsub_dist.estimators.common import (
     EstimateResult,
+    Executor,
     build_manifest,
     choose_buckets,
     open_checked,
@@ -278,11 +277,7 @@ def gather_bounded_rows(dataset: Dataset, row_norm: float | None, client: Any) -
     """All rows, bounded on the workers and gathered on the driver (small inputs only)."""
     load = dask.delayed(bounded_rows, pure=False)
     tasks = [load(dataset.loader, part, row_norm) for part in dataset.parts]
-    if client is None:
-        blocks = compute_in_process(*tasks)
-    else:
-        blocks = compute_on_cluster(client, [], tasks, "gibbs rows", False)
-    return np.concatenate(blocks)
+    return np.concatenate(Executor(client).gather(tasks, "gibbs rows"))
 
 
 # --------------------------------------------------------------------------- evaluation

@@ -14,6 +14,7 @@ import numpy as np
 
 from dpsub_dist._version import __version__
 from dpsub_dist.engine.sources import Dataset
+from dpsub_dist.engine.subsets import compute_in_process, compute_on_cluster
 from dpsub_dist.errors import InputError
 from dpsub_dist.privacy.accountant import Accountant, Budget
 from dpsub_dist.privacy.noise import new_noise_seed
@@ -66,9 +67,27 @@ def privacy_unit(config: Any) -> dict[str, str]:
     }
 
 
+@dataclass(frozen=True)
+class Executor:
+    """Where a run's tasks execute: Dask's threads in this process (``client`` None) or the
+    cluster of a ``distributed.Client``. The engine's routes take the client itself."""
+
+    client: Any | None = None
+
+    @property
+    def workers(self) -> int:
+        return 1 if self.client is None else len(self.client.scheduler_info()["workers"])
+
+    def gather(self, tasks: list[Any], label: str) -> list[Any]:
+        """Compute the delayed ``tasks`` and bring their results to the driver."""
+        if self.client is None:
+            return list(compute_in_process(*tasks))
+        return compute_on_cluster(self.client, [], tasks, label, False)
+
+
 def choose_buckets(n_rows: int, dim: int, subsets: int, client: Any | None) -> int:
     """Enough shuffle buckets that each holds ≲256 MiB and every worker has work."""
-    workers = len(client.scheduler_info()["workers"]) if client is not None else 1
+    workers = Executor(client).workers
     by_size = math.ceil(n_rows * dim * 8 / SHUFFLE_BUCKET_BYTES)
     return int(min(subsets, max(2 * workers, by_size, 1)))
 

@@ -29,7 +29,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpsub_dist.errors import InputError
-from dpsub_dist.estimators.common import EstimateResult, build_manifest, open_checked, plan
+from dpsub_dist.estimators.common import (
+    EstimateResult,
+    Executor,
+    build_manifest,
+    open_checked,
+    plan,
+)
 from dpsub_dist.privacy.gap_max import (
     DEFAULT_TOLERANCE,
     SNAP_DELTA_SHARE,
@@ -124,9 +130,7 @@ def run_exact(
         dataset.parts, dataset.loader, config.rank, tolerance
     )
     mark = time.monotonic()
-    spans: SpanScores = (
-        client.compute(task).result() if client is not None else task.compute(scheduler="sync")
-    )
+    spans: SpanScores = Executor(client).gather([task], "GAP-MAX scores")[0]
     release: GapMaxRelease = gap_max_release(spans, epsilon, delta, outliers, noise_rng(noise_seed))
     timings["gap_max_s"] = time.monotonic() - mark
     timings["total_s"] = time.monotonic() - started

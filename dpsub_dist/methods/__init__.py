@@ -61,10 +61,11 @@ def own_params(command: str, method: str) -> tuple[Param, ...]:
 
 
 def declared(command: str) -> dict[str, Param]:
-    """Every parameter of a command's methods by name (one Param per name)."""
+    """Every parameter of a command's methods by name (one Param per name), modifiers last."""
     params: dict[str, Param] = {}
-    for name in REGISTRY[command]:
-        for param in own_params(command, name):
+    tables = [m.params for m in REGISTRY[command].values()]
+    for table in [*tables, *(m.params for m in MODIFIERS[command])]:
+        for param in table:
             if params.setdefault(param.name, param) is not param:
                 raise AssertionError(f"two declarations of {command} parameter {param.name}")
     return params

@@ -32,7 +32,8 @@ SUBSETS = Param(
     "subsets",
     int,
     "T, number of disjoint subsets (default: from the budget and, at row level, n)",
-    need=f"between 2 and {sa.MAX_SUBSETS}: the driver holds a t×t matrix",
+    need=f"between 2 and {sa.MAX_SUBSETS}",
+    fix="the driver holds a t×t matrix",
     valid=lambda t: 2 <= t <= sa.MAX_SUBSETS,
     example=50,
 )

@@ -19,7 +19,8 @@ SCALE = Param(
     "scale",
     float,
     "public friendly radius or histogram cell side (skips its private search)",
-    need="> 0 (a public radius or cell side; omit it to have it chosen privately)",
+    need="> 0",
+    fix="a public radius or cell side; omit it to have it chosen privately",
     valid=positive,
     example=0.3,
 )

@@ -8,7 +8,8 @@ OUTLIERS = Param(
     "outliers",
     int,
     "ℓ, outliers the NULL score tolerates (default 0)",
-    need="an integer ≥ 0: pass e.g. 2",
+    need="an integer ≥ 0",
+    fix="e.g. 2",
     valid=lambda value: value >= 0,
     example=2,
 )
@@ -16,7 +17,8 @@ TOLERANCE = Param(
     "tolerance",
     float,
     f"relative membership tolerance (default {exact.DEFAULT_TOLERANCE})",
-    need=f"a relative distance in [1e-12, 0.1]: the default is {exact.DEFAULT_TOLERANCE}",
+    need="a relative distance in [1e-12, 0.1]",
+    fix=f"the default is {exact.DEFAULT_TOLERANCE}",
     valid=lambda value: 1e-12 <= value <= 0.1,
     example=1e-6,
 )

@@ -12,7 +12,8 @@ ROW_NORM = Param(
     float,
     "public bound B, longer rows are scaled down to B (default: chosen privately from the "
     "data with 10%% of the budget; required with --unit-column)",
-    need="a positive finite number: pass e.g. --row-norm 10",
+    need="a positive finite number",
+    fix="e.g. 10",
     valid=positive,
     example=10.0,
 )

@@ -27,7 +27,8 @@ class Param:
     ``name`` is the job-file key (``parameters.name``) and, with dashes, the CLI flag;
     ``attr`` the config attribute it sets (``radius`` and ``cell_side`` both set ``scale``).
     ``default`` is the config's value when it is not given; ``valid`` checks the typed value
-    and ``need`` says in words what it accepts; ``example`` is a value it accepts.
+    and ``need`` says in words what it accepts (``fix``: how to choose); ``example`` is a
+    value it accepts.
     """
 
     name: str
@@ -35,6 +36,7 @@ class Param:
     help: str
     example: Any
     need: str = ""
+    fix: str = ""
     valid: Callable[[Any], bool] = lambda value: True
     attr: str = ""
     default: Any = None
@@ -64,7 +66,8 @@ class Param:
         else:
             ok = _is_number(value)
         if not ok or not self.valid(value):
-            raise InputError(f"{label} must be {self.need} (got {value!r})")
+            fix = f": {self.fix}" if self.fix else ""
+            raise InputError(f"{label} must be {self.need} (got {value!r}){fix}")
         return value
 
 

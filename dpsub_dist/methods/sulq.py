@@ -16,7 +16,8 @@ UNIT_ROW_NORM = Param(
     "row_norm",
     float,
     "clip rows to this public norm, then divide by it (default: scale each row to length 1)",
-    need="a positive finite number: pass e.g. --row-norm 10",
+    need="a positive finite number",
+    fix="e.g. 10",
     valid=positive,
     example=10.0,
 )
