@@ -39,9 +39,11 @@ __all__ = [
     "BudgetExceeded",
     "InvalidBudget",
     "ZCDP",
+    "after_test",
     "gaussian_sigma",
     "laplace_epsilon",
     "parse_budget",
+    "split_step_delta",
     "to_approx_dp",
     "zcdp_delta",
     "zcdp_epsilon",
@@ -227,6 +229,25 @@ def laplace_epsilon(grant: Budget) -> float:
     if isinstance(grant, ZCDP):
         return math.sqrt(2.0 * grant.rho)
     raise TypeError(f"expected ApproxDP or ZCDP, got {type(grant).__name__}")
+
+
+def after_test(release: Budget, test: Budget) -> Budget:
+    """The grant a release gated by a propose-test-release test is calibrated to, so that
+    test and release compose to the two grants the accountant charges (T24, FriendlyCore §3
+    step 3). Under (ε, δ)-DP a release that runs only when the ε₁-DP test passes enters the
+    composition with its δ multiplied by e^{ε₁}, so it is calibrated for δ·e^{−ε₁}; under
+    δ-approximate zCDP the grants add as they are."""
+    if isinstance(release, ApproxDP):
+        return ApproxDP(release.epsilon, release.delta * math.exp(-laplace_epsilon(test)))
+    return release
+
+
+def split_step_delta(delta: float, second_share: float) -> tuple[float, float]:
+    """One step's δ split between two failure events of its mechanism (e.g. GAP-MAX's
+    truncated-Laplace decision and its snapped release): they add up to ``delta`` exactly
+    (basic composition), so the step is charged its grant and no more."""
+    second = delta * second_share
+    return delta - second, second
 
 
 def gaussian_sigma(grant: Budget, sensitivity: float) -> float:
