@@ -1,5 +1,5 @@
 """``dpsub cluster --method gibbs``: the exponential-mechanism Gibbs sampler for small inputs
-(WWS15 §9 c). A finite chain has no DP guarantee: nothing is charged and ``dpsub run`` refuses it.
+(WWS15 §9 c). A finite chain has no DP guarantee: nothing is charged, and job files refuse it.
 """
 
 from dpsub_dist.estimators import clustering
@@ -23,5 +23,4 @@ METHOD = Method(
     run=clustering.run_gibbs,
     plan=clustering.budget_shares,
     row_level_only=ROW_LEVEL,
-    ledgered=False,
 )

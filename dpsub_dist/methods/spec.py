@@ -91,7 +91,6 @@ class Method:
     ``check(config)`` raises InputError for combinations that need no data (e.g. user level
     without a public bound).
     ``row_level_only`` is the reason a method refuses ``--unit-column`` (empty: it takes it).
-    ``ledgered``: whether ``dpsub run`` may run it (it must be differentially private).
     """
 
     name: str
@@ -102,7 +101,6 @@ class Method:
     plan: Callable[[Any], dict[str, tuple[float, float]]]
     check: Callable[[Any], None] | None = None
     row_level_only: str = ""
-    ledgered: bool = True
 
 
 @dataclass(frozen=True)
