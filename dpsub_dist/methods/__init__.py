@@ -106,7 +106,7 @@ def check_config(config: Any, command: str) -> None:
     own = own_params(command, config.method)
     for param in own:
         value = getattr(config, param.field)
-        if value is not None and value is not param.default and value != param.default:
+        if value is not param.default and value != param.default:
             param.typed(value, param.flag)
     taken = {p.field for p in own}
     for field in dict.fromkeys(p.field for p in declared(command).values()):
