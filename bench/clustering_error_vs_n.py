@@ -38,7 +38,8 @@ def clustered_dataset(
 def run_once(method: str, path: Path, truth: np.ndarray, args, seed: int, client) -> dict:
     """One clustering run; its matched error against the truth."""
     from dpsub_dist.errors import DpsubError
-    from dpsub_dist.estimators.clustering import ClusterConfig, matched_subspace_errors, run_cluster
+    from dpsub_dist.estimators.clustering import matched_subspace_errors
+    from dpsub_dist.job import ClusterConfig, run_cluster
 
     config = ClusterConfig(
         clusters=args.clusters,

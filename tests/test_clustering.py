@@ -22,14 +22,13 @@ from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import clustering as cl
 from dpsub_dist.estimators.clustering import (
-    ClusterConfig,
     KPlaneStep,
     canonical_order,
     k_plane_clustering,
     matched_subspace_errors,
     merge_grams,
-    run_cluster,
 )
+from dpsub_dist.job import ClusterConfig, run_cluster
 from dpsub_dist.privacy.clustering import random_bases
 from dpsub_dist.synth import generate
 

@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 
 from dpsub_dist.engine.sources import array_dataset
-from dpsub_dist.estimators.clustering import ClusterConfig, run_cluster
-from dpsub_dist.job import EstimateConfig, run_estimate
+from dpsub_dist.job import ClusterConfig, EstimateConfig, run_cluster, run_estimate
 
 NOISE_SEED = 0x5EED_0F_DEC1
 PUBLIC_SEED = 11

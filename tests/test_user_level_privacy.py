@@ -21,8 +21,7 @@ from dpsub_dist.engine.sources import parquet_dataset
 from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators.boost import group_seed, groups_of
-from dpsub_dist.estimators.clustering import ClusterConfig, run_cluster
-from dpsub_dist.job import EstimateConfig, run_estimate
+from dpsub_dist.job import ClusterConfig, EstimateConfig, run_cluster, run_estimate
 
 DIM = 6
 FEATURES = [f"f{j}" for j in range(DIM)]
