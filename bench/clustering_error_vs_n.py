@@ -2,7 +2,7 @@
 
 Data: ``dpsub synth --clusters K`` (K random rank-q subspaces of R^D, γ = 0.01, rows split
 uniformly), written once per (n, seed) to the data cache. Each method runs through the
-library (``estimators.clustering.run_cluster``) on a local process cluster reading the
+library (``job.run_cluster``) on a local process cluster reading the
 Parquet files. Error: the largest ‖Π̂_c − Π_c‖ over clusters after Hungarian matching
 (⊥ counts as 1); median and 90th percentile over seeds; ⊥ rate; wall time. gibbs only runs
 where n ≤ its limit (100,000 rows).
@@ -38,7 +38,8 @@ def clustered_dataset(
 def run_once(method: str, path: Path, truth: np.ndarray, args, seed: int, client) -> dict:
     """One clustering run; its matched error against the truth."""
     from dpsub_dist.errors import DpsubError
-    from dpsub_dist.estimators.clustering import ClusterConfig, matched_subspace_errors, run_cluster
+    from dpsub_dist.estimators.clustering import matched_subspace_errors
+    from dpsub_dist.job import ClusterConfig, run_cluster
 
     config = ClusterConfig(
         clusters=args.clusters,

@@ -397,7 +397,7 @@ class PrivateSubspaceClustering(_PrivateEstimator):
         self._store(locals())
 
     def _config(self) -> Any:
-        from dpsub_dist.estimators.clustering import ClusterConfig
+        from dpsub_dist.job import ClusterConfig
 
         return ClusterConfig(
             clusters=_alias("n_clusters", self.n_clusters, "clusters", self.clusters),
@@ -423,7 +423,7 @@ class PrivateSubspaceClustering(_PrivateEstimator):
     def fit(self, X: Any, y: None = None) -> PrivateSubspaceClustering:
         """Cluster a NumPy/Dask array, a pandas/Dask DataFrame or a Parquet path (spends the
         budget)."""
-        from dpsub_dist.estimators.clustering import run_cluster
+        from dpsub_dist.job import run_cluster
         from dpsub_dist.privacy.clustering import GIBBS_WARNING
 
         with _value_errors():

@@ -76,17 +76,13 @@ def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_subset_arguments(parser: argparse.ArgumentParser) -> None:
-    """--subsets, --ref-points, --assign: the sample-and-aggregate plan (estimate, cluster)."""
-    parser.add_argument("--subsets", type=int, help="T, number of disjoint subsets")
-    parser.add_argument("--ref-points", type=int, help="Q, number of reference points")
-    parser.add_argument(
-        "--assign",
-        choices=["random", "contiguous"],
-        default="random",
-        help="rows to subsets: keyed hash of position (default; any row order), or blocks "
-        "of consecutive rows (rows stored in random order; no shuffle, least memory)",
-    )
+def add_method_arguments(parser: argparse.ArgumentParser, command: str, default: str) -> None:
+    """--method and one flag per parameter the command's methods declare (dpsub_dist.methods)."""
+    from dpsub_dist.methods import REGISTRY, add_arguments
+
+    listed = "; ".join(f"{name}: {m.summary}" for name, m in REGISTRY[command].items())
+    parser.add_argument("--method", default=default, help=listed)
+    add_arguments(parser, command)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,52 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_input_arguments(est)
     est.add_argument("--rank", type=int, required=True, help="K, the subspace dimension")
     add_budget_arguments(est)
-    est.add_argument(
-        "--method",
-        default="friendly",
-        help="friendly (default), histogram, gauss or gap-perturb (covariance perturbation), "
-        "or exact (SS21 GAP-MAX, small inputs only)",
-    )
-    add_subset_arguments(est)
-    est.add_argument("--radius", type=float, help="public friendly radius (skips its search)")
-    est.add_argument("--cell-side", type=float, help="public histogram cell side (skips search)")
-    est.add_argument(
-        "--row-norm",
-        type=float,
-        help="gauss/gap-perturb: public bound B, longer rows are scaled down to B (default: "
-        "chosen privately from the data with 10%% of the budget; required with --unit-column)",
-    )
-    est.add_argument(
-        "--center", action="store_true", help="gauss/gap-perturb: centre with a private mean"
-    )
-    est.add_argument("--outliers", type=int, help="exact: ℓ, outliers tolerated (default 0)")
-    est.add_argument("--tolerance", type=float, help="exact: relative membership tolerance")
-    est.add_argument(
-        "--boost", type=int, metavar="B", help="run on B disjoint groups, keep an agreed estimate"
-    )
-    est.add_argument(
-        "--boost-alpha", type=float, help="with --boost: groups agree within 2α (default 0.1)"
-    )
+    add_method_arguments(est, "estimate", "friendly")
 
     clu = sub.add_parser("cluster", help="private subspace clustering: K bases of one rank")
     add_input_arguments(clu)
     clu.add_argument("--clusters", type=int, required=True, help="K, the number of subspaces")
     clu.add_argument("--rank", type=int, required=True, help="the dimension of each subspace")
     add_budget_arguments(clu)
-    clu.add_argument(
-        "--method",
-        default="sample-aggregate",
-        help="sample-aggregate (default), sulq (Gaussian k-plane) or gibbs (small inputs)",
-    )
-    clu.add_argument("--aggregator", default="friendly", help="friendly (default) or histogram")
-    add_subset_arguments(clu)
-    clu.add_argument("--iterations", type=int, help="sulq: k-plane iterations (default 6)")
-    clu.add_argument("--sweeps", type=int, help="gibbs: sampler sweeps (default 50)")
-    clu.add_argument(
-        "--row-norm",
-        type=float,
-        help="sulq/gibbs: clip rows to this public norm (default: scale each row to length 1)",
-    )
+    add_method_arguments(clu, "cluster", "sample-aggregate")
 
     ev = sub.add_parser("evaluate", help="subspace error of a run against a true basis")
     ev.add_argument("run", help="the --out folder of a run")
@@ -225,45 +183,35 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from dpsub_dist.io.storage import StorageOptions
     from dpsub_dist.job import EstimateConfig, run_estimate
 
-    if args.radius is not None and args.method != "friendly":
-        raise InputError("--radius applies to --method friendly: use --cell-side for histogram")
-    if args.cell_side is not None and args.method != "histogram":
-        raise InputError("--cell-side applies to --method histogram: use --radius for friendly")
+    return run_to_output(args, EstimateConfig, run_estimate)
+
+
+def run_to_output(args: argparse.Namespace, make_config, runner) -> int:
+    """Build the config from the flags the method declares, validate, check --out, run on the
+    Dask cluster, write atomically; exit 3 for ⊥."""
+    from dpsub_dist.engine.cluster import dask_client
+    from dpsub_dist.engine.sources import parquet_dataset
+    from dpsub_dist.io.output import check_output_dir, write_run
+    from dpsub_dist.io.parquet import id_like_message
+    from dpsub_dist.io.storage import StorageOptions
+    from dpsub_dist.methods import given_arguments
+
     storage_options = StorageOptions.from_pairs(args.storage_option)
-    config = EstimateConfig(
+    config = make_config(
         rank=args.rank,
         epsilon=args.epsilon,
         delta=args.delta,
         rho=args.rho,
         method=args.method,
-        subsets=args.subsets,
-        ref_points=args.ref_points,
-        assign=args.assign,
         unit_column=args.unit_column,
         columns=args.columns,
         seed=args.seed,
-        scale=args.radius if args.radius is not None else args.cell_side,
-        row_norm=args.row_norm,
-        center=args.center,
-        outliers=args.outliers,
-        tolerance=args.tolerance,
-        boost=args.boost,
-        boost_alpha=args.boost_alpha,
         storage_options=storage_options,
+        **({"clusters": args.clusters} if args.command == "cluster" else {}),
+        **given_arguments(args, args.command),
     )
-    return run_to_output(args, config, run_estimate, storage_options)
-
-
-def run_to_output(args: argparse.Namespace, config, runner, storage_options) -> int:
-    """Validate, check --out, run on the Dask cluster, write atomically; exit 3 for ⊥."""
-    from dpsub_dist.engine.cluster import dask_client
-    from dpsub_dist.engine.sources import parquet_dataset
-    from dpsub_dist.io.output import check_output_dir, write_run
-    from dpsub_dist.io.parquet import id_like_message
-
     config.validate()
     check_output_dir(args.out, args.overwrite, storage_options)
 
@@ -305,31 +253,10 @@ def columns_used(manifest: dict) -> str:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    from dpsub_dist.estimators.clustering import ClusterConfig, run_cluster
-    from dpsub_dist.io.storage import StorageOptions
+    from dpsub_dist.job import ClusterConfig, run_cluster
 
-    storage_options = StorageOptions.from_pairs(args.storage_option)
-    config = ClusterConfig(
-        clusters=args.clusters,
-        rank=args.rank,
-        epsilon=args.epsilon,
-        delta=args.delta,
-        rho=args.rho,
-        method=args.method,
-        aggregator=args.aggregator,
-        subsets=args.subsets,
-        ref_points=args.ref_points,
-        assign=args.assign,
-        unit_column=args.unit_column,
-        columns=args.columns,
-        seed=args.seed,
-        iterations=args.iterations,
-        sweeps=args.sweeps,
-        row_norm=args.row_norm,
-        storage_options=storage_options,
-    )
-    code = run_to_output(args, config, run_cluster, storage_options)
-    if config.method == "gibbs":
+    code = run_to_output(args, ClusterConfig, run_cluster)
+    if args.method == "gibbs":
         from dpsub_dist.privacy.clustering import GIBBS_WARNING
 
         print(GIBBS_WARNING, file=sys.stderr)

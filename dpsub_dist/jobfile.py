@@ -22,7 +22,6 @@ fails validation after it was read marks the run 'failed' (charged, exit 6). See
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -62,6 +61,7 @@ from dpsub_dist.ledger.core import (
     encode_array,
     fingerprint,
 )
+from dpsub_dist.methods import check_given, declared
 from dpsub_dist.privacy.accountant import Budget, parse_budget
 from dpsub_dist.privacy.clustering import GIBBS_GUARANTEE
 
@@ -72,7 +72,8 @@ JOB_FIELDS: dict[str, str] = {
     "unit_column": "user id column for user-level privacy (default: row level)",
     "rank": "k, the subspace dimension",
     "method": f"estimator (default friendly; one of {sorted(METHODS)})",
-    "parameters": "estimator parameters (subsets, ref_points, assign, seed, radius, cell_side…)",
+    "parameters": "the method's parameters (as its CLI flags: subsets, radius, row_norm…) and "
+    "seed, the public seed",
     "budget": "this run's budget: {epsilon, delta} or {rho, delta}",
     "output": "output folder; {run_id} is replaced by the run id",
     "overwrite": "replace an existing output folder (default false)",
@@ -82,9 +83,6 @@ JOB_FIELDS: dict[str, str] = {
     "workers": "workers of the local cluster (default: one per core)",
 }
 """Accepted top-level keys of a job file."""
-
-_DEDICATED = {"rank", "epsilon", "delta", "rho", "method", "columns", "unit_column"}
-_PARAMETER_ALIASES = {"radius": "scale", "cell_side": "scale"}
 
 
 @dataclass(frozen=True)
@@ -212,7 +210,7 @@ def parse_job(document: Any, where: str = "job", default_name: str = "job") -> J
         method=method,
         columns=fields.columns("columns"),
         unit_column=fields.text("unit_column", required=False),
-        parameters=_parameters(document.get("parameters"), where),
+        parameters=_parameters(document.get("parameters"), method, where),
         overwrite=fields.boolean("overwrite"),
         storage_options=fields.mapping("storage_options"),
         scheduler=fields.text("scheduler", required=False),
@@ -328,34 +326,34 @@ def _budget(value: Any, where: str) -> tuple[dict[str, float], Budget]:
     return numbers, budget
 
 
-def _parameters(value: Any, where: str) -> dict[str, Any]:
-    """Estimator parameters: any EstimateConfig field not set elsewhere in the job."""
+def _parameters(value: Any, method: str, where: str) -> dict[str, Any]:
+    """``parameters:``: the public ``seed`` and the method's declared parameters (the keys
+    are the names of its table, :mod:`dpsub_dist.methods`), by config attribute."""
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise InputError(f"{where}: parameters must be a mapping (got {value!r})")
-    accepted = {f.name for f in dataclasses.fields(EstimateConfig)} - _DEDICATED
-    accepted -= {"storage_options", "scale"}
+    params = declared("estimate")
     out: dict[str, Any] = {}
+    given: dict[str, Any] = {}
     for key, item in value.items():
-        if key in _PARAMETER_ALIASES:
-            if "scale" in out:
-                raise InputError(f"{where}: give only one of parameters.radius / cell_side")
-            number = _number(item, f"parameters.{key}", where)
-            if not number > 0:
-                raise InputError(f"{where}: parameters.{key} must be > 0 (got {number:g})")
-            out["scale"] = number
-        elif key in accepted:
-            if key in ("subsets", "ref_points", "seed") and item is not None:
-                if isinstance(item, bool) or not isinstance(item, int):
-                    raise InputError(f"{where}: parameters.{key} must be an integer (got {item!r})")
-            out[key] = item
-        else:
-            names = sorted(accepted | set(_PARAMETER_ALIASES))
+        if key == "seed":
+            if item is not None and (isinstance(item, bool) or not isinstance(item, int)):
+                raise InputError(f"{where}: parameters.seed must be an integer (got {item!r})")
+            out["seed"] = item
+        elif key not in params:
+            names = sorted([*params, "seed"])
             raise InputError(
                 f"{where}: parameters.{key} is unknown: accepted parameters are {names}"
             )
-    return out
+        elif item is not None:  # PyYAML reads 1e-6 as a string: numbers may be quoted
+            number = params[key].kind is float and isinstance(item, str)
+            given[key] = _number(item, f"parameters.{key}", where) if number else item
+    try:
+        fields = check_given("estimate", method, given, lambda p: f"parameters.{p.name}")
+    except InputError as err:
+        raise InputError(f"{where}: {err}") from None
+    return {**fields, **out}
 
 
 def _output(value: str, where: str) -> str:

@@ -412,7 +412,7 @@ FAULTS: list[Fault] = [
     Fault(
         "radius-not-positive",
         good_folder,
-        r"radius/cell side must be a positive number",
+        r"--radius must be > 0 \(got -1.0\): a public radius",
         args=("--radius", "-1"),
     ),
     Fault(

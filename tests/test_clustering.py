@@ -22,14 +22,13 @@ from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import clustering as cl
 from dpsub_dist.estimators.clustering import (
-    ClusterConfig,
     KPlaneStep,
     canonical_order,
     k_plane_clustering,
     matched_subspace_errors,
     merge_grams,
-    run_cluster,
 )
+from dpsub_dist.job import ClusterConfig, run_cluster
 from dpsub_dist.privacy.clustering import random_bases
 from dpsub_dist.synth import generate
 
@@ -389,9 +388,10 @@ def test_error_vs_n_bench_writes_its_table(scheduler_address, tmp_path, capsys) 
 
 def test_user_level_default_subsets_do_not_depend_on_the_private_row_count():
     from dpsub_dist.estimators import sample_aggregate as sa
+    from dpsub_dist.job import plan_budget
 
     config = ClusterConfig(clusters=3, rank=2, epsilon=1.0, delta=1e-6, unit_column="u")
-    _, grants = cl._plan(config, cl.budget_shares(config))
+    _, grants = plan_budget(config)
     at_user_level = cl.default_subsets(config, grants, None)
     assert at_user_level == sa.minimum_subsets(config.aggregator, grants)
     assert cl.default_subsets(config, grants, 10**6) > at_user_level  # rows public: grows

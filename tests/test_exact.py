@@ -459,7 +459,7 @@ def test_cli_exact_refuses_large_inputs(scheduler_address, tmp_path, capsys, row
     ("extra", "message"),
     [
         (["--method", "exact", "--unit-column", "id"], "row-level only"),
-        (["--method", "friendly", "--outliers", "2"], "apply to --method exact"),
+        (["--method", "friendly", "--outliers", "2"], "applies to --method exact"),
         (["--method", "exact", "--tolerance", "0.5"], "--tolerance must be"),
         (["--method", "exact", "--outliers", "-1"], "--outliers must be"),
     ],

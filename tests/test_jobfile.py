@@ -96,7 +96,7 @@ ERRORS = [
     ("dataset: /data/events/", "dataset:", "dataset is required"),
     ("method: friendly", "method: magic", "method 'magic' is unknown"),
     (R, "rank: 3\nparameters: {subsetz: 3}", "parameters.subsetz is unknown"),
-    (R, "rank: 3\nparameters: {subsets: 1}", "subsets must be"),  # EstimateConfig.validate
+    (R, "rank: 3\nparameters: {subsets: 1}", "parameters.subsets must be between"),
     (R, "rank: 3\nparameters: {radius: -2}", "parameters.radius must be > 0"),
     (R, "rank: 3\noverwrite: yes please", "overwrite must be true or false"),
     (R, "rank: 3\ncolumns: []", "columns must be a list of column names"),

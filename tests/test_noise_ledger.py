@@ -33,8 +33,7 @@ import pytest
 
 from dpsub_dist import PrivateSubspace
 from dpsub_dist.cli import main
-from dpsub_dist.estimators.clustering import CLUSTER_METHODS
-from dpsub_dist.job import METHODS
+from dpsub_dist.methods import REGISTRY
 from dpsub_dist.privacy import noise
 from dpsub_dist.privacy.accountant import ZCDP, ApproxDP, Budget, gaussian_sigma, laplace_epsilon
 from dpsub_dist.synth import generate
@@ -244,7 +243,8 @@ NOT_DP = {
 
 def test_every_method_has_a_noise_ledger_case() -> None:
     """Registered methods, boosting, every clustering method, streams and ledgered runs."""
-    registered = {*METHODS, "boost", "stream", "run", *(f"cluster {m}" for m in CLUSTER_METHODS)}
+    estimate, cluster = REGISTRY["estimate"], REGISTRY["cluster"]
+    registered = {*estimate, "boost", "stream", "run", *(f"cluster {m}" for m in cluster)}
     assert {case.method for case in CASES.values()} == registered - set(NOT_DP)
 
 

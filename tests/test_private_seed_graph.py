@@ -13,8 +13,7 @@ import pytest
 from test_secrets import TaskRecorder
 
 from dpsub_dist.engine.sources import array_dataset
-from dpsub_dist.estimators.clustering import ClusterConfig, run_cluster
-from dpsub_dist.job import EstimateConfig, run_estimate
+from dpsub_dist.job import ClusterConfig, EstimateConfig, run_cluster, run_estimate
 
 PRIVATE_SEED = 0x7E57_5EED_0F_DEAD_BEEF_1DEA_5EC2
 """A planted private noise seed, distinctive in decimal and hex."""

@@ -106,7 +106,7 @@ class PlantedNoise:
 
         monkeypatch.setattr(noise, "new_noise_seed", lambda: NOISE_SEED)
         monkeypatch.setattr(noise, "noise_rng", planted_rng)
-        for module in ("dpsub_dist.job", "dpsub_dist.estimators.covariance"):
+        for module in ("dpsub_dist.methods._sample_aggregate", "dpsub_dist.estimators.covariance"):
             monkeypatch.setattr(f"{module}.noise_rng", planted_rng, raising=False)
 
     def secrets(self) -> list[str]:

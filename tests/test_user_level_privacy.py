@@ -21,8 +21,7 @@ from dpsub_dist.engine.sources import parquet_dataset
 from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators.boost import group_seed, groups_of
-from dpsub_dist.estimators.clustering import ClusterConfig, run_cluster
-from dpsub_dist.job import EstimateConfig, run_estimate
+from dpsub_dist.job import ClusterConfig, EstimateConfig, run_cluster, run_estimate
 
 DIM = 6
 FEATURES = [f"f{j}" for j in range(DIM)]
@@ -201,7 +200,7 @@ def test_an_input_without_rows_is_released_not_refused_at_user_level(
     """n = 0 is as private as any other n: the run releases (⊥ or noise) instead of exit 2,
     on the per-subset Gram route and (``GRAM_ROUTE_BYTES = 0``) the row shuffle alike."""
     if route_bytes is not None:
-        monkeypatch.setattr("dpsub_dist.job.GRAM_ROUTE_BYTES", route_bytes)
+        monkeypatch.setattr("dpsub_dist.methods._sample_aggregate.GRAM_ROUTE_BYTES", route_bytes)
     empty = users_table([], np.random.default_rng(0), pa.int64())
     folder = write_files(tmp_path / "empty", [empty])
     config = dataclasses.replace(NEIGHBOUR_RUNS[name], unit_column="user")

@@ -24,7 +24,6 @@ Cost: every group reads every partition once (B passes over the data).
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,12 +33,17 @@ import numpy as np
 
 from dpsub_dist.engine.assign import random_row_subsets, unit_subsets
 from dpsub_dist.engine.sources import Dataset
-from dpsub_dist.errors import InputError
+from dpsub_dist.estimators.common import (
+    EstimateResult,
+    build_manifest,
+    open_checked,
+    public_seed,
+)
 from dpsub_dist.linalg import subspace_error
 from dpsub_dist.privacy.accountant import ZCDP, Accountant, ApproxDP, Budget
 
 if TYPE_CHECKING:
-    from dpsub_dist.job import EstimateConfig, EstimateResult
+    from dpsub_dist.methods.config import EstimateConfig
 
 DEFAULT_BOOST_ALPHA = 0.1
 """Accuracy α each group's estimate is expected to reach: two agree within 2α = 0.2."""
@@ -70,23 +74,6 @@ def select_stable(bases: Sequence[np.ndarray | None], alpha: float) -> tuple[int
         if a is not None and counts[i] >= need:
             return i, counts
     return None, counts
-
-
-def check_options(config: EstimateConfig) -> None:
-    """Parameter checks for ``--boost B`` and ``--boost-alpha α``."""
-    if config.boost is None:
-        if config.boost_alpha is not None:
-            raise InputError("--boost-alpha applies with --boost B: add --boost or drop it")
-        return
-    boost = config.boost
-    if isinstance(boost, bool) or not isinstance(boost, int | np.integer) or boost < 2:
-        raise InputError(f"--boost must be an integer ≥ 2 (got {boost}): pass e.g. --boost 3")
-    alpha = config.boost_alpha
-    if alpha is not None and not (math.isfinite(alpha) and 0 < alpha < 0.5):
-        raise InputError(
-            f"--boost-alpha must be in (0, 0.5) (got {alpha}): estimates agree within 2α "
-            "in operator norm, and any two are within 1"
-        )
 
 
 def group_seed(seed: int) -> int:
@@ -191,18 +178,16 @@ def charge_parallel(accountant: Accountant, group_reports: Sequence[dict[str, An
 
 def run_boosted(
     config: EstimateConfig,
+    runner: Callable[..., EstimateResult],
     open_dataset: Callable[[Any], Dataset],
     client: Any | None,
     progress: bool,
     noise_seed: int | None,
 ) -> EstimateResult:
-    """``--boost B`` around ``config.method`` (SS21 Alg. 3)."""
-    from dpsub_dist.job import METHODS, EstimateResult, build_manifest, open_checked, public_seed
-
+    """``--boost B`` around ``config.method``, whose runner is ``runner`` (SS21 Alg. 3)."""
     started = time.monotonic()
     groups = int(config.boost)
     alpha = config.boost_alpha or DEFAULT_BOOST_ALPHA
-    runner = METHODS[config.method]
     accountant = Accountant(config.budget())
     dataset = open_checked(config, open_dataset, client)
     seed = public_seed(config)

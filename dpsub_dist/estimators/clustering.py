@@ -40,8 +40,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import dask
 import numpy as np
@@ -51,24 +51,23 @@ from dpsub_dist.engine.gram import clip_rows, gram_of, sum_on_workers
 from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.engine.subsets import (
     SubsetPlan,
-    compute_in_process,
-    compute_on_cluster,
     compute_subset_summaries,
     progress_bar,
 )
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import sample_aggregate as sa
-from dpsub_dist.job import (
-    EstimateConfig,
+from dpsub_dist.estimators.common import (
     EstimateResult,
+    Executor,
     build_manifest,
     choose_buckets,
     open_checked,
+    plan,
     progress_shown,
     public_seed,
 )
 from dpsub_dist.linalg import subspace_error, top_eigenvectors
-from dpsub_dist.privacy.accountant import Accountant, Budget, laplace_epsilon
+from dpsub_dist.privacy.accountant import Budget, laplace_epsilon
 from dpsub_dist.privacy.clustering import (
     GIBBS_GUARANTEE,
     GRAM_SENSITIVITY,
@@ -79,8 +78,6 @@ from dpsub_dist.privacy.clustering import (
     squared_distances,
 )
 from dpsub_dist.privacy.noise import noise_rng
-
-CLUSTER_METHODS = ("sample-aggregate", "sulq", "gibbs")
 
 GIBBS_MAX_ROWS = 100_000
 """The Gibbs sampler holds all rows in one worker task and sweeps them many times."""
@@ -280,11 +277,7 @@ def gather_bounded_rows(dataset: Dataset, row_norm: float | None, client: Any) -
     """All rows, bounded on the workers and gathered on the driver (small inputs only)."""
     load = dask.delayed(bounded_rows, pure=False)
     tasks = [load(dataset.loader, part, row_norm) for part in dataset.parts]
-    if client is None:
-        blocks = compute_in_process(*tasks)
-    else:
-        blocks = compute_on_cluster(client, [], tasks, "gibbs rows", False)
-    return np.concatenate(blocks)
+    return np.concatenate(Executor(client).gather(tasks, "gibbs rows"))
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -304,106 +297,10 @@ def matched_subspace_errors(bases_hat: np.ndarray, bases_true: np.ndarray) -> np
     return errors
 
 
-# --------------------------------------------------------------------------- config and runners
+# --------------------------------------------------------------------------- runners
 
 
-@dataclass
-class ClusterConfig:
-    """Parameters of ``dpsub cluster`` (validated in one place, :meth:`validate`).
-
-    ``rank`` is q, the dimension of each of the ``clusters`` subspaces. ``aggregator``
-    (friendly or histogram), ``subsets``, ``ref_points``, ``assign``, ``scale`` and
-    ``unit_column`` apply to sample-aggregate; ``iterations`` to sulq; ``sweeps`` to
-    gibbs; ``row_norm`` to sulq and gibbs.
-    """
-
-    clusters: int
-    rank: int
-    epsilon: float | None = None
-    delta: float | None = None
-    rho: float | None = None
-    method: str = "sample-aggregate"
-    aggregator: str = "friendly"
-    subsets: int | None = None
-    ref_points: int | None = None
-    assign: Literal["random", "contiguous"] = "random"
-    unit_column: str | None = None
-    columns: list[str] | None = None
-    seed: int | None = None
-    scale: float | None = None
-    iterations: int | None = None
-    sweeps: int | None = None
-    row_norm: float | None = None
-    storage_options: dict[str, Any] = field(default_factory=dict)
-
-    def estimate_config(self) -> EstimateConfig:
-        """The shared parameters as an estimate config: its checks, seed and manifest apply."""
-        return EstimateConfig(
-            rank=self.rank,
-            epsilon=self.epsilon,
-            delta=self.delta,
-            rho=self.rho,
-            method=self.aggregator,
-            subsets=self.subsets,
-            ref_points=self.ref_points,
-            assign=self.assign,
-            unit_column=self.unit_column,
-            columns=self.columns,
-            seed=self.seed,
-            scale=self.scale,
-            storage_options=self.storage_options,
-        )
-
-    def validate(self) -> None:
-        """Parameter checks that need no data: the estimate checks, then the clustering ones."""
-        if self.method not in CLUSTER_METHODS:
-            raise InputError(f"unknown method {self.method!r}: use one of {list(CLUSTER_METHODS)}")
-        if self.aggregator not in ("friendly", "histogram"):
-            raise InputError(f"unknown aggregator {self.aggregator!r}: use friendly or histogram")
-        self.estimate_config().validate()
-        if not _positive_int(self.clusters):
-            raise InputError(
-                f"clusters must be a positive integer (got {self.clusters}): pass --clusters K"
-            )
-        misplaced = (
-            {"--row-norm": self.row_norm is not None}
-            if self.method == "sample-aggregate"
-            else {
-                "--subsets": self.subsets is not None,
-                "--ref-points": self.ref_points is not None,
-                "--assign contiguous": self.assign != "random",
-                "--radius/--cell-side": self.scale is not None,
-                "--aggregator": self.aggregator != "friendly",
-                "--unit-column (user-level privacy)": self.unit_column is not None,
-            }
-        )
-        misplaced["--iterations"] = self.iterations is not None and self.method != "sulq"
-        misplaced["--sweeps"] = self.sweeps is not None and self.method != "gibbs"
-        for flag, given in misplaced.items():
-            if given:
-                raise InputError(f"{flag} does not apply to --method {self.method}: drop it")
-        for name, value in (("iterations", self.iterations), ("sweeps", self.sweeps)):
-            if value is not None and not _positive_int(value):
-                raise InputError(f"{name} must be a positive integer (got {value})")
-        if self.row_norm is not None and not (math.isfinite(self.row_norm) and self.row_norm > 0):
-            raise InputError(
-                f"row-norm must be a positive number (got {self.row_norm}): pass e.g. --row-norm 10"
-            )
-
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 1
-
-
-def _plan(config: ClusterConfig, shares: dict[str, tuple[float, float]]):
-    accountant = Accountant(config.estimate_config().budget())
-    grants = accountant.split(shares)
-    if not accountant.can_afford(grants):
-        raise InputError("the budget plan exceeds the budget: this is a bug, please report it")
-    return accountant, grants
-
-
-def budget_shares(config: ClusterConfig) -> dict[str, tuple[float, float]]:
+def budget_shares(config: Any) -> dict[str, tuple[float, float]]:
     """How the run's budget is split between the method's private steps."""
     if config.method == "sample-aggregate":
         return sa.budget_plan(config.aggregator, config.scale is not None)
@@ -413,8 +310,8 @@ def budget_shares(config: ClusterConfig) -> dict[str, tuple[float, float]]:
     return {"exponential_mechanism": (1.0, 0.0)}  # gibbs: sets the temperature, never charged
 
 
-def _open(config: ClusterConfig, open_dataset, client) -> Dataset:
-    dataset = open_checked(config.estimate_config(), open_dataset, client)
+def _open(config: Any, open_dataset, client) -> Dataset:
+    dataset = open_checked(config, open_dataset, client)
     k, q, d = config.clusters, config.rank, dataset.dim
     if k * q >= d:
         raise InputError(
@@ -424,44 +321,39 @@ def _open(config: ClusterConfig, open_dataset, client) -> Dataset:
     return dataset
 
 
-def run_cluster(
-    config: ClusterConfig,
+def run_clustering(
+    config: Any,
+    run_method: Callable[..., Any],
+    shares: dict[str, tuple[float, float]],
     open_dataset: Callable[[Any], Dataset],
     client: Any | None = None,
     progress: bool = False,
     noise_seed: int | None = None,
 ) -> EstimateResult:
-    """Run ``config.method`` end to end; the result's basis is K×d×q (None for ⊥)."""
-    config.validate()
-    progress = progress_shown(config.estimate_config(), progress)
+    """The driver every clustering method shares: plan the budget, open the dataset, run
+    ``run_method`` (the method's own half) with the grants of ``shares`` (its plan), write
+    the manifest; the basis is K×d×q (None: ⊥). ``config`` is already validated."""
+    progress = progress_shown(config, progress)
     started = time.monotonic()
-    accountant, grants = _plan(config, budget_shares(config))
+    accountant, grants = plan(config, shares)
     dataset = _open(config, open_dataset, client)
     timings = {"inspect_s": time.monotonic() - started}
-    runner = {
-        "sample-aggregate": _run_sample_aggregate,
-        "sulq": _run_sulq,
-        "gibbs": _run_gibbs,
-    }[config.method]
-    bases, parameters, release, gathered = runner(
+    bases, parameters, release, gathered = run_method(
         config, dataset, accountant, grants, client, progress, noise_seed, timings
     )
     timings["total_s"] = time.monotonic() - started
     parameters = {"clusters": config.clusters, **parameters}
     ok = bases is not None
-    manifest = build_manifest(
-        config.estimate_config(), dataset, accountant, ok, parameters, release, gathered
-    )
+    manifest = build_manifest(config, dataset, accountant, ok, parameters, release, gathered)
     if config.method == "gibbs":  # nothing charged: no budget may be reported as spent
         manifest["privacy"]["guarantee"] = GIBBS_GUARANTEE
         manifest["privacy"]["budget"] = None
-    manifest["method"] = config.method
     manifest["clusters"] = config.clusters
     manifest["basis_layout"] = "basis.npy is K×d×q: basis[c] is cluster c's orthonormal basis"
     return EstimateResult(bases, manifest, timings)
 
 
-def default_subsets(config: ClusterConfig, grants: dict[str, Budget], n: int | None) -> int:
+def default_subsets(config: Any, grants: dict[str, Budget], n: int | None) -> int:
     """Default t: about ROWS_PER_CLUSTER rows per cluster per subset, at least the minimum;
     the minimum when the row count is private (``n=None``, user level), as t must not
     depend on it."""
@@ -499,9 +391,10 @@ def split_release(
     return np.stack([sa.basis_from_aggregate(b, dim, ref_points, rank) for b in blocks]), found
 
 
-def _run_sample_aggregate(
+def run_sample_aggregate(
     config, dataset, accountant, grants, client, progress, noise_seed, timings
 ):
+    """§9 a: local k-plane on each subset, the projected reference points aggregated."""
     dim, k, q, n = dataset.dim, config.clusters, config.rank, dataset.n_rows
     user_level = config.unit_column is not None  # the row count is then private
     t = config.subsets or default_subsets(config, grants, None if user_level else n)
@@ -512,7 +405,7 @@ def _run_sample_aggregate(
             f"more data, fewer --subsets (≥ {sa.minimum_subsets(config.aggregator, grants)} at "
             "this budget), or a larger budget"
         )
-    seed = public_seed(config.estimate_config())
+    seed = public_seed(config)
     plan = SubsetPlan(
         subsets=t,
         n_rows=n,
@@ -587,9 +480,9 @@ def merge_grams(grams: np.ndarray, clusters: int, rank: int) -> np.ndarray:
     return np.stack(groups)
 
 
-def _run_sulq(config, dataset, accountant, grants, client, progress, noise_seed, timings):
+def run_sulq(config, dataset, accountant, grants, client, progress, noise_seed, timings):
     dim, k, q = dataset.dim, config.clusters, config.rank
-    seed = public_seed(config.estimate_config())
+    seed = public_seed(config)
     planes = OVERCLUSTER * k
     bases = random_bases(np.random.default_rng([seed, _INIT_TAG]), planes, dim, q)
     task = PartitionGrams(dataset.loader, config.row_norm)
@@ -628,7 +521,7 @@ def _run_sulq(config, dataset, accountant, grants, client, progress, noise_seed,
     return bases, parameters, release, gathered
 
 
-def _run_gibbs(config, dataset, accountant, grants, client, progress, noise_seed, timings):
+def run_gibbs(config, dataset, accountant, grants, client, progress, noise_seed, timings):
     n, dim = dataset.n_rows, dataset.dim
     if n > GIBBS_MAX_ROWS or dim > GIBBS_MAX_DIM:
         raise InputError(

@@ -17,7 +17,6 @@ and then used exactly like a public bound.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -28,8 +27,9 @@ import numpy as np
 from dpsub_dist.engine.gram import GramSummary, compute_gram, sum_on_workers
 from dpsub_dist.engine.subsets import Loader
 from dpsub_dist.errors import InputError
+from dpsub_dist.estimators.common import EstimateResult, build_manifest, open_checked, plan
 from dpsub_dist.linalg import top_eigenvectors
-from dpsub_dist.privacy.accountant import ZCDP, Accountant, Budget
+from dpsub_dist.privacy.accountant import Accountant, Budget
 from dpsub_dist.privacy.covariance import (
     SENSITIVITY,
     Neighbours,
@@ -40,9 +40,9 @@ from dpsub_dist.privacy.covariance import (
 from dpsub_dist.privacy.noise import noise_rng
 from dpsub_dist.privacy.norm_bound import NORM_QUANTILE, norm_counts, private_norm_bound
 
-if TYPE_CHECKING:  # job imports this module to register the runners
+if TYPE_CHECKING:
     from dpsub_dist.engine.sources import Dataset
-    from dpsub_dist.job import EstimateConfig, EstimateResult
+    from dpsub_dist.methods.config import EstimateConfig
 
 COVARIANCE_METHODS = ("gauss", "gap-perturb")
 
@@ -65,56 +65,6 @@ NO_GAP_REASON = (
     "the noisy eigengap is too small for a stable top-k subspace: "
     "use more rows, a larger budget or a smaller --rank"
 )
-
-
-def check_options(config: EstimateConfig) -> None:
-    """Parameter checks of this family, and refusal of its options on other methods."""
-    if config.method not in COVARIANCE_METHODS:
-        if config.row_norm is not None:
-            raise InputError(
-                f"--row-norm applies to --method gauss or gap-perturb only: "
-                f"drop it for --method {config.method}"
-            )
-        if config.center:
-            raise InputError(
-                f"--center applies to --method gauss or gap-perturb only: "
-                f"drop it for --method {config.method}"
-            )
-        return
-    if config.row_norm is None:
-        if config.unit_column:
-            raise InputError(
-                f"--method {config.method} at user level needs a public bound on row norms: "
-                "pass --row-norm B (the private bound is row level only)"
-            )
-    else:
-        try:
-            bound = float(config.row_norm)
-        except (TypeError, ValueError):
-            bound = math.nan
-        if isinstance(config.row_norm, bool) or not (math.isfinite(bound) and bound > 0):
-            raise InputError(
-                f"--row-norm must be a positive finite number (got {config.row_norm!r}): "
-                "pass e.g. --row-norm 10"
-            )
-    if config.center and config.unit_column:
-        raise InputError(
-            "--center is row level only: the private mean needs the public row count, which "
-            "user level does not have; drop --center or --unit-column"
-        )
-    for flag, value in (
-        ("--subsets", config.subsets),
-        ("--ref-points", config.ref_points),
-        ("--radius/--cell-side", config.scale),
-    ):
-        if value is not None:
-            raise InputError(
-                f"{flag} applies to friendly/histogram only: drop it for --method {config.method}"
-            )
-    if config.assign != "random":
-        raise InputError(
-            f"--assign applies to friendly/histogram only: drop it for --method {config.method}"
-        )
 
 
 def neighbours(config: EstimateConfig) -> Neighbours:
@@ -150,17 +100,10 @@ def budget_plan(
     return steps
 
 
-def plan_budget(config: EstimateConfig) -> tuple[Accountant, dict[str, Budget]]:
-    """Split the run's budget between the steps; checked before any data is read."""
-    total = config.budget()
-    accountant = Accountant(total)
-    shares = budget_plan(
-        config.method, config.center, isinstance(total, ZCDP), config.row_norm is None
-    )
-    grants = accountant.split(shares)
-    if not accountant.can_afford(grants):
-        raise InputError("the budget plan exceeds the budget: this is a bug, please report it")
-    return accountant, grants
+def plan_shares(config: EstimateConfig) -> dict[str, tuple[float, float]]:
+    """This run's :func:`budget_plan` (the total's mode decides the δ shares)."""
+    zcdp = config.rho is not None
+    return budget_plan(config.method, config.center, zcdp, config.row_norm is None)
 
 
 def released_variance(
@@ -300,12 +243,9 @@ def run_covariance(
     noise_seed: int | None,
 ) -> EstimateResult:
     """``gauss`` (DTTZ14 Alg. 1) or ``gap-perturb`` (Alg. 2) end to end (ALGORITHMS.md §7)."""
-    from dpsub_dist.job import EstimateResult, build_manifest, open_checked
-
     started = time.monotonic()
     timings: dict[str, float] = {}
-    accountant, grants = plan_budget(config)
-    grants_total = accountant.total
+    accountant, grants = plan(config, plan_shares(config))
     dataset = open_checked(config, open_dataset, client)
     relation = neighbours(config)
     # No rows is bad input at row level (n is public); at user level n is private, so an
@@ -357,9 +297,7 @@ def run_covariance(
         "row_scaling": ROW_SCALING[relation],
         "clipped_rows": "not counted (a count would need its own privacy budget)",
         "center": config.center,
-        "budget_shares": budget_plan(
-            config.method, config.center, isinstance(grants_total, ZCDP), config.row_norm is None
-        ),
+        "budget_shares": plan_shares(config),
         "partitions": len(dataset.parts),
     }
     manifest = build_manifest(
@@ -367,10 +305,3 @@ def run_covariance(
     )
     manifest["privacy"].pop("assignment", None)  # no subsets in this family
     return EstimateResult(basis, manifest, timings)
-
-
-run_gauss = run_covariance
-"""``--method gauss``: DTTZ14 Alg. 1 (Analyze Gauss)."""
-
-run_gap_perturb = run_covariance
-"""``--method gap-perturb``: DTTZ14 Alg. 2 (subspace perturbation with a noisy eigengap)."""

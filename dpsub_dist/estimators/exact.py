@@ -29,7 +29,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpsub_dist.errors import InputError
-from dpsub_dist.privacy.accountant import Accountant
+from dpsub_dist.estimators.common import (
+    EstimateResult,
+    Executor,
+    build_manifest,
+    open_checked,
+    plan,
+)
 from dpsub_dist.privacy.gap_max import (
     DEFAULT_TOLERANCE,
     SNAP_DELTA_SHARE,
@@ -45,7 +51,7 @@ from dpsub_dist.privacy.noise import noise_rng
 
 if TYPE_CHECKING:
     from dpsub_dist.engine.sources import Dataset
-    from dpsub_dist.job import EstimateConfig, EstimateResult
+    from dpsub_dist.methods.config import EstimateConfig
 
 MAX_ROWS = 200
 """Largest n the exact method accepts (all rows are scored in one task)."""
@@ -63,30 +69,6 @@ FAILURE_REASONS = {
 }
 
 SCALE_ROUTE = "--method histogram with a small --cell-side (e.g. 1e-3)"
-
-
-def check_options(config: EstimateConfig) -> None:
-    """Parameter checks for ``--method exact`` (``--outliers``, ``--tolerance``, privacy unit)."""
-    if config.method != "exact":
-        if config.outliers is not None or config.tolerance is not None:
-            raise InputError("--outliers and --tolerance apply to --method exact: drop them")
-        return
-    if config.unit_column:
-        raise InputError(
-            "--method exact is row-level only (it needs a public row count): drop "
-            f"--unit-column, or use {SCALE_ROUTE}"
-        )
-    outliers = config.outliers
-    if outliers is not None and (
-        isinstance(outliers, bool) or not isinstance(outliers, int | np.integer) or outliers < 0
-    ):
-        raise InputError(f"--outliers must be an integer ≥ 0 (got {outliers}): pass e.g. 2")
-    tolerance = config.tolerance
-    if tolerance is not None and not (math.isfinite(tolerance) and 1e-12 <= tolerance <= 0.1):
-        raise InputError(
-            f"--tolerance must be a relative distance in [1e-12, 0.1] (got {tolerance}): "
-            f"the default is {DEFAULT_TOLERANCE}"
-        )
 
 
 def check_size(n_rows: int, rank: int) -> int:
@@ -134,11 +116,8 @@ def run_exact(
     """``--method exact``: SS21 Algorithm 1 as a single worker task, whole budget to GAP-MAX."""
     import dask
 
-    from dpsub_dist.job import EstimateResult, build_manifest, open_checked
-
     started = time.monotonic()
-    accountant = Accountant(config.budget())
-    grants = accountant.split(BUDGET_SHARES)
+    accountant, grants = plan(config, BUDGET_SHARES)
     epsilon, delta = gap_max_parameters(grants["gap_max"])
     outliers = config.outliers or 0
     tolerance = config.tolerance or DEFAULT_TOLERANCE
@@ -151,9 +130,7 @@ def run_exact(
         dataset.parts, dataset.loader, config.rank, tolerance
     )
     mark = time.monotonic()
-    spans: SpanScores = (
-        client.compute(task).result() if client is not None else task.compute(scheduler="sync")
-    )
+    spans: SpanScores = Executor(client).gather([task], "GAP-MAX scores")[0]
     release: GapMaxRelease = gap_max_release(spans, epsilon, delta, outliers, noise_rng(noise_seed))
     timings["gap_max_s"] = time.monotonic() - mark
     timings["total_s"] = time.monotonic() - started

@@ -45,9 +45,9 @@ import numpy as np
 from dpsub_dist.engine.gram import compute_gram
 from dpsub_dist.engine.sources import parquet_dataset
 from dpsub_dist.errors import BudgetRefused, InputError
+from dpsub_dist.estimators.common import versions
 from dpsub_dist.io.parquet import list_parquet_files
 from dpsub_dist.io.storage import StorageOptions, filesystem, is_local, with_protocol
-from dpsub_dist.job import versions
 from dpsub_dist.ledger.core import (
     LedgerError,
     LedgerUnavailable,

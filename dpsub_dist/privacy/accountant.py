@@ -13,8 +13,10 @@ Composition is basic: ε's and δ's add (Dwork & Roth 2014, Thm 3.16); ρ's and
 conversion at δ′ (:func:`zcdp_epsilon`).
 
 :class:`Accountant` holds one run's total grant, splits it into per-step
-grants before any data is read, and refuses (:class:`BudgetExceeded`) any
-charge that would overspend it.
+grants before any data is read (the method's budget plan), and refuses
+(:class:`BudgetExceeded`) any charge that would overspend the total or, once a
+plan is split, that does not match it: a step outside the plan, a step charged
+twice, or a charge above the step's grant.
 """
 
 from __future__ import annotations
@@ -37,9 +39,11 @@ __all__ = [
     "BudgetExceeded",
     "InvalidBudget",
     "ZCDP",
+    "after_test",
     "gaussian_sigma",
     "laplace_epsilon",
     "parse_budget",
+    "split_step_delta",
     "to_approx_dp",
     "zcdp_delta",
     "zcdp_epsilon",
@@ -227,6 +231,25 @@ def laplace_epsilon(grant: Budget) -> float:
     raise TypeError(f"expected ApproxDP or ZCDP, got {type(grant).__name__}")
 
 
+def after_test(release: Budget, test: Budget) -> Budget:
+    """The grant a release gated by a propose-test-release test is calibrated to, so that
+    test and release compose to the two grants the accountant charges (T24, FriendlyCore §3
+    step 3). Under (ε, δ)-DP a release that runs only when the ε₁-DP test passes enters the
+    composition with its δ multiplied by e^{ε₁}, so it is calibrated for δ·e^{−ε₁}; under
+    δ-approximate zCDP the grants add as they are."""
+    if isinstance(release, ApproxDP):
+        return ApproxDP(release.epsilon, release.delta * math.exp(-laplace_epsilon(test)))
+    return release
+
+
+def split_step_delta(delta: float, second_share: float) -> tuple[float, float]:
+    """One step's δ split between two failure events of its mechanism (e.g. GAP-MAX's
+    truncated-Laplace decision and its snapped release): they add up to ``delta`` exactly
+    (basic composition), so the step is charged its grant and no more."""
+    second = delta * second_share
+    return delta - second, second
+
+
 def gaussian_sigma(grant: Budget, sensitivity: float) -> float:
     """Gaussian noise std for this grant and L2 sensitivity.
 
@@ -318,6 +341,7 @@ class Accountant:
             raise TypeError(f"total must be ApproxDP or ZCDP, got {type(total).__name__}")
         self.total: Budget = total
         self._steps: list[tuple[str, Budget]] = []
+        self._plan: dict[str, Budget] | None = None
         self.conversion_delta: float | None = None
         if isinstance(total, ZCDP):
             if conversion_delta is None:
@@ -341,7 +365,8 @@ class Accountant:
 
         ApproxDP → ApproxDP(ε·p, δ·q); ZCDP → ZCDP(ρ·p, δ₀·q). Every privacy share
         must be > 0; a delta share of 0 gives the step δ = 0 (δ₀ = 0). Planned
-        grants compose (basic composition) to at most the total.
+        grants compose (basic composition) to at most the total. The grants become the
+        plan that :meth:`charge` holds every later charge to.
         """
         if not shares:
             raise InvalidBudget("shares is empty: give at least one step a privacy share")
@@ -366,6 +391,7 @@ class Accountant:
                 grants[step] = ApproxDP(self.total.epsilon * p, self.total.delta * q)
             else:
                 grants[step] = ZCDP(self.total.rho * p, self.total.delta0 * q)
+        self._plan = dict(grants)
         return grants
 
     def _as_total_mode(self, cost: Budget) -> Budget:
@@ -426,6 +452,7 @@ class Accountant:
         See :meth:`_as_total_mode` for how ApproxDP costs count against a ZCDP total.
         """
         converted = self._as_total_mode(cost)
+        self._check_plan(step, converted)
         if not self._fits([converted]):
             raise BudgetExceeded(
                 f"step {step!r} asks for {_fmt(converted)} but the run has spent "
@@ -433,6 +460,21 @@ class Accountant:
                 "lower this step's share or raise the total budget"
             )
         self._steps.append((step, converted))
+
+    def _check_plan(self, step: str, cost: Budget) -> None:
+        """Once a plan is split, a charge must be one of its steps, once, within its grant."""
+        if self._plan is None:
+            return
+        if step not in self._plan:
+            raise BudgetExceeded(f"step {step!r} is not in the budget plan {list(self._plan)}")
+        if any(name == step for name, _ in self._steps):
+            raise BudgetExceeded(f"step {step!r} was already charged: each step is charged once")
+        planned = self._as_total_mode(self._plan[step])
+        (p, d), (lim_p, lim_d) = self._sum([cost]), self._sum([planned])
+        if p > lim_p * (1.0 + REL_TOL) or d > lim_d * (1.0 + REL_TOL):
+            raise BudgetExceeded(
+                f"step {step!r} asks for {_fmt(cost)} but its plan grants {_fmt(planned)}"
+            )
 
     # -- state ------------------------------------------------------------
 

@@ -21,7 +21,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpsub_dist.privacy import noise
-from dpsub_dist.privacy.accountant import ApproxDP, Budget, gaussian_sigma, laplace_epsilon
+from dpsub_dist.privacy.accountant import (
+    ApproxDP,
+    Budget,
+    after_test,
+    gaussian_sigma,
+    laplace_epsilon,
+)
 from dpsub_dist.privacy.sparse_vector import above_threshold
 
 WEIGHT_SENSITIVITY = 4.0
@@ -128,8 +134,7 @@ def friendly_core_average(
     if lower < t / 4:
         return FriendlyRelease(None, noisy_total, lower, None)
     mean = weights @ points / total
-    if isinstance(gaussian_grant, ApproxDP):
-        gaussian_grant = ApproxDP(gaussian_grant.epsilon, gaussian_grant.delta * math.exp(-eps1))
+    gaussian_grant = after_test(gaussian_grant, ptr_grant)  # the PTR composition (accountant)
     sensitivity = 16 * radius / lower
     sigma = gaussian_sigma(gaussian_grant, sensitivity)
     point = noise.add_gaussian(rng, mean, sigma, sensitivity)

@@ -80,7 +80,7 @@ import numpy as np
 
 from dpsub_dist.linalg import top_eigenvectors
 from dpsub_dist.privacy import noise
-from dpsub_dist.privacy.accountant import ApproxDP, Budget, laplace_epsilon
+from dpsub_dist.privacy.accountant import ApproxDP, Budget, laplace_epsilon, split_step_delta
 
 GAP_SENSITIVITY = 2.0
 """Sensitivity of the gap statistic f_s (each score moves by ≤ 1 under replace-one)."""
@@ -135,8 +135,7 @@ def null_score(outliers: int, epsilon: float, delta: float) -> float:
 
 def split_delta(delta: float) -> tuple[float, float]:
     """(δ_gap, δ_snap): the grant's δ split between the TLap decision and the snap (sum δ)."""
-    snap = delta * SNAP_DELTA_SHARE
-    return delta - snap, snap
+    return split_step_delta(delta, SNAP_DELTA_SHARE)
 
 
 def conditioning_floor(tolerance: float, n_rows: int) -> float:

@@ -1,0 +1,149 @@
+"""The method registry: every method of ``dpsub estimate`` and ``dpsub cluster``, declared once.
+
+Each method is one module of this package exporting ``METHOD`` (a :class:`~.spec.Method`:
+its parameter table, its runner, its cross-checks); adding a method is one module plus one
+line below. The CLI flags (:func:`add_arguments`), the job file's ``parameters:``
+(:func:`check_given`) and the configs' checks (:func:`check_config`) are generated from the
+tables, so an option is refused for a method it does not apply to the same way everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from dpsub_dist.errors import InputError
+from dpsub_dist.methods import (
+    boost,
+    cluster_sample_aggregate,
+    exact,
+    friendly,
+    gap_perturb,
+    gauss,
+    gibbs,
+    histogram,
+    sulq,
+)
+from dpsub_dist.methods.spec import Method, Modifier, Param
+
+REGISTRY: dict[str, dict[str, Method]] = {
+    "estimate": {
+        m.name: m
+        for m in (friendly.METHOD, histogram.METHOD, gauss.METHOD, gap_perturb.METHOD, exact.METHOD)
+    },
+    "cluster": {m.name: m for m in (cluster_sample_aggregate.METHOD, sulq.METHOD, gibbs.METHOD)},
+}
+"""Methods by command and name: the one list a new method is added to."""
+
+MODIFIERS: dict[str, tuple[Modifier, ...]] = {"estimate": (boost.MODIFIER,), "cluster": ()}
+"""Options that wrap every method of a command."""
+
+Label = Callable[[Param], str]
+
+
+def flag(param: Param) -> str:
+    return param.flag
+
+
+def method_named(command: str, name: str) -> Method:
+    """The registered method; InputError listing the others."""
+    methods = REGISTRY[command]
+    if name not in methods:
+        raise InputError(f"unknown method {name!r}: use one of {list(methods)}")
+    return methods[name]
+
+
+def own_params(command: str, method: str) -> tuple[Param, ...]:
+    """The parameters ``method`` takes: its table and its command's modifiers'."""
+    mods = tuple(p for m in MODIFIERS[command] for p in m.params)
+    return (*method_named(command, method).params, *mods)
+
+
+def declared(command: str) -> dict[str, Param]:
+    """Every parameter of a command's methods by name (one Param per name), modifiers last."""
+    params: dict[str, Param] = {}
+    tables = [m.params for m in REGISTRY[command].values()]
+    for table in [*tables, *(m.params for m in MODIFIERS[command])]:
+        for param in table:
+            if params.setdefault(param.name, param) is not param:
+                raise AssertionError(f"two declarations of {command} parameter {param.name}")
+    return params
+
+
+def users(command: str, param: Param) -> list[str]:
+    """The methods of ``command`` that take ``param``."""
+    return [name for name in REGISTRY[command] if param in own_params(command, name)]
+
+
+def not_applicable(command: str, method: str, params: list[Param], label: Label) -> InputError:
+    """The one refusal of an option given to a method it does not apply to (exit 2)."""
+    names = "/".join(dict.fromkeys(label(p) for p in params))
+    takers = "/".join(dict.fromkeys(m for p in params for m in users(command, p)))
+    return InputError(
+        f"{names} does not apply to --method {method}: drop it for --method {method} "
+        f"(it applies to --method {takers})"
+    )
+
+
+def check_given(command: str, method: str, given: dict[str, Any], label: Label) -> dict[str, Any]:
+    """Options given by name (CLI flags, job-file keys): each must belong to ``method`` and
+    pass its table's check. Returns them by config attribute."""
+    params = declared(command)
+    own = own_params(command, method)
+    fields: dict[str, Any] = {}
+    for name, value in given.items():
+        param = params[name]
+        if param not in own:
+            raise not_applicable(command, method, [param], label)
+        fields[param.field] = param.typed(value, label(param))
+    return fields
+
+
+def check_config(config: Any, command: str) -> None:
+    """A config's options against the method's table (by attribute), then its cross-checks."""
+    method = method_named(command, config.method)
+    own = own_params(command, config.method)
+    for param in own:
+        value = getattr(config, param.field)
+        if value is not param.default and value != param.default:
+            param.typed(value, param.flag)
+    taken = {p.field for p in own}
+    for field in dict.fromkeys(p.field for p in declared(command).values()):
+        if field in taken:
+            continue
+        others = [p for p in declared(command).values() if p.field == field]
+        value = getattr(config, field)
+        if value is not None and value != others[0].default:
+            raise not_applicable(command, config.method, others, flag)
+    if config.unit_column and method.row_level_only:
+        raise InputError(
+            f"--method {config.method} is row-level only ({method.row_level_only}): "
+            "drop --unit-column"
+        )
+    for check in (method.check, *(m.check for m in MODIFIERS[command])):
+        if check is not None:
+            check(config)
+
+
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    """One CLI flag per declared parameter (default None: "not given")."""
+    group = parser.add_argument_group("method options (see --method)")
+    for param in declared(command).values():
+        text = f"{param.help} [--method {'/'.join(users(command, param))}]"
+        if param.kind is bool:
+            group.add_argument(param.flag, action="store_true", default=None, help=text)
+        elif param.choices:
+            group.add_argument(param.flag, choices=param.choices, default=None, help=text)
+        else:
+            group.add_argument(param.flag, type=param.kind, metavar=param.metavar, help=text)
+
+
+def given_arguments(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """The declared options present on the command line, by config attribute (checked)."""
+    given = {
+        name: getattr(args, name)
+        for name in declared(command)
+        if getattr(args, name, None) is not None
+    }
+    return check_given(command, args.method, given, flag)

@@ -1,0 +1,184 @@
+"""Sample and aggregate (ALGORITHMS.md §1–§4): the options and the runner that ``friendly``
+and ``histogram`` share (and ``dpsub cluster --method sample-aggregate`` reuses the options).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dpsub_dist.engine.in_place import compute_subset_summaries_in_place
+from dpsub_dist.engine.sources import Dataset
+from dpsub_dist.engine.subsets import (
+    SubsetPlan,
+    compute_subset_summaries,
+    compute_subset_summaries_from_grams,
+)
+from dpsub_dist.errors import InputError
+from dpsub_dist.estimators import sample_aggregate as sa
+from dpsub_dist.estimators.common import (
+    EstimateResult,
+    build_manifest,
+    choose_buckets,
+    open_checked,
+    plan,
+    public_seed,
+)
+from dpsub_dist.methods.spec import Param, positive
+from dpsub_dist.privacy.noise import noise_rng
+
+SUBSETS = Param(
+    "subsets",
+    int,
+    "T, number of disjoint subsets (default: from the budget and, at row level, n)",
+    need=f"between 2 and {sa.MAX_SUBSETS}",
+    fix="the driver holds a t×t matrix",
+    valid=lambda t: 2 <= t <= sa.MAX_SUBSETS,
+    example=50,
+)
+REF_POINTS = Param(
+    "ref_points",
+    int,
+    "Q, number of public reference points (≥ rank)",
+    need="a positive integer ≥ rank",
+    valid=positive,
+    example=8,
+)
+ASSIGN = Param(
+    "assign",
+    str,
+    "rows to subsets: keyed hash of position (random, the default; any row order), or "
+    "blocks of consecutive rows (contiguous: rows stored in random order; no shuffle)",
+    default="random",
+    choices=("random", "contiguous"),
+    example="contiguous",
+)
+PLAN_PARAMS = (SUBSETS, REF_POINTS, ASSIGN)
+
+
+def budget_plan(config: Any) -> dict[str, tuple[float, float]]:
+    """The aggregator's steps (a public radius or cell side skips its private search)."""
+    return sa.budget_plan(config.method, config.scale is not None)
+
+
+def check_plan(config: Any, rank: int | None = None) -> None:
+    """Cross-checks of the subset plan: contiguous blocks are row level; Q ≥ rank."""
+    if config.unit_column and config.assign == "contiguous":
+        raise InputError(
+            "--assign contiguous is row-level only: drop it with --unit-column "
+            "(users are assigned by a keyed hash of their id)"
+        )
+    rank = config.rank if rank is None else rank
+    if config.ref_points is not None and config.ref_points < rank:
+        raise InputError(
+            f"ref-points must be ≥ rank ({rank}), got {config.ref_points}: raise --ref-points"
+        )
+
+
+GRAM_ROUTE_BYTES = 64 * 2**20
+"""Below this size of t per-subset d×d Gram matrices, subsets are summarised from Grams
+(no shuffle, worker memory flat in n); above it rows are shuffled to their subsets."""
+
+
+LOCAL_ROUTES = {
+    "subsets in place": compute_subset_summaries_in_place,
+    "per-subset Gram matrices": compute_subset_summaries_from_grams,
+    "row shuffle": compute_subset_summaries,
+}
+"""How the local steps reach their subsets' rows (all give the same summaries)."""
+
+
+def local_route(subset_plan: SubsetPlan, dim: int) -> str:
+    """Contiguous subsets are summarised where they lie (no shuffle, any d); hashed
+    subsets use per-subset Grams while t·d² floats are small, else a row shuffle."""
+    if subset_plan.assign == "contiguous" and not subset_plan.user_level:
+        return "subsets in place"
+    if subset_plan.subsets * dim * dim * 8 <= GRAM_ROUTE_BYTES:
+        return "per-subset Gram matrices"
+    return "row shuffle"
+
+
+def run_sample_aggregate(
+    config: Any,
+    open_dataset: Callable[[Any], Dataset],
+    client: Any | None,
+    progress: bool,
+    noise_seed: int | None,
+) -> EstimateResult:
+    """Sample and aggregate (ALGORITHMS.md §1–§4) with the friendly or histogram aggregator."""
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+    accountant, grants = plan(config, budget_plan(config))
+    dataset = open_checked(config, open_dataset, client)
+    timings["inspect_s"] = time.monotonic() - started
+    dim, k, n = dataset.dim, config.rank, dataset.n_rows
+    user_level = config.unit_column is not None  # the row count is then private
+    t = config.subsets or sa.default_subsets(
+        config.method, grants, None if user_level else n, dim, k
+    )
+    q = config.ref_points or sa.default_ref_points(k, t, dim)
+    # At row level n is public and too few rows is bad input. At user level n is private:
+    # no check; subsets with fewer than k rows give the null point, and the aggregator
+    # releases ⊥ or a noisy point, never a data-dependent exit code.
+    if not user_level and n < t * k:
+        raise InputError(
+            f"too few rows: {n} rows cannot fill {t} subsets of at least {k} rows: "
+            f"use more data, fewer --subsets (≥ {sa.minimum_subsets(config.method, grants)} "
+            "at this budget), or a larger budget"
+        )
+    seed = public_seed(config)
+    sa.check_scale(config.method, config.scale, sa.reference_points(seed, dim, q))
+    subset_plan = SubsetPlan(
+        subsets=t,
+        n_rows=n,
+        seed=seed,
+        assign=config.assign,
+        user_level=user_level,
+        buckets=choose_buckets(n, dim, t, client),
+    )
+    step = sa.ProjectedReferenceStep(rank=k, dim=dim, ref_points=q, seed=seed)
+    mark = time.monotonic()
+    route = local_route(subset_plan, dim)
+    summaries = LOCAL_ROUTES[route](
+        dataset.parts, dataset.offsets, dataset.loader, subset_plan, step, client, progress
+    )
+    timings["local_steps_s"] = time.monotonic() - mark
+
+    mark = time.monotonic()
+    rng = noise_rng(noise_seed)
+    agg = sa.aggregate(
+        summaries, config.method, accountant, grants, rng, seed, dim, q, config.scale
+    )
+    if agg.point is not None and sa.is_null_release(
+        agg.point, sa.reference_points(seed, dim, q), k
+    ):
+        reason = {"failed_step": "null_check", "failure_reason": sa.NULL_RELEASE_REASON}
+        agg = sa.Aggregate(None, {**agg.details, **reason})
+    elif sa.is_spread_release(agg):
+        reason = {"failed_step": "core_spread", "failure_reason": sa.CORE_SPREAD_REASON}
+        agg = sa.Aggregate(None, {**agg.details, **reason})
+    basis = None if agg.point is None else sa.basis_from_aggregate(agg.point, dim, q, k)
+    timings["aggregate_s"] = time.monotonic() - mark
+    timings["total_s"] = time.monotonic() - started
+    parameters = {
+        "subsets": t,
+        "ref_points": q,
+        "assign": "unit-hash" if config.unit_column else config.assign,
+        "public_seed": seed,
+        "scale_given": config.scale,
+        "budget_shares": budget_plan(config),
+        "local_route": route,
+        "shuffle_buckets": subset_plan.buckets if route == "row shuffle" else None,
+        "partitions": len(dataset.parts),
+    }
+    manifest = build_manifest(
+        config,
+        dataset,
+        accountant,
+        basis is not None,
+        parameters,
+        agg.details,
+        int(summaries.nbytes),
+    )
+    return EstimateResult(basis, manifest, timings)

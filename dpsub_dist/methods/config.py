@@ -1,0 +1,105 @@
+"""The two configs of a run: :class:`EstimateConfig` (``dpsub estimate``, job files, the API)
+and :class:`ClusterConfig` (``dpsub cluster``). Their method options are checked against
+the method tables (:func:`dpsub_dist.methods.check_config`), never field by field here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from dpsub_dist.errors import InputError
+from dpsub_dist.methods import check_config
+from dpsub_dist.privacy.accountant import Budget, parse_budget
+
+
+class _Run:
+    """What both configs share: the budget and the rank."""
+
+    epsilon: float | None
+    delta: float | None
+    rho: float | None
+    rank: int
+
+    def budget(self) -> Budget:
+        """The run's total budget, validated."""
+        try:
+            return parse_budget(self.epsilon, self.delta, self.rho)
+        except ValueError as err:
+            raise InputError(str(err)) from None
+
+    def _check_rank(self) -> None:
+        if not _positive_int(self.rank):
+            raise InputError(f"rank must be a positive integer (got {self.rank}): pass --rank K")
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 1
+
+
+@dataclass
+class EstimateConfig(_Run):
+    """Parameters of ``dpsub estimate`` / :class:`dpsub_dist.PrivateSubspace`; the method
+    options (after ``seed``) are declared in the method modules of :mod:`dpsub_dist.methods`."""
+
+    rank: int
+    epsilon: float | None = None
+    delta: float | None = None
+    rho: float | None = None
+    method: str = "friendly"
+    subsets: int | None = None
+    ref_points: int | None = None
+    assign: Literal["random", "contiguous"] = "random"
+    unit_column: str | None = None
+    columns: list[str] | None = None
+    seed: int | None = None
+    scale: float | None = None  # friendly radius or histogram cell side, public
+    row_norm: float | None = None
+    center: bool = False
+    outliers: int | None = None
+    tolerance: float | None = None
+    boost: int | None = None
+    boost_alpha: float | None = None
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Parameter checks that need no data."""
+        self._check_rank()
+        check_config(self, "estimate")
+        self.budget()
+
+
+@dataclass
+class ClusterConfig(_Run):
+    """Parameters of ``dpsub cluster``: ``rank`` is q, the dimension of each of the
+    ``clusters`` subspaces; the method options are declared in :mod:`dpsub_dist.methods`."""
+
+    clusters: int
+    rank: int
+    epsilon: float | None = None
+    delta: float | None = None
+    rho: float | None = None
+    method: str = "sample-aggregate"
+    aggregator: str = "friendly"
+    subsets: int | None = None
+    ref_points: int | None = None
+    assign: Literal["random", "contiguous"] = "random"
+    unit_column: str | None = None
+    columns: list[str] | None = None
+    seed: int | None = None
+    scale: float | None = None
+    iterations: int | None = None
+    sweeps: int | None = None
+    row_norm: float | None = None
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Parameter checks that need no data."""
+        self._check_rank()
+        if not _positive_int(self.clusters):
+            raise InputError(
+                f"clusters must be a positive integer (got {self.clusters}): pass --clusters K"
+            )
+        check_config(self, "cluster")
+        self.budget()

@@ -1,0 +1,31 @@
+"""``--method friendly`` (default): sample and aggregate with the friendly-core aggregator
+(ALGORITHMS.md §1–§3)."""
+
+from dpsub_dist.methods._sample_aggregate import (
+    PLAN_PARAMS,
+    budget_plan,
+    check_plan,
+    run_sample_aggregate,
+)
+from dpsub_dist.methods.spec import Method, Param, positive
+
+RADIUS = Param(
+    "radius",
+    float,
+    "public friendly radius (skips its private search)",
+    need="> 0",
+    fix="a public radius; omit it to have it chosen privately",
+    valid=positive,
+    attr="scale",
+    example=0.3,
+)
+
+METHOD = Method(
+    name="friendly",
+    command="estimate",
+    summary="sample and aggregate, friendly-core aggregator (default)",
+    params=(*PLAN_PARAMS, RADIUS),
+    run=run_sample_aggregate,
+    plan=budget_plan,
+    check=check_plan,
+)

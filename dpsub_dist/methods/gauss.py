@@ -1,0 +1,53 @@
+"""``--method gauss``: Analyze Gauss, covariance perturbation (DTTZ14 Alg. 1; ALGORITHMS.md §7).
+Budget plan: :func:`dpsub_dist.estimators.covariance.budget_plan`."""
+
+from typing import Any
+
+from dpsub_dist.errors import InputError
+from dpsub_dist.estimators import covariance as cov
+from dpsub_dist.methods.spec import Method, Param, positive
+
+ROW_NORM = Param(
+    "row_norm",
+    float,
+    "public bound B, longer rows are scaled down to B (default: chosen privately from the "
+    "data with 10%% of the budget; required with --unit-column)",
+    need="a positive finite number",
+    fix="e.g. 10",
+    valid=positive,
+    example=10.0,
+)
+CENTER = Param(
+    "center",
+    bool,
+    "centre with a private mean (row level)",
+    need="true or false",
+    default=False,
+    example=True,
+)
+COVARIANCE_PARAMS = (ROW_NORM, CENTER)
+
+
+def check_covariance(config: Any) -> None:
+    """User level needs a public row-norm bound; centring needs the public row count."""
+    if config.row_norm is None and config.unit_column:
+        raise InputError(
+            f"--method {config.method} at user level needs a public bound on row norms: "
+            "pass --row-norm B (the private bound is row level only)"
+        )
+    if config.center and config.unit_column:
+        raise InputError(
+            "--center is row level only: the private mean needs the public row count, which "
+            "user level does not have; drop --center or --unit-column"
+        )
+
+
+METHOD = Method(
+    name="gauss",
+    command="estimate",
+    summary="covariance perturbation (Analyze Gauss)",
+    params=COVARIANCE_PARAMS,
+    run=cov.run_covariance,
+    plan=cov.plan_shares,
+    check=check_covariance,
+)

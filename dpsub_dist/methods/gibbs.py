@@ -1,0 +1,26 @@
+"""``dpsub cluster --method gibbs``: the exponential-mechanism Gibbs sampler for small inputs
+(WWS15 §9 c). A finite chain has no DP guarantee: nothing is charged, and job files refuse it.
+"""
+
+from dpsub_dist.estimators import clustering
+from dpsub_dist.methods.spec import Method, Param, positive
+from dpsub_dist.methods.sulq import ROW_LEVEL, UNIT_ROW_NORM
+
+SWEEPS = Param(
+    "sweeps",
+    int,
+    f"sampler sweeps (default {clustering.DEFAULT_SWEEPS})",
+    need="a positive integer",
+    valid=positive,
+    example=20,
+)
+
+METHOD = Method(
+    name="gibbs",
+    command="cluster",
+    summary="Gibbs sampler of the exponential mechanism (small inputs, no DP guarantee)",
+    params=(SWEEPS, UNIT_ROW_NORM),
+    run=clustering.run_gibbs,
+    plan=clustering.budget_shares,
+    row_level_only=ROW_LEVEL,
+)
