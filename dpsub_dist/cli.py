@@ -52,6 +52,13 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
         "column (fixed_size_list or list of numbers, e.g. embeddings) adds its width",
     )
     parser.add_argument(
+        "--exclude-columns",
+        type=_columns,
+        metavar="NAMES",
+        help="comma-separated columns or patterns (user_*, *_id) to leave out of the feature "
+        "columns (of --columns, or of every numeric column); from the schema only",
+    )
+    parser.add_argument(
         "--unit-column",
         help="user id column (integers, strings, …): user-level privacy; rows with a null id "
         "belong to no user and are ignored",
@@ -244,6 +251,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         assign=args.assign,
         unit_column=args.unit_column,
         columns=args.columns,
+        exclude_columns=args.exclude_columns,
         seed=args.seed,
         scale=args.radius if args.radius is not None else args.cell_side,
         row_norm=args.row_norm,
@@ -268,8 +276,9 @@ def run_to_output(args: argparse.Namespace, config, runner, storage_options) -> 
     check_output_dir(args.out, args.overwrite, storage_options)
 
     def open_dataset(client):
+        exclude = args.exclude_columns
         dataset = parquet_dataset(
-            args.input, args.columns, args.unit_column, storage_options, client
+            args.input, args.columns, args.unit_column, storage_options, client, exclude
         )
         if dataset.id_like:  # from the schema only (names, integer types): public
             print(f"warning: {id_like_message(dataset.id_like, '--columns')}", file=sys.stderr)

@@ -50,6 +50,7 @@ class EstimateConfig:
     assign: Literal["random", "contiguous"] = "random"
     unit_column: str | None = None
     columns: list[str] | None = None
+    exclude_columns: list[str] | None = None  # names or fnmatch patterns left out (public)
     seed: int | None = None
     scale: float | None = None  # friendly radius or histogram cell side, public
     row_norm: float | None = None  # gauss/gap-perturb: public row norm bound B
