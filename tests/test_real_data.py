@@ -33,7 +33,11 @@ def test_real_data_bench_on_a_slice(tmp_path, capsys):
     assert len([r for r in records if r["table"] == "flights"]) == 3 + hand
     gauss = next(r for r in records if (r["table"], r["variant"]) == ("flights", "gauss+center"))
     assert gauss["status"] == "ok" and gauss["error"] < 0.5 and gauss["captured"] > 0.8
-    rows = {(row["table"], row["variant"]) for row in document["summary"]}
+    rows = {(row["table"], row["variant"]) for row in document["summary"]["table"]}
     assert ("flights", "gauss, hand-picked") in rows
+    scree = document["summary"]["scree"]
+    assert {s["table"] for s in scree} == {"flights", "digits"}
+    released = scree[0]["released_ratio"]
+    assert len(released) == 10 and released == sorted(released, reverse=True)
     printed = capsys.readouterr().out
     assert printed.startswith("| table | ε | variant |") and "gauss, hand-picked (B=" in printed
