@@ -346,7 +346,7 @@ def markdown(summary: list[dict[str, Any]]) -> str:
         "| table | ε | variant | median error | p90 error | captured (median) | ⊥ | time (s) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for row in summary:
+    for row in sorted(summary, key=lambda r: (r["table"], r["epsilon"], r["variant"])):
         if row["variant"].startswith("gauss+hand B="):
             continue
         variant = row["variant"]
