@@ -282,7 +282,6 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         assign=args.assign,
         unit_column=args.unit_column,
         columns=args.columns,
-        exclude_columns=args.exclude_columns,
         seed=args.seed,
         scale=args.radius if args.radius is not None else args.cell_side,
         row_norm=args.row_norm,
