@@ -357,6 +357,7 @@ def run_dpsub(
         "subsets": manifest["parameters"].get("subsets"),
         "local_route": manifest["parameters"].get("local_route"),
         "failed_step": manifest.get("release", {}).get("failed_step"),
+        "row_norm_used": manifest["parameters"].get("row_norm"),  # public or private bound
     }
     if truth is not None:
         record["error"] = 1.0 if result.basis is None else subspace_error(result.basis, truth)

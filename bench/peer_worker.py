@@ -23,11 +23,21 @@ def clip_rows(rows: np.ndarray, norm: float) -> np.ndarray:
     return rows * np.minimum(1.0, norm / np.maximum(lengths, 1e-300))
 
 
-def fit(library: str, rows: np.ndarray, rank: int, epsilon: float, norm: float) -> np.ndarray:
-    """The k × D components of the library's PCA."""
+def fit(
+    library: str,
+    rows: np.ndarray,
+    rank: int,
+    epsilon: float,
+    norm: float,
+    bounds: tuple[float, float] | None = None,
+) -> np.ndarray:
+    """The k × D components of the library's PCA (``bounds``: diffprivlib centres privately)."""
     if library == "diffprivlib":
         from diffprivlib.models import PCA
 
+        if bounds is not None:  # public feature bounds: diffprivlib pays for a private mean
+            model = PCA(n_components=rank, epsilon=epsilon, data_norm=norm, bounds=bounds)
+            return model.fit(rows).components_
         # Zero-mean data by construction: no budget spent on a mean (as dpsub, uncentred).
         model = PCA(n_components=rank, epsilon=epsilon, data_norm=norm, centered=True)
         return model.fit(rows).components_
@@ -66,13 +76,15 @@ def main() -> int:
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--epsilon", type=float, required=True)
     parser.add_argument("--norm", type=float, required=True)
+    parser.add_argument("--bounds", help="LO,HI public feature bounds (diffprivlib centres)")
     args = parser.parse_args()
+    bounds = tuple(float(v) for v in args.bounds.split(",")) if args.bounds else None
     started = time.monotonic()
     rows = np.load(args.data).astype(np.float64)
     loaded = time.monotonic()
     clipped = clip_rows(rows, args.norm)
     del rows
-    components = fit(args.library, clipped, args.rank, args.epsilon, args.norm)
+    components = fit(args.library, clipped, args.rank, args.epsilon, args.norm, bounds)
     fitted = time.monotonic()
     np.save(args.out, np.asarray(components, dtype=np.float64).T)
     found = {}

@@ -78,7 +78,7 @@ class _PrivateEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseE
         opened: list[Dataset] = []
         if _is_path(X):
             uri = os.fspath(X)
-            exclude = getattr(config, "exclude_columns", None)  # when this build has it
+            exclude = getattr(config, "exclude_columns", None)  # estimates only
             excluded = {} if exclude is None else {"exclude": exclude}
 
             def open_dataset(client: Any) -> Dataset:
@@ -268,33 +268,8 @@ class PrivateSubspace(_PrivateEstimator):
         self._store(locals())
 
     def _config(self) -> EstimateConfig:
-        extra = {}
-        if self.exclude_columns is not None:
-            if "exclude_columns" not in {f.name for f in fields(EstimateConfig)}:
-                raise InputError("exclude_columns is not supported by this dpsub_dist build")
-            extra["exclude_columns"] = list(self.exclude_columns)
-        return EstimateConfig(
-            rank=_alias("n_components", self.n_components, "rank", self.rank),
-            epsilon=self.epsilon,
-            delta=self.delta,
-            rho=self.rho,
-            method=self.method,
-            subsets=self.subsets,
-            ref_points=self.ref_points,
-            assign=self.assign,
-            unit_column=self.unit_column,
-            columns=None if self.columns is None else list(self.columns),
-            seed=self.seed,
-            scale=self.scale,
-            row_norm=self.row_norm,
-            center=self.center,
-            outliers=self.outliers,
-            tolerance=self.tolerance,
-            boost=self.boost,
-            boost_alpha=self.boost_alpha,
-            storage_options=dict(self.storage_options or {}),
-            **extra,
-        )
+        rank = _alias("n_components", self.n_components, "rank", self.rank)
+        return _config_from(self, EstimateConfig, rank=rank)
 
     def fit(self, X: Any, y: None = None) -> PrivateSubspace:
         """Estimate from a NumPy/Dask array, a pandas/Dask DataFrame, or a Parquet path/URI
@@ -399,25 +374,11 @@ class PrivateSubspaceClustering(_PrivateEstimator):
     def _config(self) -> Any:
         from dpsub_dist.job import ClusterConfig
 
-        return ClusterConfig(
+        return _config_from(
+            self,
+            ClusterConfig,
             clusters=_alias("n_clusters", self.n_clusters, "clusters", self.clusters),
             rank=_alias("n_components", self.n_components, "rank", self.rank),
-            epsilon=self.epsilon,
-            delta=self.delta,
-            rho=self.rho,
-            method=self.method,
-            aggregator=self.aggregator,
-            subsets=self.subsets,
-            ref_points=self.ref_points,
-            assign=self.assign,
-            unit_column=self.unit_column,
-            columns=None if self.columns is None else list(self.columns),
-            seed=self.seed,
-            scale=self.scale,
-            iterations=self.iterations,
-            sweeps=self.sweeps,
-            row_norm=self.row_norm,
-            storage_options=dict(self.storage_options or {}),
         )
 
     def fit(self, X: Any, y: None = None) -> PrivateSubspaceClustering:
@@ -454,6 +415,22 @@ class PrivateSubspaceClustering(_PrivateEstimator):
 
     def fit_predict(self, X: Any, y: None = None) -> Any:
         return self.fit(X).predict(X)
+
+
+def _config_from(estimator: BaseEstimator, kind: type, **resolved: Any) -> Any:
+    """The run config of ``kind`` from the estimator's parameters of the same names (the
+    methods' declared fields), lists and mappings copied so a fit never edits them."""
+    values = {}
+    for spec in fields(kind):
+        if spec.name in resolved or not hasattr(estimator, spec.name):
+            continue
+        value = getattr(estimator, spec.name)
+        if spec.name == "storage_options":
+            value = dict(value or {})
+        elif isinstance(value, list | tuple):
+            value = list(value)
+        values[spec.name] = value
+    return kind(**values, **resolved)
 
 
 def _alias(name: str, value: Any, alias: str, alias_value: Any) -> Any:

@@ -52,6 +52,13 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
         "column (fixed_size_list or list of numbers, e.g. embeddings) adds its width",
     )
     parser.add_argument(
+        "--exclude-columns",
+        type=_columns,
+        metavar="NAMES",
+        help="comma-separated columns or patterns (user_*, *_id) to leave out of the feature "
+        "columns (of --columns, or of every numeric column); from the schema only",
+    )
+    parser.add_argument(
         "--unit-column",
         help="user id column (integers, strings, …): user-level privacy; rows with a null id "
         "belong to no user and are ignored",
@@ -126,16 +133,47 @@ def build_parser() -> argparse.ArgumentParser:
     add_budget_arguments(clu)
     add_method_arguments(clu, "cluster", "sample-aggregate")
 
-    ev = sub.add_parser("evaluate", help="subspace error of a run against a true basis")
+    ev = sub.add_parser(
+        "evaluate",
+        help="error of a run against a true basis, or variance it captures on data",
+        description="Operator checks of a released basis; they print and write nothing. "
+        "--truth: subspace error ‖Π̂ − Π‖ against an orthonormal true basis. --data: the "
+        "captured-variance ratio tr(V̂ᵀΣV̂)/Σ_{i≤k}λᵢ on the given rows against their exact, "
+        "non-private top-k PCA (1.0: as good as PCA). --data reads the data without privacy: "
+        "its numbers are for the operator, not for publication.",
+    )
     ev.add_argument("run", help="the --out folder of a run")
-    ev.add_argument("--truth", required=True, help="true basis .npy (d×k, or K×d×q)")
+    ev.add_argument("--truth", help="true basis .npy (d×k, or K×d×q), orthonormal columns")
+    ev.add_argument(
+        "--data",
+        help="Parquet file, folder or glob holding the run's columns (e.g. its input): "
+        "compare with the exact PCA of these rows",
+    )
+    ev.add_argument(
+        "--no-center",
+        dest="center",
+        action="store_false",
+        help="with --data: uncentred second moments instead of the covariance (for runs "
+        "that estimate the uncentred subspace)",
+    )
+    ev.add_argument("--scheduler", help="tcp://host:port of a running Dask scheduler (--data)")
+    ev.add_argument("--workers", type=int, help="workers of the local cluster (--data)")
+    ev.add_argument("--quiet", action="store_true", help="no progress bar or cluster banner")
     add_storage_arguments(ev)
 
-    demo = sub.add_parser("demo", help="generate data, estimate on a local cluster, print error")
+    demo = sub.add_parser(
+        "demo",
+        help="generate data, estimate on a local cluster, print error",
+        description="End to end on synthetic data with a known answer: synth writes Gaussian "
+        "rows near a rank-RANK subspace (off-subspace noise γ = 0.01) to DIR/data (kept for "
+        "reruns), estimate runs the default method at ε = 1, δ = 1e-6 on a local cluster "
+        "into DIR/run, evaluate prints the subspace error against the true basis (0 is "
+        "perfect, 1 useless). For your own table see docs/real-data.md.",
+    )
     demo.add_argument("--dir", default="demo-output", help="working folder (default demo-output)")
-    demo.add_argument("--rows", type=int, default=200_000)
-    demo.add_argument("--dim", type=int, default=50)
-    demo.add_argument("--rank", type=int, default=4)
+    demo.add_argument("--rows", type=int, default=200_000, help="n (default 200000)")
+    demo.add_argument("--dim", type=int, default=50, help="D, columns (default 50)")
+    demo.add_argument("--rank", type=int, default=4, help="k, subspace dimension (default 4)")
     add_scheduled_commands(sub)
     return parser
 
@@ -216,8 +254,9 @@ def run_to_output(args: argparse.Namespace, make_config, runner) -> int:
     check_output_dir(args.out, args.overwrite, storage_options)
 
     def open_dataset(client):
+        exclude = args.exclude_columns
         dataset = parquet_dataset(
-            args.input, args.columns, args.unit_column, storage_options, client
+            args.input, args.columns, args.unit_column, storage_options, client, exclude
         )
         if dataset.id_like:  # from the schema only (names, integer types): public
             print(f"warning: {id_like_message(dataset.id_like, '--columns')}", file=sys.stderr)
@@ -264,26 +303,55 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    from dpsub_dist import evaluate
     from dpsub_dist.io.output import read_npy, read_run
     from dpsub_dist.io.storage import StorageOptions
     from dpsub_dist.linalg import subspace_error
 
+    if args.truth is None and args.data is None:
+        raise InputError("nothing to compare with: pass --truth BASIS.npy and/or --data PARQUET")
     storage_options = StorageOptions.from_pairs(args.storage_option)
     basis, manifest = read_run(args.run, storage_options)
     if basis is None:
         raise InputError(f"{args.run} has no basis (outcome {manifest.get('outcome')})")
-    truth = read_npy(args.truth, storage_options)
-    if truth.shape != basis.shape:
-        raise InputError(f"truth shape {truth.shape} differs from the basis {basis.shape}")
-    if basis.ndim == 3:  # a cluster run: K bases, matched to the true ones
-        from dpsub_dist.estimators.clustering import matched_subspace_errors
+    if args.data is not None and basis.ndim != 2:
+        raise InputError("--data applies to runs with one basis (estimate), not cluster runs")
+    if args.truth is not None:
+        truth = read_npy(args.truth, storage_options)
+        if truth.shape != basis.shape:
+            raise InputError(f"truth shape {truth.shape} differs from the basis {basis.shape}")
+        evaluate.check_orthonormal(truth, f"--truth {args.truth}")
+        if basis.ndim == 3:  # a cluster run: K bases, matched to the true ones
+            from dpsub_dist.estimators.clustering import matched_subspace_errors
 
-        errors = matched_subspace_errors(basis, truth)
-        listed = ",".join(f"{e:.6f}" for e in errors)
-        print(f"subspace_error={errors.max():.6f} per_cluster={listed}")
-        return 0
-    print(f"subspace_error={subspace_error(basis, truth):.6f}")
+            errors = matched_subspace_errors(basis, truth)
+            listed = ",".join(f"{e:.6f}" for e in errors)
+            print(f"subspace_error={errors.max():.6f} per_cluster={listed}")
+        else:
+            print(f"subspace_error={subspace_error(basis, truth):.6f}")
+    if args.data is not None:
+        print(evaluate_on_data(args, basis, manifest.get("columns"), storage_options))
     return 0
+
+
+def evaluate_on_data(args: argparse.Namespace, basis, columns, storage_options) -> str:
+    """The two lines of ``evaluate --data``: what was read, then the key=value metrics."""
+    from dpsub_dist import evaluate
+    from dpsub_dist.engine.cluster import dask_client
+    from dpsub_dist.engine.sources import parquet_dataset
+
+    with dask_client(args.scheduler, args.quiet, args.workers) as client:
+        dataset = parquet_dataset(args.data, columns, None, storage_options, client)
+        moments = evaluate.data_moments(dataset, client, progress=not args.quiet)
+    check = evaluate.captured_variance(basis, moments, args.center)
+    shown = ", ".join(dataset.columns[:SHOWN_COLUMNS])
+    shown += ", …" if len(dataset.columns) > SHOWN_COLUMNS else ""
+    what = "centred covariance" if args.center else "uncentred second moments"
+    return (
+        f"operator check, not a release (reads the data without privacy: do not publish): "
+        f"{check.rows} rows × {dataset.dim} features ({shown}) of {args.data}, "
+        f"top-{check.rank} exact PCA of the {what}\n{check.line()}"
+    )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -69,6 +69,7 @@ JOB_FIELDS: dict[str, str] = {
     "name": "job name, used in default run ids (default: the file name without .yaml)",
     "dataset": "Parquet file, folder or glob (local path or s3:// URI)",
     "columns": "feature columns (list or comma-separated; default: all numeric columns)",
+    "exclude_columns": "columns or fnmatch patterns (user_*) left out of the feature columns",
     "unit_column": "user id column for user-level privacy (default: row level)",
     "rank": "k, the subspace dimension",
     "method": f"estimator (default friendly; one of {sorted(METHODS)})",
@@ -99,6 +100,7 @@ class Job:
     ledger: str | None = None
     method: str = "friendly"
     columns: list[str] | None = None
+    exclude_columns: list[str] | None = None
     unit_column: str | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
     overwrite: bool = False
@@ -115,6 +117,7 @@ class Job:
             rank=self.rank,
             method=self.method,
             columns=self.columns,
+            exclude_columns=self.exclude_columns,
             unit_column=self.unit_column,
             storage_options=dict(self.storage_options),
             **self.budget_values,
@@ -132,8 +135,10 @@ class Job:
 
     def fingerprint(self) -> str:
         """Hash of everything that determines the release (not output, ledger or cluster)."""
+        excluded = {"exclude_columns": self.exclude_columns} if self.exclude_columns else {}
         return fingerprint(
             {
+                **excluded,  # only when set: older jobs keep their run ids
                 "dataset": self.dataset_key,
                 "columns": self.columns,
                 "unit_column": self.unit_column,
@@ -209,6 +214,7 @@ def parse_job(document: Any, where: str = "job", default_name: str = "job") -> J
         ledger=fields.text("ledger", required=False),
         method=method,
         columns=fields.columns("columns"),
+        exclude_columns=fields.columns("exclude_columns"),
         unit_column=fields.text("unit_column", required=False),
         parameters=_parameters(document.get("parameters"), method, where),
         overwrite=fields.boolean("overwrite"),
@@ -547,7 +553,9 @@ class _Attempt:
         config = job.config(public_seed=record.public_seed)
 
         def open_dataset(dask):
-            return parquet_dataset(job.dataset, job.columns, job.unit_column, options, dask)
+            return parquet_dataset(
+                job.dataset, job.columns, job.unit_column, options, dask, job.exclude_columns
+            )
 
         try:
             if client is not None:

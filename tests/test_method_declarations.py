@@ -23,9 +23,9 @@ COMMON = {
     "cluster": {"--rank", "--epsilon", "--delta", "--rho", "--method", "--clusters"},
 }
 INPUT = {"--out", "--overwrite", "--columns", "--unit-column", "--scheduler", "--workers"}
-INPUT |= {"--seed", "--storage-option", "--quiet", "-h", "--help"}
+INPUT |= {"--exclude-columns", "--seed", "--storage-option", "--quiet", "-h", "--help"}
 CONFIG_COMMON = {"rank", "epsilon", "delta", "rho", "method", "unit_column", "columns", "seed"}
-CONFIG_COMMON |= {"storage_options", "clusters"}
+CONFIG_COMMON |= {"storage_options", "clusters", "exclude_columns"}
 CONFIGS = {"estimate": EstimateConfig, "cluster": ClusterConfig}
 JOB = """dataset: {data}
 rank: 2

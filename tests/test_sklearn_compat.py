@@ -224,3 +224,24 @@ def test_the_cli_and_the_engine_do_not_import_scikit_learn() -> None:
         "from dpsub_dist import PrivateSubspace; assert 'sklearn' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(
+    ("estimator", "config", "own"),
+    [
+        (PrivateSubspace, "EstimateConfig", {"client", "n_components"}),
+        (PrivateSubspaceClustering, "ClusterConfig", {"client", "n_components", "n_clusters"}),
+    ],
+)
+def test_estimator_parameters_are_the_declared_config_fields(estimator, config, own):
+    """The estimators take exactly the run config's fields (generated from the methods'
+    declarations) plus their scikit-learn names: a declared option cannot be missing from,
+    or extra in, the Python API."""
+    import dataclasses
+    import inspect
+
+    from dpsub_dist import job
+
+    declared = {f.name for f in dataclasses.fields(getattr(job, config))}
+    taken = set(inspect.signature(estimator.__init__).parameters) - {"self"}
+    assert taken - own == declared

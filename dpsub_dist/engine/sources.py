@@ -69,15 +69,17 @@ def parquet_dataset(
     unit_column: str | None,
     storage_options: dict[str, Any] | None,
     client: Any | None,
+    exclude: list[str] | None = None,
 ) -> Dataset:
-    """List the files (driver), read their footers (workers), validate the columns."""
+    """List the files (driver), read their footers (workers), validate the columns
+    (``exclude``: names or patterns removed from them, see :func:`select_columns`)."""
     storage_options = StorageOptions.wrap(storage_options)  # redacted in reprs and task keys
     files = list_parquet_files(uri, storage_options)
     if client is not None:
         infos = client.gather(client.map(inspect_file, files, storage_options=storage_options))
     else:
         infos = [inspect_file(f, storage_options) for f in files]
-    selected = select_columns(infos, columns, unit_column)
+    selected = select_columns(infos, columns, unit_column, exclude)
     if unit_column is not None:
         check_unit_column(infos[0], unit_column)
     widths = column_widths(infos, selected)

@@ -63,7 +63,10 @@ def check_output_dir(
         raise InputError(f"output path is a file, not a folder: {out}: choose another --out")
     parent = path.resolve().parent
     if not parent.is_dir():
-        raise InputError(f"parent folder of {out} does not exist: create it first")
+        raise InputError(
+            f"the output's parent folder {parent} does not exist: create it first "
+            f"(mkdir -p {parent}) or choose another --out"
+        )
 
 
 def _remote_prefix(out: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:

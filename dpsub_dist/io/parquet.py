@@ -17,6 +17,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from fnmatch import fnmatchcase
 from typing import Any
 
 import numpy as np
@@ -199,9 +200,18 @@ def is_index_column(name: str) -> bool:
 
 
 def select_columns(
-    infos: Sequence[FileInfo], requested: Sequence[str] | None, unit_column: str | None
+    infos: Sequence[FileInfo],
+    requested: Sequence[str] | None,
+    unit_column: str | None,
+    exclude: Sequence[str] | None = None,
 ) -> list[str]:
-    """Validate and resolve the feature columns against every file's schema."""
+    """Validate and resolve the feature columns against every file's schema.
+
+    ``requested`` (default: every numeric column but the unit and stored index columns)
+    less the columns matching ``exclude`` (names or :mod:`fnmatch` patterns, e.g.
+    ``user_*``). Schema only, so the choice is public; a pattern matching no column of
+    the schema, or an exclusion that leaves nothing, is an InputError (exit 2).
+    """
     first = infos[0]
     names = [c.name for c in first.columns]
     if len(set(names)) != len(names):
@@ -231,7 +241,7 @@ def select_columns(
             raise InputError(f"non-numeric columns requested: {bad}: pass numeric columns only")
         if unit_column in requested:
             raise InputError(f"the unit column {unit_column!r} cannot also be a feature column")
-        return list(requested)
+        return _excluding(list(requested), names, exclude)
     numeric = [
         c.name
         for c in first.columns
@@ -241,7 +251,28 @@ def select_columns(
         raise InputError(
             f"no numeric columns in {first.path}: pass --columns naming numeric columns"
         )
-    return numeric
+    return _excluding(numeric, names, exclude)
+
+
+def _excluding(
+    selected: list[str], names: Sequence[str], exclude: Sequence[str] | None
+) -> list[str]:
+    """``selected`` without the columns matching any pattern of ``exclude`` (case-sensitive)."""
+    if not exclude:
+        return selected
+    unmatched = [p for p in exclude if not any(fnmatchcase(name, p) for name in names)]
+    if unmatched:
+        raise InputError(
+            f"--exclude-columns pattern {unmatched[0]!r} matches no column: available "
+            f"columns are {list(names[:20])}"
+        )
+    kept = [name for name in selected if not any(fnmatchcase(name, p) for p in exclude)]
+    if not kept:
+        raise InputError(
+            f"--exclude-columns leaves no feature column (it removes all of {selected[:20]}): "
+            "exclude fewer columns"
+        )
+    return kept
 
 
 ID_WORDS = frozenset({"id", "ids", "key", "idx", "index", "uuid", "pk"})

@@ -53,6 +53,7 @@ class EstimateConfig(_Run):
     assign: Literal["random", "contiguous"] = "random"
     unit_column: str | None = None
     columns: list[str] | None = None
+    exclude_columns: list[str] | None = None  # names or fnmatch patterns left out (public)
     seed: int | None = None
     scale: float | None = None  # friendly radius or histogram cell side, public
     row_norm: float | None = None
