@@ -133,11 +133,15 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument(
         "--row-norm",
         type=float,
-        help="gauss/gap-perturb: public bound B, longer rows are scaled down to B (default: "
-        "chosen privately from the data with 10%% of the budget; required with --unit-column)",
+        help="gauss/gap-perturb (and the private mean when centring): public bound B, longer "
+        "rows are scaled down to B (default: chosen privately from the data with a small share "
+        "of the budget; required for gauss/gap-perturb with --unit-column)",
     )
     est.add_argument(
-        "--center", action="store_true", help="gauss/gap-perturb: centre with a private mean"
+        "--center",
+        action=argparse.BooleanOptionalAction,
+        help="subtract a private mean first (default: on at row level for friendly, histogram, "
+        "gauss and gap-perturb; --no-center estimates the uncentred subspace)",
     )
     est.add_argument("--outliers", type=int, help="exact: ℓ, outliers tolerated (default 0)")
     est.add_argument("--tolerance", type=float, help="exact: relative membership tolerance")

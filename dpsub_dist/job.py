@@ -10,7 +10,7 @@ import math
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -24,7 +24,7 @@ from dpsub_dist.engine.subsets import (
     compute_subset_summaries_from_grams,
 )
 from dpsub_dist.errors import InputError
-from dpsub_dist.estimators import boost, exact
+from dpsub_dist.estimators import boost, centring, exact
 from dpsub_dist.estimators import covariance as cov
 from dpsub_dist.estimators import sample_aggregate as sa
 from dpsub_dist.privacy.accountant import Accountant, Budget, parse_budget
@@ -53,7 +53,7 @@ class EstimateConfig:
     seed: int | None = None
     scale: float | None = None  # friendly radius or histogram cell side, public
     row_norm: float | None = None  # gauss/gap-perturb: public row norm bound B
-    center: bool = False  # gauss/gap-perturb: centre with a private mean
+    center: bool | None = None  # private mean subtracted first; None: centring.resolve_center
     outliers: int | None = None  # exact: ℓ, outliers the NULL score tolerates (default 0)
     tolerance: float | None = None  # exact: relative membership tolerance
     boost: int | None = None  # B disjoint groups (SS21 Alg. 3)
@@ -96,6 +96,7 @@ class EstimateConfig:
                 "positive --radius/--cell-side, or omit it to have it chosen privately"
             )
         cov.check_options(self)
+        centring.check_options(self)
         exact.check_options(self)
         boost.check_options(self)
         self.budget()
@@ -137,10 +138,15 @@ def privacy_unit(config: EstimateConfig) -> dict[str, str]:
 def plan_budget(config: EstimateConfig) -> tuple[Accountant, dict[str, Budget]]:
     """Split the budget between the steps and check the plan is affordable."""
     accountant = Accountant(config.budget())
-    grants = accountant.split(sa.budget_plan(config.method, config.scale is not None))
+    grants = accountant.split(sa_shares(config))
     if not accountant.can_afford(grants):
         raise InputError("the budget plan exceeds the budget: this is a bug, please report it")
     return accountant, grants
+
+
+def sa_shares(config: EstimateConfig) -> dict[str, tuple[float, float]]:
+    """Budget shares of friendly/histogram, with centring's steps (estimators/centring.py)."""
+    return centring.plan_shares(sa.budget_plan(config.method, config.scale is not None), config)
 
 
 def choose_buckets(n_rows: int, dim: int, subsets: int, client: Any | None) -> int:
@@ -181,6 +187,7 @@ def run_estimate(
     resumption; without it DP noise comes from OS entropy.
     """
     config.validate()
+    config = replace(config, center=centring.resolve_center(config))
     progress = progress_shown(config, progress)
     if config.boost is not None:
         return boost.run_boosted(config, open_dataset, client, progress, noise_seed)
@@ -301,15 +308,20 @@ def run_sample_aggregate(
         buckets=choose_buckets(n, dim, t, client),
     )
     step = sa.ProjectedReferenceStep(rank=k, dim=dim, ref_points=q, seed=seed)
+    rng = noise_rng(noise_seed)
+    mark = time.monotonic()
+    loader, centred, mean_release = centring.centre(
+        config, dataset, accountant, grants, rng, client, progress
+    )
+    timings["centre_s"] = time.monotonic() - mark
     mark = time.monotonic()
     route = local_route(plan, dim)
     summaries = LOCAL_ROUTES[route](
-        dataset.parts, dataset.offsets, dataset.loader, plan, step, client, progress
+        dataset.parts, dataset.offsets, loader, plan, step, client, progress
     )
     timings["local_steps_s"] = time.monotonic() - mark
 
     mark = time.monotonic()
-    rng = noise_rng(noise_seed)
     agg = sa.aggregate(
         summaries, config.method, accountant, grants, rng, seed, dim, q, config.scale
     )
@@ -330,7 +342,8 @@ def run_sample_aggregate(
         "assign": "unit-hash" if config.unit_column else config.assign,
         "public_seed": seed,
         "scale_given": config.scale,
-        "budget_shares": sa.budget_plan(config.method, config.scale is not None),
+        "budget_shares": sa_shares(config),
+        **centred,
         "local_route": route,
         "shuffle_buckets": plan.buckets if route == "row shuffle" else None,
         "partitions": len(dataset.parts),
@@ -341,7 +354,7 @@ def run_sample_aggregate(
         accountant,
         basis is not None,
         parameters,
-        agg.details,
+        {**mean_release, **agg.details},
         int(summaries.nbytes),
     )
     return EstimateResult(basis, manifest, timings)

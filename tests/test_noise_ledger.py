@@ -97,9 +97,10 @@ def _projector_noise(run: Run, step: dict[str, Any]) -> list[float]:
 
 
 def _mean(run: Run, step: dict[str, Any]) -> list[float]:
-    """§7: σ for the row sum, drawn on the mean: scaled by row_norm/n (n public, row level)."""
-    unit = run.manifest["parameters"]["row_norm"] / run.manifest["n_rows"]
-    return [gaussian_sigma(_grant(step), ROW_SUM) * unit]
+    """§7: σ for the row sum, drawn on the mean: scaled by row_norm/n (n public, row level);
+    one per boosting group (each centres its own rows)."""
+    units = [p["row_norm"] / n for p, n in run.parameters if p.get("center")]
+    return [gaussian_sigma(_grant(step), ROW_SUM) * unit for unit in units]
 
 
 def _tree_node(run: Run, step: dict[str, Any]) -> list[float]:
@@ -141,6 +142,13 @@ class Run:
     @property
     def steps(self) -> dict[str, dict[str, Any]]:
         return {s["step"]: s for s in self.manifest["privacy"]["budget"]["steps"]}
+
+    @property
+    def parameters(self) -> list[tuple[dict[str, Any], int]]:
+        """The run's parameters and n, and each boosting group's."""
+        groups = self.manifest["parameters"].get("group_runs", [])
+        runs = [(self.manifest["parameters"], self.manifest["n_rows"])]
+        return runs + [(g["parameters"], g["n_rows"]) for g in groups]
 
     @property
     def releases(self) -> list[dict[str, Any]]:

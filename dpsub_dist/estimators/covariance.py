@@ -69,15 +69,17 @@ NO_GAP_REASON = (
 
 def check_options(config: EstimateConfig) -> None:
     """Parameter checks of this family, and refusal of its options on other methods."""
+    if config.method in ("friendly", "histogram"):
+        return  # --row-norm/--center: their private centring (estimators/centring.py)
     if config.method not in COVARIANCE_METHODS:
         if config.row_norm is not None:
             raise InputError(
-                f"--row-norm applies to --method gauss or gap-perturb only: "
+                f"--row-norm applies to gauss, gap-perturb, friendly and histogram only: "
                 f"drop it for --method {config.method}"
             )
         if config.center:
             raise InputError(
-                f"--center applies to --method gauss or gap-perturb only: "
+                f"--center applies to gauss, gap-perturb, friendly and histogram only: "
                 f"drop it for --method {config.method}"
             )
         return
