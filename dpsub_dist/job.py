@@ -335,6 +335,11 @@ def run_sample_aggregate(
         agg = sa.Aggregate(None, {**agg.details, **reason})
     basis = None if agg.point is None else sa.basis_from_aggregate(agg.point, dim, q, k)
     timings["aggregate_s"] = time.monotonic() - mark
+    mark = time.monotonic()
+    basis, variance = centring.explain(
+        config, basis, dataset, loader, accountant, grants, rng, client, progress
+    )
+    timings["explained_variance_s"] = time.monotonic() - mark
     timings["total_s"] = time.monotonic() - started
     parameters = {
         "subsets": t,
@@ -354,7 +359,7 @@ def run_sample_aggregate(
         accountant,
         basis is not None,
         parameters,
-        {**mean_release, **agg.details},
+        {**mean_release, **agg.details, **variance},
         int(summaries.nbytes),
     )
     return EstimateResult(basis, manifest, timings)

@@ -55,6 +55,7 @@ GAP_MAX_SCORE_GAP = 2.0  # §5: each span score moves by ≤ 1, their gap by ≤
 SULQ_GRAM = 2.0  # §9: one unit-norm row moves between clusters' Grams
 TREE_NODE = math.sqrt(2.0)  # §8: Σ aaᵀ with ‖a‖ ≤ 1, replace one row
 NORM_COUNT = 1.0  # norm_bound: a replaced row moves each count #{‖x‖ ≤ grid_j} by ≤ 1
+VARIANCE_SUMS = math.sqrt(2.0)  # Σ ((v_iᵀz)², ‖z‖²) of norm-≤1 rows z, replace one row
 
 
 def _grant(step: dict[str, Any]) -> Budget:
@@ -103,6 +104,16 @@ def _mean(run: Run, step: dict[str, Any]) -> list[float]:
     return [gaussian_sigma(_grant(step), ROW_SUM) * unit for unit in units]
 
 
+def _explained_variance(run: Run, step: dict[str, Any]) -> list[float]:
+    """σ for the k + 1 sums, drawn on the variances: scaled by C²/n (C = variance_row_norm)."""
+    units = [
+        r["variance_row_norm"] ** 2 / n
+        for (_, n), r in zip(run.parameters, run.releases, strict=True)
+        if r.get("variance_row_norm")
+    ]
+    return [gaussian_sigma(_grant(step), VARIANCE_SUMS) * unit for unit in units]
+
+
 def _tree_node(run: Run, step: dict[str, Any]) -> list[float]:
     """§8: every node gets ρ/L of the stream's total ρ (each row is in ≤ L released nodes)."""
     total = run.manifest["privacy"]["budget"]["total_granted"]["rho"]
@@ -116,6 +127,8 @@ STEP_SCALES: dict[str, Formula] = {
     "radius_search": lambda run, step: _sparse_vector(FRIEND_WEIGHT, step),
     "cell_search": lambda run, step: _sparse_vector(MAX_CELL_COUNT, step),
     "norm_bound": lambda run, step: _sparse_vector(NORM_COUNT, step),
+    "variance_norm_bound": lambda run, step: _sparse_vector(NORM_COUNT, step),
+    "explained_variance": _explained_variance,
     "core_test": lambda run, step: [FRIEND_WEIGHT / laplace_epsilon(_grant(step))],
     "core_noise": _core_noise,
     "histogram": lambda run, step: [COUNT_VECTOR / laplace_epsilon(_grant(step))],

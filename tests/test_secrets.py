@@ -144,6 +144,8 @@ def test_credentials_and_noise_seed_never_visible(
         "radius_search",
         "core_test",
         "core_noise",
+        "variance_norm_bound",
+        "explained_variance",
     ]
     assert json.loads(manifest)["release"]["noise_sigma"] > 0  # the Gaussian was drawn
     with Client(scheduler_address) as client:

@@ -8,6 +8,11 @@ workers before the local step. Privacy by composition: ``μ̂`` is a DP release,
 public ``μ̂`` the map ``x ↦ x − μ̂`` is applied row by row, so replacing one row still changes one
 subset's summary and the aggregator's argument holds unchanged.
 
+Explained variance (row level): after the basis is released, a private bound ``C`` on the norms
+of the centred rows (step ``variance_norm_bound``), then a Gaussian on the k squared projections
+and the squared norm of the rows clipped to ``C`` (:mod:`dpsub_dist.privacy.variance`, step
+``explained_variance``). Components are ordered by the released variances (post-processing).
+
 User level: the mean needs a count, private there, and both sums move by a user's row count:
 centring is refused (``--center``) or off (default), and no explained variance is released.
 """
@@ -27,10 +32,12 @@ from dpsub_dist.estimators.covariance import (
     MEAN_SHARE,
     NORM_SOURCE,
     compute_norm_counts,
+    released_variance,
 )
 from dpsub_dist.privacy.accountant import Accountant, Budget
 from dpsub_dist.privacy.covariance import SENSITIVITY, gaussian_mean
 from dpsub_dist.privacy.norm_bound import private_norm_bound
+from dpsub_dist.privacy.variance import private_variances, projected_sums
 
 if TYPE_CHECKING:
     from dpsub_dist.engine.sources import Dataset
@@ -46,6 +53,10 @@ CENTRING_SHARES = {"norm_bound": (0.05, 0.0), "mean": (MEAN_SHARE, MEAN_SHARE)}
 without ``--row-norm``); the mean takes gauss's share. The mean's error ``e`` enters every
 subset's Gram as ``−m(m_j eᵀ + e m_jᵀ)``, with ``m_j`` the subset's own mean: measured on
 near-low-rank data (docs/centring.md) a 6% share doubled the friend radius, 20% did not."""
+
+
+VARIANCE_SHARES = {"variance_norm_bound": (0.03, 0.0), "explained_variance": (0.07, 0.05)}
+"""Budget of the explained-variance steps (row level, after the basis is released)."""
 
 
 def resolve_center(config: EstimateConfig) -> bool:
@@ -80,7 +91,7 @@ def plan_shares(
         before = dict(CENTRING_SHARES)
         if config.row_norm is not None:
             before.pop("norm_bound")
-    after: dict[str, tuple[float, float]] = {}
+    after = VARIANCE_SHARES if config.unit_column is None else {}
     extra = [*before.values(), *after.values()]
     rest_p = 1.0 - sum(p for p, _ in extra)
     rest_q = 1.0 - sum(q for _, q in extra)
@@ -159,3 +170,54 @@ UNCENTRED_NOTE = (
 
 def _clipped_row_sum(loader: Any, bound: float, part: Any) -> np.ndarray:
     return clip_rows(loader(part)[0], bound).sum(axis=0)
+
+
+def explain(
+    config: EstimateConfig,
+    basis: np.ndarray | None,
+    dataset: Dataset,
+    loader: Any,
+    accountant: Accountant,
+    grants: dict[str, Budget],
+    rng: np.random.Generator,
+    client: Any | None,
+    progress: bool,
+) -> tuple[np.ndarray | None, dict[str, Any]]:
+    """Private explained variance of a released basis; the basis re-ordered by it."""
+    if basis is None:
+        return None, {}
+    if config.unit_column is not None:
+        return basis, {
+            "explained_variance": None,
+            "explained_variance_ratio": None,
+            "explained_variance_note": "not released at user level: the sums move by a user's "
+            "row count and n is private",
+        }
+    args = (dataset, loader, accountant, grants, rng, client, progress)
+    bound = private_bound("variance_norm_bound", *args)
+    part_sums = dask.delayed(_projected_sums, pure=True)
+    tasks = [part_sums(loader, basis, bound, part) for part in dataset.parts]
+    label = f"{len(tasks)} partitions → projected variances"
+    sums = sum_on_workers(tasks, client, label, progress)
+    accountant.charge("explained_variance", grants["explained_variance"])
+    release = private_variances(sums, dataset.n_rows, bound, grants["explained_variance"], rng)
+    order = np.argsort(-np.maximum(release.values, 0.0), kind="stable")
+    details = released_variance(release.values[order], release.total, 1.0, 1, "replace")
+    details.update(
+        explained_variance_note=VARIANCE_NOTE,
+        variance_row_norm=bound,
+        variance_sensitivity=release.sensitivity,
+        variance_noise_sigma=release.sigma,
+        component_order="descending released explained variance",
+    )
+    return basis[:, order], details
+
+
+VARIANCE_NOTE = (
+    "private (steps variance_norm_bound, explained_variance): Σ (v_iᵀz)² and Σ ‖z‖² over the "
+    "rows z = clip(x − mean, variance_row_norm) with Gaussian noise, divided by n, clipped at 0"
+)
+
+
+def _projected_sums(loader: Any, basis: np.ndarray, bound: float, part: Any) -> np.ndarray:
+    return projected_sums(loader(part)[0], basis, bound)
