@@ -85,8 +85,8 @@ def test_public_row_norm_skips_the_private_bound(
     found = manifest(out)
     steps = [s["step"] for s in found["privacy"]["budget"]["steps"]]
     assert "norm_bound" not in steps and steps[0] == "mean"
-    assert found["parameters"]["row_norm"] == 100.0
-    assert found["parameters"]["row_norm_source"] == "public (--row-norm)"
+    assert found["parameters"]["mean_row_norm"] == 100.0
+    assert found["parameters"]["mean_row_norm_source"] == "public (--row-norm)"
 
 
 def test_centring_at_user_level_is_refused_before_reading(tmp_path: Path, capsys) -> None:

@@ -98,9 +98,9 @@ def _projector_noise(run: Run, step: dict[str, Any]) -> list[float]:
 
 
 def _mean(run: Run, step: dict[str, Any]) -> list[float]:
-    """§7: σ for the row sum, drawn on the mean: scaled by row_norm/n (n public, row level);
+    """§7: σ for the row sum, drawn on the mean: scaled by mean_row_norm/n (n public);
     one per boosting group (each centres its own rows)."""
-    units = [p["row_norm"] / n for p, n in run.parameters if p.get("center")]
+    units = [p["mean_row_norm"] / n for p, n in run.parameters if p.get("center")]
     return [gaussian_sigma(_grant(step), ROW_SUM) * unit for unit in units]
 
 
@@ -128,6 +128,7 @@ STEP_SCALES: dict[str, Formula] = {
     "cell_search": lambda run, step: _sparse_vector(MAX_CELL_COUNT, step),
     "norm_bound": lambda run, step: _sparse_vector(NORM_COUNT, step),
     "variance_norm_bound": lambda run, step: _sparse_vector(NORM_COUNT, step),
+    "centred_norm_bound": lambda run, step: _sparse_vector(NORM_COUNT, step),
     "explained_variance": _explained_variance,
     "core_test": lambda run, step: [FRIEND_WEIGHT / laplace_epsilon(_grant(step))],
     "core_noise": _core_noise,

@@ -151,11 +151,11 @@ def centre(
     accountant.charge("mean", grants["mean"])
     sens = SENSITIVITY["replace"].row_sum
     mean = gaussian_mean(row_sum, dataset.n_rows, grants["mean"], sens, rng, unit=bound)
-    parameters = {"center": True, "row_norm": bound, "row_norm_source": source}
+    parameters = {"center": True, "mean_row_norm": bound, "mean_row_norm_source": source}
     release = {
         "mean": mean.mean.tolist(),
-        "mean_note": "private mean of the rows clipped to norm ≤ row_norm, input units; "
-        "subtracted from every row before the local step",
+        "mean_note": "private mean of the rows clipped to norm ≤ mean_row_norm, input units; "
+        "subtracted from every row before the estimate",
         "mean_sensitivity": mean.sensitivity,
         "mean_noise_sigma": mean.sigma,
     }
