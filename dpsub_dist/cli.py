@@ -125,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--method",
         default="friendly",
         help="friendly (default), histogram, gauss or gap-perturb (covariance perturbation), "
-        "or exact (SS21 GAP-MAX, small inputs only)",
+        "exact (SS21 GAP-MAX, small inputs only), or auto (chosen from public facts: "
+        "docs/auto.md)",
     )
     add_subset_arguments(est)
     est.add_argument("--radius", type=float, help="public friendly radius (skips its search)")

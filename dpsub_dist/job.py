@@ -24,7 +24,7 @@ from dpsub_dist.engine.subsets import (
     compute_subset_summaries_from_grams,
 )
 from dpsub_dist.errors import InputError
-from dpsub_dist.estimators import boost, centring, exact
+from dpsub_dist.estimators import auto, boost, centring, exact
 from dpsub_dist.estimators import covariance as cov
 from dpsub_dist.estimators import sample_aggregate as sa
 from dpsub_dist.privacy.accountant import Accountant, Budget, parse_budget
@@ -325,10 +325,12 @@ def run_sample_aggregate(
     agg = sa.aggregate(
         summaries, config.method, accountant, grants, rng, seed, dim, q, config.scale
     )
-    if agg.point is not None and sa.is_null_release(
-        agg.point, sa.reference_points(seed, dim, q), k
-    ):
-        reason = {"failed_step": "null_check", "failure_reason": sa.NULL_RELEASE_REASON}
+    reference = sa.reference_points(seed, dim, q)
+    if agg.point is not None and sa.is_null_release(agg.point, reference, k):
+        reason = {
+            "failed_step": "null_check",
+            "failure_reason": sa.null_release_reason(agg, reference, k),
+        }
         agg = sa.Aggregate(None, {**agg.details, **reason})
     elif sa.is_spread_release(agg):
         reason = {"failed_step": "core_spread", "failure_reason": sa.CORE_SPREAD_REASON}
@@ -374,6 +376,7 @@ METHODS: dict[str, Runner] = {
     "gauss": cov.run_gauss,
     "gap-perturb": cov.run_gap_perturb,
     "exact": exact.run_exact,
+    "auto": auto.run_auto,
 }
 """Estimation methods by name; other estimator families register their runner here."""
 

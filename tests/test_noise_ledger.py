@@ -245,6 +245,7 @@ CASES = {
     "gap-perturb zcdp": _estimate("gap-perturb", *RHO, "--method", "gap-perturb", *COV),
     "gauss private norm": _estimate("gauss", *BUDGET, "--method", "gauss", "--center"),
     "gap-perturb private norm zcdp": _estimate("gap-perturb", *RHO, "--method", "gap-perturb"),
+    "auto": _estimate("auto", *BUDGET, "--method", "auto"),  # gauss, private norm, centred
     "exact": Case("exact", "api", "exact", (*BUDGET, "--method", "exact")),
     "exact zcdp": Case("exact", "api", "exact", (*RHO, "--method", "exact")),
     "boost": _estimate("boost", *BUDGET, "--boost", "2"),

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 SAMPLE_AGGREGATE = ("friendly", "histogram")
 
-CENTRED_BY_DEFAULT = (*SAMPLE_AGGREGATE, *COVARIANCE_METHODS)
+CENTRED_BY_DEFAULT = (*SAMPLE_AGGREGATE, *COVARIANCE_METHODS, "auto")
 """Methods whose estimate is meant to be PCA: centred unless ``--no-center`` (row level)."""
 
 CENTRING_SHARES = {"norm_bound": (0.05, 0.0), "mean": (MEAN_SHARE, MEAN_SHARE)}
