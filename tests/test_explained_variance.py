@@ -35,7 +35,7 @@ def table(tmp_path_factory) -> tuple[Path, np.ndarray]:
     return path, axes
 
 
-@pytest.mark.parametrize("method", ["friendly", "histogram"])
+@pytest.mark.parametrize("method", ["friendly", "histogram", "gap-perturb"])
 def test_explained_variance_is_released_ordered_and_close_to_the_truth(
     method: str, table, tmp_path: Path, scheduler_address: str
 ) -> None:
@@ -61,16 +61,18 @@ def test_explained_variance_is_released_ordered_and_close_to_the_truth(
 def test_projected_sums_and_the_release_draw_the_formula_sigma() -> None:
     basis = np.eye(3)[:, :2]
     rows = np.array([[3.0, 4.0, 0.0], [0.0, 0.0, 0.5]])  # the first is clipped to norm 1
-    np.testing.assert_allclose(var.projected_sums(rows, basis, 1.0), [0.36, 0.64, 1.25])
+    # upper triangle of Σ (Vᵀz)(Vᵀz)ᵀ: (0.6, 0.8) ⊗ (0.6, 0.8); then Σ ‖z‖² = 1 + 0.25
+    np.testing.assert_allclose(var.projected_sums(rows, basis, 1.0), [0.36, 0.48, 0.64, 1.25])
     grant = ApproxDP(0.5, 1e-5)
     with noise.draw_log() as draws:
-        release = var.private_variances(np.ones(3), 100, 2.0, grant, np.random.default_rng(0))
+        release = var.private_variances(np.ones(4), 100, 2.0, grant, np.random.default_rng(0))
     (draw,) = draws
     unit = 2.0**2 / 100  # C²/n
-    assert draw.kind == "gaussian" and draw.size == 3
+    assert draw.kind == "gaussian" and draw.size == 4
     assert draw.sensitivity == pytest.approx(math.sqrt(2.0) * unit)
     assert draw.scale == pytest.approx(gaussian_sigma(grant, math.sqrt(2.0)) * unit, rel=1e-12)
-    assert release.values.shape == (2,) and release.sensitivity == math.sqrt(2.0)
+    assert release.matrix.shape == (2, 2) and release.sensitivity == math.sqrt(2.0)
+    assert release.matrix[0, 1] == release.matrix[1, 0]
 
 
 @pytest.fixture()
@@ -88,7 +90,7 @@ def noise_factor(monkeypatch):
 
 @pytest.mark.slow  # 1.2·10⁵ exact discrete-Gaussian draws: ~2 minutes on 2 shared cores
 def test_variance_audit_catches_half_noise(noise_factor) -> None:
-    """Row v₁ replaced by the zero row: the sums move by (1, 1), L2 norm √2 = Δ. The event
+    """Row v₁ replaced by the zero row (k = 1): the sums move by (1, 1), L2 norm √2 = Δ. The event
     reads the sum of both noisy values, where the whole shift shows."""
     grant = ApproxDP(2.0, 1e-5)
     twin_spread = math.sqrt(2.0) * gaussian_sigma(grant, math.sqrt(2.0)) / 2
@@ -99,7 +101,7 @@ def test_variance_audit_catches_half_noise(noise_factor) -> None:
             lambda sums, rng: var.private_variances(sums, 1, 1.0, grant, rng),
             np.array([1.0, 1.0]),
             np.array([0.0, 0.0]),
-            lambda r: r.values[0] + r.total > 3.0 * twin_spread,
+            lambda r: r.matrix[0, 0] + r.total > 3.0 * twin_spread,
             30_000,
             1e-5,
         )

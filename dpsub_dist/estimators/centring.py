@@ -34,6 +34,7 @@ from dpsub_dist.estimators.covariance import (
     compute_norm_counts,
     released_variance,
 )
+from dpsub_dist.linalg import top_eigenvectors
 from dpsub_dist.privacy.accountant import Accountant, Budget
 from dpsub_dist.privacy.covariance import SENSITIVITY, gaussian_mean
 from dpsub_dist.privacy.norm_bound import private_norm_bound
@@ -83,11 +84,12 @@ def check_options(config: EstimateConfig) -> None:
 
 
 def plan_shares(
-    base: dict[str, tuple[float, float]], config: EstimateConfig
+    base: dict[str, tuple[float, float]], config: EstimateConfig, centre: bool = True
 ) -> dict[str, tuple[float, float]]:
-    """``base`` (the aggregator's shares) scaled down to make room for centring and variance."""
+    """``base`` (the estimator's shares) scaled down to make room for the centring steps
+    (unless ``centre`` is False: the base has them) and the explained variance (row level)."""
     before: dict[str, tuple[float, float]] = {}
-    if resolve_center(config):
+    if centre and resolve_center(config):
         before = dict(CENTRING_SHARES)
         if config.row_norm is not None:
             before.pop("norm_bound")
@@ -201,21 +203,22 @@ def explain(
     sums = sum_on_workers(tasks, client, label, progress)
     accountant.charge("explained_variance", grants["explained_variance"])
     release = private_variances(sums, dataset.n_rows, bound, grants["explained_variance"], rng)
-    order = np.argsort(-np.maximum(release.values, 0.0), kind="stable")
-    details = released_variance(release.values[order], release.total, 1.0, 1, "replace")
+    values, rotation = top_eigenvectors(release.matrix, basis.shape[1])  # descending
+    details = released_variance(values, release.total, 1.0, 1, "replace")
     details.update(
         explained_variance_note=VARIANCE_NOTE,
         variance_row_norm=bound,
         variance_sensitivity=release.sensitivity,
         variance_noise_sigma=release.sigma,
-        component_order="descending released explained variance",
+        component_order="principal axes of the released projected covariance, descending",
     )
-    return basis[:, order], details
+    return basis @ rotation, details
 
 
 VARIANCE_NOTE = (
-    "private (steps variance_norm_bound, explained_variance): Σ (v_iᵀz)² and Σ ‖z‖² over the "
-    "rows z = clip(x − mean, variance_row_norm) with Gaussian noise, divided by n, clipped at 0"
+    "private (steps variance_norm_bound, explained_variance): eigenvalues of the noisy k×k "
+    "Σ (Vᵀz)(Vᵀz)ᵀ and the noisy Σ ‖z‖² over the rows z = clip(x − mean, variance_row_norm), "
+    "divided by n, clipped at 0; the basis is rotated to that matrix's eigenvectors"
 )
 
 

@@ -160,14 +160,22 @@ def budget_plan(
     return steps
 
 
+def plan_shares(config: EstimateConfig) -> dict[str, tuple[float, float]]:
+    """:func:`budget_plan` for this run; gap-perturb also pays for its explained variance
+    (row level; gauss gets it free from its noisy matrix)."""
+    zcdp = isinstance(config.budget(), ZCDP)
+    shares = budget_plan(config.method, config.center, zcdp, config.row_norm is None)
+    if config.method == "gap-perturb":
+        from dpsub_dist.estimators import centring  # it imports this module
+
+        shares = centring.plan_shares(shares, config, centre=False)
+    return shares
+
+
 def plan_budget(config: EstimateConfig) -> tuple[Accountant, dict[str, Budget]]:
     """Split the run's budget between the steps; checked before any data is read."""
-    total = config.budget()
-    accountant = Accountant(total)
-    shares = budget_plan(
-        config.method, config.center, isinstance(total, ZCDP), config.row_norm is None
-    )
-    grants = accountant.split(shares)
+    accountant = Accountant(config.budget())
+    grants = accountant.split(plan_shares(config))
     if not accountant.can_afford(grants):
         raise InputError("the budget plan exceeds the budget: this is a bug, please report it")
     return accountant, grants
@@ -212,8 +220,8 @@ EXPLAINED_VARIANCE_NOTE = {
     "row_norm), clipped at 0; ratio to its trace: post-processing, no privacy cost",
     "add_remove": "ratio only (top eigenvalues of the released noisy matrix to its trace): "
     "the variance itself needs the row count, private at user level",
-    "gap-perturb": "not released: gap-perturb releases a noisy projector, whose eigenvalues "
-    "(about 1 and 0) say nothing of the variance; a private one would need its own budget",
+    "gap-perturb": "not released: no basis (⊥); a released basis gets a private explained "
+    "variance (steps variance_norm_bound, explained_variance: its projector has no variances)",
 }
 
 
@@ -297,7 +305,6 @@ def run_covariance(
     started = time.monotonic()
     timings: dict[str, float] = {}
     accountant, grants = plan_budget(config)
-    grants_total = accountant.total
     dataset = open_checked(config, open_dataset, client)
     relation = neighbours(config)
     # No rows is bad input at row level (n is public); at user level n is private, so an
@@ -343,6 +350,13 @@ def run_covariance(
         row_norm,
     )
     timings["aggregate_s"] = time.monotonic() - mark
+    if config.method == "gap-perturb":  # a projector has no variances: pay for them
+        mark = time.monotonic()
+        basis, variance = centring.explain(
+            config, basis, dataset, loader, accountant, grants, rng, client, progress
+        )
+        release.update(variance)
+        timings["explained_variance_s"] = time.monotonic() - mark
     timings["total_s"] = time.monotonic() - started
     parameters = {
         "row_norm": row_norm,
@@ -350,9 +364,7 @@ def run_covariance(
         "row_scaling": ROW_SCALING[relation],
         "clipped_rows": "not counted (a count would need its own privacy budget)",
         **centred,
-        "budget_shares": budget_plan(
-            config.method, config.center, isinstance(grants_total, ZCDP), config.row_norm is None
-        ),
+        "budget_shares": plan_shares(config),
         "partitions": len(dataset.parts),
     }
     manifest = build_manifest(
