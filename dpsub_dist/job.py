@@ -9,10 +9,12 @@ this runner → :mod:`dpsub_dist.methods` → :mod:`dpsub_dist.estimators` → {
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.estimators.boost import run_boosted
+from dpsub_dist.estimators.centring import resolve_center
 from dpsub_dist.estimators.clustering import run_clustering
 from dpsub_dist.estimators.common import EstimateResult, plan, progress_shown, versions
 from dpsub_dist.methods import REGISTRY, method_named
@@ -38,8 +40,15 @@ CLUSTER_METHODS = tuple(REGISTRY["cluster"])
 
 def plan_budget(config: EstimateConfig | ClusterConfig) -> tuple[Accountant, dict[str, Budget]]:
     """The run's accountant and each step's grant, from its method's declared plan."""
-    command = "cluster" if isinstance(config, ClusterConfig) else "estimate"
-    return plan(config, method_named(command, config.method).plan(config))
+    if isinstance(config, ClusterConfig):
+        return plan(config, method_named("cluster", config.method).plan(config))
+    config = with_defaults(config)
+    return plan(config, method_named("estimate", config.method).plan(config))
+
+
+def with_defaults(config: EstimateConfig) -> EstimateConfig:
+    """``config`` with the defaults that depend on other options filled in (centring)."""
+    return replace(config, center=resolve_center(config))
 
 
 def run_estimate(
@@ -55,6 +64,7 @@ def run_estimate(
     resumption; without it DP noise comes from OS entropy.
     """
     config.validate()
+    config = with_defaults(config)
     progress = progress_shown(config, progress)
     run = method_named("estimate", config.method).run
     if config.boost is not None:

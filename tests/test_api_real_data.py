@@ -95,12 +95,14 @@ def test_explained_variance_follows_the_released_noisy_matrix(monkeypatch, bump:
     assert (np.argmax(top) == 5 and top[5] > 0.99) == (bump > 0)
 
 
-def test_gap_perturb_and_friendly_give_no_explained_variance() -> None:
+def test_gap_perturb_pays_for_its_explained_variance() -> None:
     X, _ = shifted_low_rank()
-    est = gauss(method="gap-perturb").fit(X)
-    assert est.explained_variance_ is None and est.explained_variance_ratio_ is None
-    assert est.manifest_["release"]["explained_variance"] is None
-    assert "gap-perturb" in est.manifest_["release"]["explained_variance_note"]
+    est = gauss(method="gap-perturb").fit(X)  # its projector has no variances: two more steps
+    steps = [s["step"] for s in est.manifest_["privacy"]["budget"]["steps"]]
+    assert steps[-2:] == ["variance_norm_bound", "explained_variance"]
+    ratio = est.explained_variance_ratio_
+    assert ratio.shape == (RANK,) and ratio.sum() <= 1.0 and np.all(np.diff(ratio) <= 0)
+    assert est.explained_variance_ is not None
     assert est.mean_ is None
 
 

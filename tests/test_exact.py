@@ -486,7 +486,9 @@ def test_documented_scale_route_recovers_exact_low_rank_data(tmp_path):
         partitions=2,
         seed=5,
     )
-    config = EstimateConfig(rank=2, epsilon=1.0, delta=1e-6, method="histogram", scale=1e-3)
+    config = EstimateConfig(  # a subspace through 0, not PCA: uncentred (exact.SCALE_ROUTE)
+        rank=2, epsilon=1.0, delta=1e-6, method="histogram", scale=1e-3, center=False
+    )
     result = run_estimate(
         config, lambda client: parquet_dataset(str(data.path), None, None, {}, None), None
     )

@@ -54,6 +54,7 @@ GAP_MAX_SCORE_GAP = 2.0  # §5: each span score moves by ≤ 1, their gap by ≤
 SULQ_GRAM = 2.0  # §9: one unit-norm row moves between clusters' Grams
 TREE_NODE = math.sqrt(2.0)  # §8: Σ aaᵀ with ‖a‖ ≤ 1, replace one row
 NORM_COUNT = 1.0  # norm_bound: a replaced row moves each count #{‖x‖ ≤ grid_j} by ≤ 1
+VARIANCE_SUMS = math.sqrt(2.0)  # Σ ((v_iᵀz)², ‖z‖²) of norm-≤1 rows z, replace one row
 
 
 def _grant(step: dict[str, Any]) -> Budget:
@@ -96,9 +97,20 @@ def _projector_noise(run: Run, step: dict[str, Any]) -> list[float]:
 
 
 def _mean(run: Run, step: dict[str, Any]) -> list[float]:
-    """§7: σ for the row sum, drawn on the mean: scaled by row_norm/n (n public, row level)."""
-    unit = run.manifest["parameters"]["row_norm"] / run.manifest["n_rows"]
-    return [gaussian_sigma(_grant(step), ROW_SUM) * unit]
+    """§7: σ for the row sum, drawn on the mean: scaled by mean_row_norm/n (n public);
+    one per boosting group (each centres its own rows)."""
+    units = [p["mean_row_norm"] / n for p, n in run.parameters if p.get("center")]
+    return [gaussian_sigma(_grant(step), ROW_SUM) * unit for unit in units]
+
+
+def _explained_variance(run: Run, step: dict[str, Any]) -> list[float]:
+    """σ for the k + 1 sums, drawn on the variances: scaled by C²/n (C = variance_row_norm)."""
+    units = [
+        r["variance_row_norm"] ** 2 / n
+        for (_, n), r in zip(run.parameters, run.releases, strict=True)
+        if r.get("variance_row_norm")
+    ]
+    return [gaussian_sigma(_grant(step), VARIANCE_SUMS) * unit for unit in units]
 
 
 def _tree_node(run: Run, step: dict[str, Any]) -> list[float]:
@@ -114,6 +126,9 @@ STEP_SCALES: dict[str, Formula] = {
     "radius_search": lambda run, step: _sparse_vector(FRIEND_WEIGHT, step),
     "cell_search": lambda run, step: _sparse_vector(MAX_CELL_COUNT, step),
     "norm_bound": lambda run, step: _sparse_vector(NORM_COUNT, step),
+    "variance_norm_bound": lambda run, step: _sparse_vector(NORM_COUNT, step),
+    "centred_norm_bound": lambda run, step: _sparse_vector(NORM_COUNT, step),
+    "explained_variance": _explained_variance,
     "core_test": lambda run, step: [FRIEND_WEIGHT / laplace_epsilon(_grant(step))],
     "core_noise": _core_noise,
     "histogram": lambda run, step: [COUNT_VECTOR / laplace_epsilon(_grant(step))],
@@ -140,6 +155,13 @@ class Run:
     @property
     def steps(self) -> dict[str, dict[str, Any]]:
         return {s["step"]: s for s in self.manifest["privacy"]["budget"]["steps"]}
+
+    @property
+    def parameters(self) -> list[tuple[dict[str, Any], int]]:
+        """The run's parameters and n, and each boosting group's."""
+        groups = self.manifest["parameters"].get("group_runs", [])
+        runs = [(self.manifest["parameters"], self.manifest["n_rows"])]
+        return runs + [(g["parameters"], g["n_rows"]) for g in groups]
 
     @property
     def releases(self) -> list[dict[str, Any]]:
@@ -222,6 +244,7 @@ CASES = {
     "gap-perturb zcdp": _estimate("gap-perturb", *RHO, "--method", "gap-perturb", *COV),
     "gauss private norm": _estimate("gauss", *BUDGET, "--method", "gauss", "--center"),
     "gap-perturb private norm zcdp": _estimate("gap-perturb", *RHO, "--method", "gap-perturb"),
+    "auto": _estimate("auto", *BUDGET, "--method", "auto"),  # gauss, private norm, centred
     "exact": Case("exact", "api", "exact", (*BUDGET, "--method", "exact")),
     "exact zcdp": Case("exact", "api", "exact", (*RHO, "--method", "exact")),
     "boost": _estimate("boost", *BUDGET, "--boost", "2"),

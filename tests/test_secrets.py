@@ -138,7 +138,15 @@ def test_credentials_and_noise_seed_never_visible(
     assert (out / "basis.npy").exists()
     manifest = (out / "manifest.json").read_text()
     steps = json.loads(manifest)["privacy"]["budget"]["steps"]
-    assert [s["step"] for s in steps] == ["radius_search", "core_test", "core_noise"]
+    assert [s["step"] for s in steps] == [
+        "norm_bound",
+        "mean",
+        "radius_search",
+        "core_test",
+        "core_noise",
+        "variance_norm_bound",
+        "explained_variance",
+    ]
     assert json.loads(manifest)["release"]["noise_sigma"] > 0  # the Gaussian was drawn
     with Client(scheduler_address) as client:
         worker_logs = [m for records in client.get_worker_logs().values() for _, m in records]

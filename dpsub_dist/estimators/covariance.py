@@ -1,18 +1,22 @@
 """Covariance perturbation (DTTZ14; ALGORITHMS.md §7): ``--method gauss`` and ``gap-perturb``.
 
-Local half (:mod:`dpsub_dist.engine.gram`, on the workers): rows clipped to the public norm
-bound ``B`` and scaled by 1/B, per-partition ``XᵀX`` tree-reduced to one d×d matrix (plus the
-row sum when centring). Aggregate half (driver, :mod:`dpsub_dist.privacy.covariance`): an
-optional Gaussian mean for centring, then Analyze Gauss (Alg. 1) or subspace perturbation with a
+Local half (:mod:`dpsub_dist.engine.gram`, on the workers): rows clipped to the norm bound ``B``
+and scaled by 1/B, per-partition ``XᵀX`` tree-reduced to one d×d matrix. Aggregate half (driver,
+:mod:`dpsub_dist.privacy.covariance`): Analyze Gauss (Alg. 1) or subspace perturbation with a
 noisy eigengap (Alg. 2), and the top-k eigenvectors (post-processing).
 
+Centring (default at row level, :mod:`dpsub_dist.estimators.centring`): the private mean (steps
+``norm_bound`` and ``mean``) is released first and subtracted from every row on the workers;
+the Gram then sums the centred rows, clipped to their own bound (``centred_norm_bound`` when
+private). Subtracting ``n·μ̂μ̂ᵀ`` from the raw Gram instead would leave an error ``2n·μ·eᵀ``
+that grows with the mean's size. Centring needs the public row count, so it is row level only.
+
 Neighbours: replace one row (row level) or add/remove one user (``--unit-column``: each user's
-rows are scaled together so their squared norms sum to ≤ 1). Centring needs the public row count,
-so it is row level only.
+rows are scaled together so their squared norms sum to ≤ 1).
 
 Without ``--row-norm`` (row level only), ``B`` is chosen first under DP from a histogram of row
-norms over a public grid (:mod:`dpsub_dist.privacy.norm_bound`, step ``norm_bound``), published,
-and then used exactly like a public bound.
+norms over a public grid (:mod:`dpsub_dist.privacy.norm_bound`), published, and then used
+exactly like a public bound.
 """
 
 from __future__ import annotations
@@ -35,10 +39,9 @@ from dpsub_dist.privacy.covariance import (
     Neighbours,
     analyze_gauss,
     gap_perturbation,
-    gaussian_mean,
 )
 from dpsub_dist.privacy.noise import noise_rng
-from dpsub_dist.privacy.norm_bound import NORM_QUANTILE, norm_counts, private_norm_bound
+from dpsub_dist.privacy.norm_bound import NORM_QUANTILE, norm_counts
 
 if TYPE_CHECKING:
     from dpsub_dist.engine.sources import Dataset
@@ -78,7 +81,8 @@ def budget_plan(
     """Each step's (share of ε or ρ, share of δ); zCDP Gaussians need no δ, the gap test does.
 
     ``private_norm`` (no ``--row-norm``): the pure-DP ``norm_bound`` step first, NORM_SHARE of
-    ε or ρ and no δ, the other steps scaled by the rest.
+    ε or ρ and no δ, the other steps scaled by the rest. Centred, the share is split between
+    ``norm_bound`` (raw rows, for the mean) and ``centred_norm_bound`` (the rows the Gram sums).
     """
     delta_share = 0.0 if zcdp else 1.0
     if method == "gauss":
@@ -94,16 +98,27 @@ def budget_plan(
         steps = {"mean": (MEAN_SHARE, MEAN_SHARE * delta_share), **steps}
     if private_norm:
         rest = 1.0 - NORM_SHARE
-        steps = {"norm_bound": (NORM_SHARE, 0.0)} | {
-            name: (p * rest, q) for name, (p, q) in steps.items()
-        }
+        scaled = {name: (p * rest, q) for name, (p, q) in steps.items()}
+        if center:
+            half = (NORM_SHARE / 2, 0.0)
+            mean = scaled.pop("mean")
+            steps = {"norm_bound": half, "mean": mean, "centred_norm_bound": half, **scaled}
+        else:
+            steps = {"norm_bound": (NORM_SHARE, 0.0), **scaled}
     return steps
 
 
 def plan_shares(config: EstimateConfig) -> dict[str, tuple[float, float]]:
-    """This run's :func:`budget_plan` (the total's mode decides the δ shares)."""
+    """:func:`budget_plan` for this run; gap-perturb also pays for its explained variance
+    (row level; gauss gets it free from its noisy matrix)."""
     zcdp = config.rho is not None
-    return budget_plan(config.method, config.center, zcdp, config.row_norm is None)
+    shares = budget_plan(config.method, config.center, zcdp, config.row_norm is None)
+    if config.method == "gap-perturb":
+        from dpsub_dist.estimators import centring  # it imports this module
+
+        shares = centring.plan_shares(shares, config, centre=False)
+    return shares
+
 
 
 def released_variance(
@@ -145,8 +160,8 @@ EXPLAINED_VARIANCE_NOTE = {
     "row_norm), clipped at 0; ratio to its trace: post-processing, no privacy cost",
     "add_remove": "ratio only (top eigenvalues of the released noisy matrix to its trace): "
     "the variance itself needs the row count, private at user level",
-    "gap-perturb": "not released: gap-perturb releases a noisy projector, whose eigenvalues "
-    "(about 1 and 0) say nothing of the variance; a private one would need its own budget",
+    "gap-perturb": "not released: no basis (⊥); a released basis gets a private explained "
+    "variance (steps variance_norm_bound, explained_variance: its projector has no variances)",
 }
 
 
@@ -161,40 +176,22 @@ def release_basis(
     rng: np.random.Generator,
     row_norm: float = 1.0,
 ) -> tuple[np.ndarray | None, dict[str, Any]]:
-    """Driver half: private mean (if centring), Alg. 1 or Alg. 2, top-k eigenvectors.
-
-    The mean is released in input units (``row_norm`` × the scaled rows' mean), on the noise
-    grid; the centring shift is computed from that released mean (post-processing).
-    """
+    """Driver half: Alg. 1 or Alg. 2 and the top-k eigenvectors. When centring, the rows were
+    centred by the released mean before the Gram (:func:`run_covariance`)."""
     sens = SENSITIVITY[relation]
     details: dict[str, Any] = {"neighbours": relation}
-    shift = 0.0
-    if summary.row_sum is not None:
-        if sens.row_sum is None:
-            raise InputError("centring is not available at user level: drop --center")
-        accountant.charge("mean", grants["mean"])
-        mean = gaussian_mean(
-            summary.row_sum, n_rows, grants["mean"], sens.row_sum, rng, unit=row_norm
-        )
-        scaled = mean.mean / row_norm
-        shift = n_rows * np.outer(scaled, scaled)
-        details.update(mean_sensitivity=mean.sensitivity, mean_noise_sigma=mean.sigma)
-        details["mean"] = mean.mean.tolist()
-        details["mean_note"] = "private mean of the rows clipped to norm ≤ row_norm, input units"
     if method == "gauss":
         accountant.charge("gram_noise", grants["gram_noise"])
         noisy = analyze_gauss(summary.gram, grants["gram_noise"], sens.gram, rng)
         details.update(gram_sensitivity=noisy.sensitivity, gram_noise_sigma=noisy.sigma)
-        released = noisy.matrix - shift  # from released values only: noisy Gram, noisy mean
-        values, basis = top_eigenvectors(released, rank)
-        details.update(
-            released_variance(values, float(np.trace(released)), row_norm, n_rows, relation)
-        )
+        values, basis = top_eigenvectors(noisy.matrix, rank)
+        trace = float(np.trace(noisy.matrix))
+        details.update(released_variance(values, trace, row_norm, n_rows, relation))
         return basis, details
     accountant.charge("gap_test", grants["gap_test"])
     accountant.charge("projector_noise", grants["projector_noise"])
     release = gap_perturbation(
-        summary.gram - shift, rank, grants["gap_test"], grants["projector_noise"], relation, rng
+        summary.gram, rank, grants["gap_test"], grants["projector_noise"], relation, rng
     )
     details.update(
         noisy_gap=release.noisy_gap,
@@ -254,25 +251,26 @@ def run_covariance(
         raise InputError(f"{dataset.input} has no rows: pass a dataset with at least one row")
     timings["inspect_s"] = time.monotonic() - started
     rng = noise_rng(noise_seed)
+    from dpsub_dist.estimators import centring  # it imports this module's norm pass
+
+    mark = time.monotonic()
+    # Centred: the private mean first, subtracted from every row on the workers; the Gram
+    # then sums the centred rows, clipped to their own bound (docs/centring.md).
+    loader, centred, mean_release = centring.centre(
+        config, dataset, accountant, grants, rng, client, progress
+    )
     if config.row_norm is None:
-        mark = time.monotonic()
-        counts = compute_norm_counts(dataset.parts, dataset.loader, client, progress)
-        accountant.charge("norm_bound", grants["norm_bound"])
-        row_norm = private_norm_bound(counts, dataset.n_rows, grants["norm_bound"], rng).bound
-        norm_source = NORM_SOURCE
-        timings["norm_bound_s"] = time.monotonic() - mark
+        step = "centred_norm_bound" if config.center else "norm_bound"
+        args = (dataset, loader, accountant, grants, rng, client, progress)
+        row_norm = centring.private_bound(step, *args)
+        norm_source = NORM_SOURCE + (" of the centred rows" if config.center else "")
     else:
         row_norm, norm_source = float(config.row_norm), "public (--row-norm)"
+    timings["norm_bound_s"] = time.monotonic() - mark
     mark = time.monotonic()
     if dataset.parts:
         summary = compute_gram(
-            dataset.parts,
-            dataset.loader,
-            row_norm,
-            config.center,
-            relation == "add_remove",
-            client,
-            progress,
+            dataset.parts, loader, row_norm, False, relation == "add_remove", client, progress
         )
     else:
         summary = GramSummary(np.zeros((dataset.dim, dataset.dim)))
@@ -290,18 +288,31 @@ def run_covariance(
         row_norm,
     )
     timings["aggregate_s"] = time.monotonic() - mark
+    if config.method == "gap-perturb":  # a projector has no variances: pay for them
+        mark = time.monotonic()
+        basis, variance = centring.explain(
+            config, basis, dataset, loader, accountant, grants, rng, client, progress
+        )
+        release.update(variance)
+        timings["explained_variance_s"] = time.monotonic() - mark
     timings["total_s"] = time.monotonic() - started
     parameters = {
         "row_norm": row_norm,
         "row_norm_source": norm_source,
         "row_scaling": ROW_SCALING[relation],
         "clipped_rows": "not counted (a count would need its own privacy budget)",
-        "center": config.center,
+        **centred,
         "budget_shares": plan_shares(config),
         "partitions": len(dataset.parts),
     }
     manifest = build_manifest(
-        config, dataset, accountant, basis is not None, parameters, release, summary.nbytes
+        config,
+        dataset,
+        accountant,
+        basis is not None,
+        parameters,
+        {**mean_release, **release},
+        summary.nbytes + (8 * dataset.dim if config.center else 0),  # + the row sum
     )
     manifest["privacy"].pop("assignment", None)  # no subsets in this family
     return EstimateResult(basis, manifest, timings)

@@ -12,7 +12,7 @@ snap's offsets) from the private generator, so no private seed enters the task g
 and it never receives rows.
 
 Exactly low-rank data at scale: use the approximate-case pipeline with a tiny cell,
-``dpsub estimate --method histogram --cell-side 1e-3`` (sample and aggregate, §1,
+``dpsub estimate --method histogram --cell-side 1e-3 --no-center`` (sample and aggregate, §1,
 with the shifted-grid histogram, §2). Every subset of exactly rank-k rows yields the
 same ``y_j = vec(Π R)`` up to rounding, so the histogram's largest cell holds all
 subsets but those hit by outliers; ℓ outliers spoil at most ℓ subsets.
@@ -68,7 +68,7 @@ FAILURE_REASONS = {
     "null": "no span of the data holds clearly more points than the NULL score",
 }
 
-SCALE_ROUTE = "--method histogram with a small --cell-side (e.g. 1e-3)"
+SCALE_ROUTE = "--method histogram with a small --cell-side (e.g. 1e-3) and --no-center"
 
 
 def check_size(n_rows: int, rank: int) -> int:

@@ -55,10 +55,26 @@ HISTOGRAM_SEARCH_FRACTION = 0.1
 smaller sides mean less rounding error, and the histogram only needs ~2τ points per cell.
 Measured at n = 200k, d = 50, k = 4 (README): 0.8 gave ⊥ in 3/3 runs, 0.1 errors 0.3–0.9."""
 
+TRY = "try --method gauss, more rows, or a larger ε"
+"""What helps whenever the subsets' estimates do not agree privately."""
+
 CORE_SPREAD_REASON = (
     "the friend radius is as large as the subsets' projected points: the subsets disagree "
-    "on the subspace (too few rows per subset, or data not close to a rank-k subspace)"
+    f"on the subspace (too few rows per subset, or no clear gap after rank k); {TRY}"
 )
+
+FAILURE_REASONS = {
+    "radius_search": "the private radius search found no friend radius at which most subsets "
+    f"agree: their estimates are spread out (too few rows per subset, or no clear gap after "
+    f"rank k); {TRY}",
+    "core_test": "the noisy core weight was below t/4: too few subsets agree within the chosen "
+    f"radius; {TRY}",
+    "cell_search": "the private cell-side search found no cell holding a tenth of the subsets: "
+    f"their estimates are spread out; {TRY} (friendly needs less agreement)",
+    "histogram": "no cell's noisy count cleared the stability threshold: too few subsets fall in "
+    f"one cell; {TRY} (friendly needs less agreement)",
+}
+"""Why each aggregator step can return ⊥, and what to try (facts about released values)."""
 
 GRID_SPAN = 1e7
 """Ratio of the largest to the smallest radius/side on the public search grid."""
@@ -229,7 +245,7 @@ def _aggregate_friendly(summaries, accountant, grants, rng, reference, radius) -
         radius = choose_radius(sq_dists, grid, grants["radius_search"], rng)
         details["radius_chosen_privately"] = True
         if radius is None:
-            return Aggregate(None, {**details, "failed_step": "radius_search"})
+            return Aggregate(None, {**details, **_failure("radius_search")})
     details["radius"] = radius
     accountant.charge("core_test", grants["core_test"])
     accountant.charge("core_noise", grants["core_noise"])
@@ -242,7 +258,7 @@ def _aggregate_friendly(summaries, accountant, grants, rng, reference, radius) -
         noise_sigma=release.sigma,
     )
     if release.point is None:
-        details["failed_step"] = "core_test"
+        details.update(_failure("core_test"))
     return Aggregate(release.point, details)
 
 
@@ -261,20 +277,40 @@ def _aggregate_histogram(summaries, accountant, grants, rng, reference, seed, si
         )
         details["cell_side_chosen_privately"] = True
         if side is None:
-            return Aggregate(None, {**details, "failed_step": "cell_search"})
+            return Aggregate(None, {**details, **_failure("cell_search")})
     details["cell_side"] = side
     accountant.charge("histogram", grants["histogram"])
     release = shifted_grid_histogram(summaries, side, offset, grants["histogram"], rng)
     details.update(noisy_count=release.noisy_count, count_threshold=release.threshold)
     if release.point is None:
-        details["failed_step"] = "histogram"
+        details.update(_failure("histogram"))
     return Aggregate(release.point, details)
 
 
+def _failure(step: str) -> dict[str, str]:
+    return {"failed_step": step, "failure_reason": FAILURE_REASONS[step]}
+
+
 NULL_RELEASE_REASON = (
-    "the release is the null point of rank-deficient subsets (most subsets have fewer than "
-    "rank independent directions): lower --rank, or use fewer --subsets so each has more rows"
+    "the aggregate is closer to the null point than to the rank-k projection it encodes: most "
+    "subsets either had fewer than rank independent directions (lower --rank, or use fewer "
+    f"--subsets so each has more rows) or disagree ({TRY})"
 )
+
+NOISE_RELEASE_REASON = (
+    "the released point is mostly the aggregator's Gaussian noise, which is as large as a real "
+    f"projection would be: the agreeing core is too small for the budget; {TRY}"
+)
+
+
+def null_release_reason(agg: Aggregate, reference: np.ndarray, rank: int) -> str:
+    """Why ŷ failed :func:`is_null_release`, from released and public values only: the noise's
+    expected energy σ²·D·q against a real projection's, ‖ΠR‖² ≈ k·q for R's N(0, 1) entries.
+    Noise that large explains ŷ; smaller noise means the core averaged to ≈ 0 itself."""
+    sigma = agg.details.get("noise_sigma") or 0.0
+    if sigma**2 * reference.size >= 0.25 * rank * reference.shape[1]:
+        return NOISE_RELEASE_REASON
+    return NULL_RELEASE_REASON
 
 
 def is_null_release(point: np.ndarray, reference: np.ndarray, rank: int) -> bool:

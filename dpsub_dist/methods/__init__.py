@@ -15,6 +15,7 @@ from typing import Any
 
 from dpsub_dist.errors import InputError
 from dpsub_dist.methods import (
+    auto,
     boost,
     cluster_sample_aggregate,
     exact,
@@ -30,7 +31,14 @@ from dpsub_dist.methods.spec import Method, Modifier, Param
 REGISTRY: dict[str, dict[str, Method]] = {
     "estimate": {
         m.name: m
-        for m in (friendly.METHOD, histogram.METHOD, gauss.METHOD, gap_perturb.METHOD, exact.METHOD)
+        for m in (
+            friendly.METHOD,
+            histogram.METHOD,
+            gauss.METHOD,
+            gap_perturb.METHOD,
+            exact.METHOD,
+            auto.METHOD,
+        )
     },
     "cluster": {m.name: m for m in (cluster_sample_aggregate.METHOD, sulq.METHOD, gibbs.METHOD)},
 }
@@ -132,7 +140,8 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     for param in declared(command).values():
         text = f"{param.help} [--method {'/'.join(users(command, param))}]"
         if param.kind is bool:
-            group.add_argument(param.flag, action="store_true", default=None, help=text)
+            action = argparse.BooleanOptionalAction  # --center / --no-center
+            group.add_argument(param.flag, action=action, default=None, help=text)
         elif param.choices:
             group.add_argument(param.flag, choices=param.choices, default=None, help=text)
         else:

@@ -16,6 +16,7 @@ from dpsub_dist.engine.subsets import (
     compute_subset_summaries_from_grams,
 )
 from dpsub_dist.errors import InputError
+from dpsub_dist.estimators import centring
 from dpsub_dist.estimators import sample_aggregate as sa
 from dpsub_dist.estimators.common import (
     EstimateResult,
@@ -60,6 +61,18 @@ PLAN_PARAMS = (SUBSETS, REF_POINTS, ASSIGN)
 def budget_plan(config: Any) -> dict[str, tuple[float, float]]:
     """The aggregator's steps (a public radius or cell side skips its private search)."""
     return sa.budget_plan(config.method, config.scale is not None)
+
+
+def estimate_plan(config: Any) -> dict[str, tuple[float, float]]:
+    """``dpsub estimate``'s plan: the aggregator's steps, scaled to make room for private
+    centring and the explained variance (:func:`dpsub_dist.estimators.centring.plan_shares`)."""
+    return centring.plan_shares(budget_plan(config), config)
+
+
+def check_estimate(config: Any) -> None:
+    """:func:`check_plan` and the centring options' cross-checks."""
+    check_plan(config)
+    centring.check_options(config)
 
 
 def check_plan(config: Any, rank: int | None = None) -> None:
@@ -109,7 +122,7 @@ def run_sample_aggregate(
     """Sample and aggregate (ALGORITHMS.md §1–§4) with the friendly or histogram aggregator."""
     started = time.monotonic()
     timings: dict[str, float] = {}
-    accountant, grants = plan(config, budget_plan(config))
+    accountant, grants = plan(config, estimate_plan(config))
     dataset = open_checked(config, open_dataset, client)
     timings["inspect_s"] = time.monotonic() - started
     dim, k, n = dataset.dim, config.rank, dataset.n_rows
@@ -138,28 +151,40 @@ def run_sample_aggregate(
         buckets=choose_buckets(n, dim, t, client),
     )
     step = sa.ProjectedReferenceStep(rank=k, dim=dim, ref_points=q, seed=seed)
+    rng = noise_rng(noise_seed)
+    mark = time.monotonic()
+    loader, centred, mean_release = centring.centre(
+        config, dataset, accountant, grants, rng, client, progress
+    )
+    timings["centre_s"] = time.monotonic() - mark
     mark = time.monotonic()
     route = local_route(subset_plan, dim)
     summaries = LOCAL_ROUTES[route](
-        dataset.parts, dataset.offsets, dataset.loader, subset_plan, step, client, progress
+        dataset.parts, dataset.offsets, loader, subset_plan, step, client, progress
     )
     timings["local_steps_s"] = time.monotonic() - mark
 
     mark = time.monotonic()
-    rng = noise_rng(noise_seed)
     agg = sa.aggregate(
         summaries, config.method, accountant, grants, rng, seed, dim, q, config.scale
     )
-    if agg.point is not None and sa.is_null_release(
-        agg.point, sa.reference_points(seed, dim, q), k
-    ):
-        reason = {"failed_step": "null_check", "failure_reason": sa.NULL_RELEASE_REASON}
+    reference = sa.reference_points(seed, dim, q)
+    if agg.point is not None and sa.is_null_release(agg.point, reference, k):
+        reason = {
+            "failed_step": "null_check",
+            "failure_reason": sa.null_release_reason(agg, reference, k),
+        }
         agg = sa.Aggregate(None, {**agg.details, **reason})
     elif sa.is_spread_release(agg):
         reason = {"failed_step": "core_spread", "failure_reason": sa.CORE_SPREAD_REASON}
         agg = sa.Aggregate(None, {**agg.details, **reason})
     basis = None if agg.point is None else sa.basis_from_aggregate(agg.point, dim, q, k)
     timings["aggregate_s"] = time.monotonic() - mark
+    mark = time.monotonic()
+    basis, variance = centring.explain(
+        config, basis, dataset, loader, accountant, grants, rng, client, progress
+    )
+    timings["explained_variance_s"] = time.monotonic() - mark
     timings["total_s"] = time.monotonic() - started
     parameters = {
         "subsets": t,
@@ -167,7 +192,8 @@ def run_sample_aggregate(
         "assign": "unit-hash" if config.unit_column else config.assign,
         "public_seed": seed,
         "scale_given": config.scale,
-        "budget_shares": budget_plan(config),
+        "budget_shares": estimate_plan(config),
+        **centred,
         "local_route": route,
         "shuffle_buckets": subset_plan.buckets if route == "row shuffle" else None,
         "partitions": len(dataset.parts),
@@ -178,7 +204,7 @@ def run_sample_aggregate(
         accountant,
         basis is not None,
         parameters,
-        agg.details,
+        {**mean_release, **agg.details, **variance},
         int(summaries.nbytes),
     )
     return EstimateResult(basis, manifest, timings)

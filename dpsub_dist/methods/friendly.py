@@ -1,10 +1,11 @@
 """``--method friendly`` (default): sample and aggregate with the friendly-core aggregator
 (ALGORITHMS.md §1–§3)."""
 
+from dpsub_dist.methods._centring import CENTRING_PARAMS
 from dpsub_dist.methods._sample_aggregate import (
     PLAN_PARAMS,
-    budget_plan,
-    check_plan,
+    check_estimate,
+    estimate_plan,
     run_sample_aggregate,
 )
 from dpsub_dist.methods.spec import Method, Param, positive
@@ -24,8 +25,8 @@ METHOD = Method(
     name="friendly",
     command="estimate",
     summary="sample and aggregate, friendly-core aggregator (default)",
-    params=(*PLAN_PARAMS, RADIUS),
+    params=(*PLAN_PARAMS, RADIUS, *CENTRING_PARAMS),
     run=run_sample_aggregate,
-    plan=budget_plan,
-    check=check_plan,
+    plan=estimate_plan,
+    check=check_estimate,
 )

@@ -5,27 +5,10 @@ from typing import Any
 
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import covariance as cov
-from dpsub_dist.methods.spec import Method, Param, positive
+from dpsub_dist.methods._centring import CENTRING_PARAMS
+from dpsub_dist.methods.spec import Method
 
-ROW_NORM = Param(
-    "row_norm",
-    float,
-    "public bound B, longer rows are scaled down to B (default: chosen privately from the "
-    "data with 10%% of the budget; required with --unit-column)",
-    need="a positive finite number",
-    fix="e.g. 10",
-    valid=positive,
-    example=10.0,
-)
-CENTER = Param(
-    "center",
-    bool,
-    "centre with a private mean (row level)",
-    need="true or false",
-    default=False,
-    example=True,
-)
-COVARIANCE_PARAMS = (ROW_NORM, CENTER)
+COVARIANCE_PARAMS = CENTRING_PARAMS
 
 
 def check_covariance(config: Any) -> None:

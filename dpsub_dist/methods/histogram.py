@@ -1,10 +1,11 @@
 """``--method histogram``: sample and aggregate with the histogram aggregator (ALGORITHMS.md
 §1, §2, §4)."""
 
+from dpsub_dist.methods._centring import CENTRING_PARAMS
 from dpsub_dist.methods._sample_aggregate import (
     PLAN_PARAMS,
-    budget_plan,
-    check_plan,
+    check_estimate,
+    estimate_plan,
     run_sample_aggregate,
 )
 from dpsub_dist.methods.spec import Method, Param, positive
@@ -24,8 +25,8 @@ METHOD = Method(
     name="histogram",
     command="estimate",
     summary="sample and aggregate, histogram aggregator",
-    params=(*PLAN_PARAMS, CELL_SIDE),
+    params=(*PLAN_PARAMS, CELL_SIDE, *CENTRING_PARAMS),
     run=run_sample_aggregate,
-    plan=budget_plan,
-    check=check_plan,
+    plan=estimate_plan,
+    check=check_estimate,
 )

@@ -1,0 +1,226 @@
+"""Private centring and private explained variance for sample and aggregate (friendly, histogram).
+
+Centring (row level): a private row-norm bound ``B`` (:mod:`dpsub_dist.privacy.norm_bound`, step
+``norm_bound``; skipped with a public ``--row-norm``), then the Gaussian mean of the rows
+clipped to ``B`` (:func:`dpsub_dist.privacy.covariance.gaussian_mean`, step ``mean``: the same
+mechanism as gauss's ``--center``). The released mean ``μ̂`` is subtracted from every row on the
+workers before the local step. Privacy by composition: ``μ̂`` is a DP release, and for any fixed
+public ``μ̂`` the map ``x ↦ x − μ̂`` is applied row by row, so replacing one row still changes one
+subset's summary and the aggregator's argument holds unchanged.
+
+Explained variance (row level): after the basis is released, a private bound ``C`` on the norms
+of the centred rows (step ``variance_norm_bound``), then a Gaussian on the k squared projections
+and the squared norm of the rows clipped to ``C`` (:mod:`dpsub_dist.privacy.variance`, step
+``explained_variance``). Components are ordered by the released variances (post-processing).
+
+User level: the mean needs a count, private there, and both sums move by a user's row count:
+centring is refused (``--center``) or off (default), and no explained variance is released.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import dask
+import numpy as np
+
+from dpsub_dist.engine.gram import clip_rows, sum_on_workers
+from dpsub_dist.errors import InputError
+from dpsub_dist.estimators.covariance import (
+    COVARIANCE_METHODS,
+    MEAN_SHARE,
+    NORM_SOURCE,
+    compute_norm_counts,
+    released_variance,
+)
+from dpsub_dist.linalg import top_eigenvectors
+from dpsub_dist.privacy.accountant import Accountant, Budget
+from dpsub_dist.privacy.covariance import SENSITIVITY, gaussian_mean
+from dpsub_dist.privacy.norm_bound import private_norm_bound
+from dpsub_dist.privacy.variance import private_variances, projected_sums
+
+if TYPE_CHECKING:
+    from dpsub_dist.engine.sources import Dataset
+    from dpsub_dist.job import EstimateConfig
+
+SAMPLE_AGGREGATE = ("friendly", "histogram")
+
+CENTRED_BY_DEFAULT = (*SAMPLE_AGGREGATE, *COVARIANCE_METHODS, "auto")
+"""Methods whose estimate is meant to be PCA: centred unless ``--no-center`` (row level)."""
+
+CENTRING_SHARES = {"norm_bound": (0.05, 0.0), "mean": (MEAN_SHARE, MEAN_SHARE)}
+"""(ε or ρ share, δ share) of the centring steps in sample and aggregate (``norm_bound`` only
+without ``--row-norm``); the mean takes gauss's share. The mean's error ``e`` enters every
+subset's Gram as ``−m(m_j eᵀ + e m_jᵀ)``, with ``m_j`` the subset's own mean: measured on
+near-low-rank data (docs/centring.md) a 6% share doubled the friend radius, 20% did not."""
+
+
+VARIANCE_SHARES = {"variance_norm_bound": (0.03, 0.0), "explained_variance": (0.07, 0.05)}
+"""Budget of the explained-variance steps (row level, after the basis is released)."""
+
+
+def resolve_center(config: EstimateConfig) -> bool:
+    """``--center``/``--no-center`` as given; by default on at row level for the PCA methods."""
+    if config.center is not None:
+        return bool(config.center)
+    return config.unit_column is None and config.method in CENTRED_BY_DEFAULT
+
+
+def check_options(config: EstimateConfig) -> None:
+    """Centring options of friendly/histogram (public facts: exit 2, nothing read)."""
+    if config.method not in SAMPLE_AGGREGATE:
+        return
+    if config.center and config.unit_column:
+        raise InputError(
+            "--center is row level only: the private mean needs the row count, which is private "
+            "at user level; drop --center (or pass --no-center) with --unit-column"
+        )
+    if config.row_norm is not None and not resolve_center(config):
+        raise InputError(
+            f"--row-norm bounds the rows for the private mean: it needs centring with "
+            f"--method {config.method}; drop --row-norm or --no-center"
+        )
+
+
+def plan_shares(
+    base: dict[str, tuple[float, float]], config: EstimateConfig, centre: bool = True
+) -> dict[str, tuple[float, float]]:
+    """``base`` (the estimator's shares) scaled down to make room for the centring steps
+    (unless ``centre`` is False: the base has them) and the explained variance (row level)."""
+    before: dict[str, tuple[float, float]] = {}
+    if centre and resolve_center(config):
+        before = dict(CENTRING_SHARES)
+        if config.row_norm is not None:
+            before.pop("norm_bound")
+    after = VARIANCE_SHARES if config.unit_column is None else {}
+    extra = [*before.values(), *after.values()]
+    rest_p = 1.0 - sum(p for p, _ in extra)
+    rest_q = 1.0 - sum(q for _, q in extra)
+    scaled = {name: (p * rest_p, q * rest_q) for name, (p, q) in base.items()}
+    return {**before, **scaled, **after}
+
+
+@dataclass(frozen=True)
+class CentredLoader:
+    """The dataset's loader, with the released mean subtracted from every row (on a worker)."""
+
+    loader: Any
+    mean: np.ndarray
+
+    def __call__(self, part: Any) -> tuple[np.ndarray, Any]:
+        rows, units = self.loader(part)
+        return np.asarray(rows, dtype=np.float64) - self.mean, units
+
+
+def private_bound(
+    step: str,
+    dataset: Dataset,
+    loader: Any,
+    accountant: Accountant,
+    grants: dict[str, Budget],
+    rng: np.random.Generator,
+    client: Any | None,
+    progress: bool,
+) -> float:
+    """The private row-norm bound of ``loader``'s rows, charged as ``step`` (norm_bound.py)."""
+    counts = compute_norm_counts(dataset.parts, loader, client, progress)
+    accountant.charge(step, grants[step])
+    return private_norm_bound(counts, dataset.n_rows, grants[step], rng).bound
+
+
+def centre(
+    config: EstimateConfig,
+    dataset: Dataset,
+    accountant: Accountant,
+    grants: dict[str, Budget],
+    rng: np.random.Generator,
+    client: Any | None,
+    progress: bool,
+) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """The loader the local step reads (centred or not), the parameters and the release."""
+    if not resolve_center(config):
+        return dataset.loader, {"center": False, "center_note": UNCENTRED_NOTE}, {}
+    if config.row_norm is None:
+        args = (dataset, dataset.loader, accountant, grants, rng, client, progress)
+        bound, source = private_bound("norm_bound", *args), NORM_SOURCE
+    else:
+        bound, source = float(config.row_norm), "public (--row-norm)"
+    total = dask.delayed(_clipped_row_sum, pure=True)
+    tasks = [total(dataset.loader, bound, part) for part in dataset.parts]
+    label = f"{len(tasks)} partitions → clipped row sum"
+    row_sum = sum_on_workers(tasks, client, label, progress)
+    accountant.charge("mean", grants["mean"])
+    sens = SENSITIVITY["replace"].row_sum
+    mean = gaussian_mean(row_sum, dataset.n_rows, grants["mean"], sens, rng, unit=bound)
+    parameters = {"center": True, "mean_row_norm": bound, "mean_row_norm_source": source}
+    release = {
+        "mean": mean.mean.tolist(),
+        "mean_note": "private mean of the rows clipped to norm ≤ mean_row_norm, input units; "
+        "subtracted from every row before the estimate",
+        "mean_sensitivity": mean.sensitivity,
+        "mean_noise_sigma": mean.sigma,
+    }
+    return CentredLoader(dataset.loader, mean.mean), parameters, release
+
+
+UNCENTRED_NOTE = (
+    "uncentred: the basis spans the top directions of the raw second moment E[xxᵀ], which on "
+    "data with a mean far from 0 is close to the mean's direction, not the principal components"
+)
+
+
+def _clipped_row_sum(loader: Any, bound: float, part: Any) -> np.ndarray:
+    return clip_rows(loader(part)[0], bound).sum(axis=0)
+
+
+def explain(
+    config: EstimateConfig,
+    basis: np.ndarray | None,
+    dataset: Dataset,
+    loader: Any,
+    accountant: Accountant,
+    grants: dict[str, Budget],
+    rng: np.random.Generator,
+    client: Any | None,
+    progress: bool,
+) -> tuple[np.ndarray | None, dict[str, Any]]:
+    """Private explained variance of a released basis; the basis re-ordered by it."""
+    if basis is None:
+        return None, {}
+    if config.unit_column is not None:
+        return basis, {
+            "explained_variance": None,
+            "explained_variance_ratio": None,
+            "explained_variance_note": "not released at user level: the sums move by a user's "
+            "row count and n is private",
+        }
+    args = (dataset, loader, accountant, grants, rng, client, progress)
+    bound = private_bound("variance_norm_bound", *args)
+    part_sums = dask.delayed(_projected_sums, pure=True)
+    tasks = [part_sums(loader, basis, bound, part) for part in dataset.parts]
+    label = f"{len(tasks)} partitions → projected variances"
+    sums = sum_on_workers(tasks, client, label, progress)
+    accountant.charge("explained_variance", grants["explained_variance"])
+    release = private_variances(sums, dataset.n_rows, bound, grants["explained_variance"], rng)
+    values, rotation = top_eigenvectors(release.matrix, basis.shape[1])  # descending
+    details = released_variance(values, release.total, 1.0, 1, "replace")
+    details.update(
+        explained_variance_note=VARIANCE_NOTE,
+        variance_row_norm=bound,
+        variance_sensitivity=release.sensitivity,
+        variance_noise_sigma=release.sigma,
+        component_order="principal axes of the released projected covariance, descending",
+    )
+    return basis @ rotation, details
+
+
+VARIANCE_NOTE = (
+    "private (steps variance_norm_bound, explained_variance): eigenvalues of the noisy k×k "
+    "Σ (Vᵀz)(Vᵀz)ᵀ and the noisy Σ ‖z‖² over the rows z = clip(x − mean, variance_row_norm), "
+    "divided by n, clipped at 0; the basis is rotated to that matrix's eigenvectors"
+)
+
+
+def _projected_sums(loader: Any, basis: np.ndarray, bound: float, part: Any) -> np.ndarray:
+    return projected_sums(loader(part)[0], basis, bound)

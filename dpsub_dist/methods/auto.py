@@ -1,0 +1,53 @@
+"""``--method auto``: the estimator chosen from public facts only (the rule and its measurements:
+:mod:`dpsub_dist.estimators.auto`, docs/auto.md), then run with the whole budget."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from dpsub_dist.engine.sources import Dataset
+from dpsub_dist.estimators.auto import choose
+from dpsub_dist.estimators.common import EstimateResult, open_checked
+from dpsub_dist.methods._centring import CENTRING_PARAMS
+from dpsub_dist.methods._sample_aggregate import PLAN_PARAMS
+from dpsub_dist.methods.friendly import METHOD as FRIENDLY
+from dpsub_dist.methods.friendly import RADIUS
+from dpsub_dist.methods.gauss import METHOD as GAUSS
+from dpsub_dist.methods.spec import Method
+
+CHOICES = {method.name: method for method in (FRIENDLY, GAUSS)}
+"""The methods the rule chooses between."""
+
+
+def run_auto(
+    config: Any,
+    open_dataset: Callable[[Any], Dataset],
+    client: Any | None,
+    progress: bool,
+    noise_seed: int | None,
+) -> EstimateResult:
+    """Open the footers, choose (public facts only), run the chosen method with the budget."""
+    dataset = open_checked(config, open_dataset, client)
+    name, reason = choose(config, dataset.dim)
+    chosen = dataclasses.replace(config, method=name)
+    chosen.validate()
+    result = CHOICES[name].run(chosen, lambda _client: dataset, client, progress, noise_seed)
+    result.manifest["method_choice"] = {
+        "requested": "auto",
+        "chosen": name,
+        "reason": reason,
+        "inputs": "the options given and D (public); no data and no private statistic",
+    }
+    return result
+
+
+METHOD = Method(
+    name="auto",
+    command="estimate",
+    summary="gauss or friendly, chosen from public facts (docs/auto.md)",
+    params=(*PLAN_PARAMS, RADIUS, *CENTRING_PARAMS),
+    run=run_auto,
+    plan=lambda config: {},  # spends nothing itself: the chosen method's plan applies
+)

@@ -1,0 +1,88 @@
+"""Private explained variance of a released basis (row level): a Gaussian on a k×k matrix.
+
+Given a basis ``V = (v_1 … v_k)`` that is already released (public for this step), a public
+centre ``μ̂`` (a released mean, or 0) and a clipping bound ``C`` (released by a private
+norm-bound step), every row contributes
+
+    u(x) = (upper triangle of P_z, ‖z‖²),   P_z = (Vᵀz)(Vᵀz)ᵀ,   z = clip(x − μ̂, C) / C,
+
+and the step releases ``Σ_rows u(x)`` with Gaussian noise, scaled to input units by ``C²/n``:
+a noisy k×k covariance of the rows projected on V, and a noisy total variance. Its eigenvectors
+rotate V to the principal axes *within* the released subspace and its eigenvalues are the
+explained variances (post-processing): a basis from sample and aggregate or gap-perturb is any
+orthonormal basis of the subspace, so per-column variances alone would not order it.
+
+Sensitivity (replace one row, n public): ``P_z`` is positive semidefinite of rank one with
+``‖P_z‖_F = ‖Vᵀz‖² ≤ ‖z‖² = L_z ≤ 1`` (V orthonormal). Replacing row a by row b moves the sum
+by ``u(a) − u(b)``; the upper triangle's L2 norm is at most the Frobenius norm, and
+``‖P_a − P_b‖_F² = ‖P_a‖_F² + ‖P_b‖_F² − 2 tr(P_a P_b) ≤ L_a² + L_b²`` (tr(P_a P_b) ≥ 0 for
+PSD matrices), so ``‖u(a) − u(b)‖² ≤ L_a² + L_b² + (L_a − L_b)² = 2L_a² + 2L_b² − 2L_aL_b ≤ 2``
+(convex on [0, 1]², largest at a corner: 2 at (1, 1) and (1, 0)). Hence ``Δ = √2`` in L2,
+reached by a = v_1, b = 0. The Gaussian mechanism at σ = :func:`accountant.gaussian_sigma` for
+Δ (analytic Gaussian for (ε, δ), Δ/√(2ρ) for zCDP) is as private as the grant charged for it,
+for every fixed (V, μ̂, C): by composition with the steps that released them, the run stays
+within its budget. The sums are scaled by the public ``C²/n`` before the draw (Δ and σ scaled
+alike) and drawn by :func:`noise.add_gaussian`, so the published values lie on its
+power-of-two grid.
+
+User level is not offered: one user's rows move the sums by up to their row count, and n is
+private there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpsub_dist.privacy import noise
+from dpsub_dist.privacy.accountant import Budget, gaussian_sigma
+
+SENSITIVITY = math.sqrt(2.0)
+"""L2 sensitivity of Σ u(x) under replace-one (module docstring)."""
+
+
+def projected_sums(rows: np.ndarray, basis: np.ndarray, bound: float) -> np.ndarray:
+    """``Σ u(x)`` of these rows (already centred), clipped to norm ≤ ``bound`` and scaled by
+    1/bound: the upper triangle (row-major, with diagonal) of ``Σ (Vᵀz)(Vᵀz)ᵀ``, then ``Σ ‖z‖²``
+    (runs on a worker)."""
+    rows = np.asarray(rows, dtype=np.float64)
+    norms = np.sqrt(np.einsum("ij,ij->i", rows, rows))
+    scaled = rows * (1.0 / np.maximum(norms, bound))[:, None]
+    projected = scaled @ basis
+    upper = np.triu_indices(basis.shape[1])
+    gram = projected.T @ projected
+    return np.append(gram[upper], float(np.einsum("ij,ij->", scaled, scaled)))
+
+
+@dataclass(frozen=True)
+class VarianceRelease:
+    """The noisy projected covariance (k×k, symmetric) and total variance, input units (÷ n)."""
+
+    matrix: np.ndarray
+    total: float
+    sigma: float
+    sensitivity: float
+
+
+def private_variances(
+    sums: np.ndarray, n_rows: int, bound: float, grant: Budget, rng: np.random.Generator
+) -> VarianceRelease:
+    """Gaussian mechanism on :func:`projected_sums` totals, released as ``C²/n``·(sums + noise).
+
+    ``sigma`` is reported for the unscaled sums (Δ = :data:`SENSITIVITY`); the draw is at
+    ``sigma·C²/n`` for ``Δ·C²/n`` (module docstring).
+    """
+    if n_rows < 1:
+        raise ValueError(f"n_rows must be ≥ 1 (got {n_rows})")
+    sums = np.asarray(sums, dtype=np.float64)
+    rank = int(round((math.sqrt(8 * (sums.size - 1) + 1) - 1) / 2))
+    factor = bound**2 / n_rows
+    sigma = gaussian_sigma(grant, SENSITIVITY)
+    noisy = noise.add_gaussian(rng, sums * factor, sigma * factor, SENSITIVITY * factor)
+    matrix = np.zeros((rank, rank))
+    rows, cols = np.triu_indices(rank)
+    matrix[rows, cols] = noisy[:-1]
+    matrix[cols, rows] = noisy[:-1]
+    return VarianceRelease(matrix, float(noisy[-1]), sigma, SENSITIVITY)
