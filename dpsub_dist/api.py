@@ -217,7 +217,8 @@ class PrivateSubspace(_PrivateEstimator):
     ``epsilon``/``delta`` or ``rho`` (+ ``delta``), ``method``, ``subsets``, ``ref_points``,
     ``assign``, ``unit_column``, ``columns``, ``exclude_columns`` (Parquet input), ``seed``
     (public randomness only: DP noise always comes from OS entropy), ``scale`` (public radius
-    / cell side), ``row_norm``/``center`` (gauss, gap-perturb), ``outliers``/``tolerance``
+    / cell side), ``row_norm``/``center`` (centring is on by default at row level for every
+    method but exact; ``center=False`` for the uncentred subspace), ``outliers``/``tolerance``
     (exact), ``boost``/``boost_alpha`` (SS21 Alg. 3 around any method), ``storage_options``
     and ``client`` (a ``distributed.Client``; without one, Dask and Parquet input run on
     Dask's default distributed client if there is one, NumPy/pandas input in-process).
@@ -228,11 +229,12 @@ class PrivateSubspace(_PrivateEstimator):
 
     - ``components_`` (K×D, orthonormal rows, as scikit-learn's PCA), ``basis_`` (D×K),
       ``n_components_`` (K);
-    - ``mean_``: the private mean subtracted before projecting (``center=True``), else None;
+    - ``mean_``: the private mean subtracted before projecting (centred runs), else None;
     - ``explained_variance_`` / ``explained_variance_ratio_`` / ``singular_values_``: for
-      ``gauss``, from the released noisy covariance's eigenvalues (post-processing); the
+      ``gauss``, from the released noisy covariance's eigenvalues (post-processing); for
+      friendly, histogram and gap-perturb from their own small private step (row level); the
       variance and singular values are None at user level (they need the row count, private
-      there), the ratio is given. None for other methods (no released eigenvalues);
+      there), gauss's ratio is given;
     - ``n_features_in_``; ``feature_names_in_`` when fitted on a DataFrame or Parquet;
     - ``manifest_`` (what was spent and released).
 
@@ -257,7 +259,7 @@ class PrivateSubspace(_PrivateEstimator):
         seed: int | None = None,
         scale: float | None = None,
         row_norm: float | None = None,
-        center: bool = False,
+        center: bool | None = None,
         outliers: int | None = None,
         tolerance: float | None = None,
         boost: int | None = None,
@@ -280,9 +282,10 @@ class PrivateSubspace(_PrivateEstimator):
                 raise InputError("exclude_columns applies to Parquet input: pass columns=")
             result = self._fit_run(X, config, run_estimate)
         if result.basis is None:
+            reason = _chosen_release(result.manifest).get("failure_reason")
             raise NoStableSubspace(
-                "no stable subspace: the subsets disagree (see manifest_); try more data, "
-                "a larger budget or fewer subsets"
+                f"no stable subspace: {reason or 'see manifest_'}; try method='gauss', more "
+                "data or a larger budget"
             )
         self.basis_ = result.basis
         self.components_ = result.basis.T

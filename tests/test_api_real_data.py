@@ -51,7 +51,8 @@ def test_centred_fit_exposes_the_private_mean_and_transform_applies_it() -> None
     # and points of the released affine subspace exactly
     released_plane = est.mean_ + np.arange(12.0).reshape(4, RANK) @ est.components_
     np.testing.assert_allclose(est.inverse_transform(est.transform(released_plane)), released_plane)
-    uncentred = gauss().fit(X)
+    assert gauss().fit(X).mean_ is not None  # centred by default (the estimate is PCA)
+    uncentred = gauss(center=False).fit(X)
     assert uncentred.mean_ is None
     np.testing.assert_allclose(uncentred.transform(X), X @ uncentred.basis_, atol=1e-9)
 
@@ -85,7 +86,7 @@ def test_explained_variance_follows_the_released_noisy_matrix(monkeypatch, bump:
         return matrix + E
 
     monkeypatch.setattr(noise, "add_symmetric_gaussian", known_noise)
-    est = gauss().fit(X)
+    est = gauss(center=False).fit(X)  # the uncentred Gram, so AᵀA is known here
     scaled = X / ROW_NORM
     released = scaled.T @ scaled + E
     values = np.linalg.eigvalsh(released)[::-1]
@@ -103,7 +104,7 @@ def test_gap_perturb_pays_for_its_explained_variance() -> None:
     ratio = est.explained_variance_ratio_
     assert ratio.shape == (RANK,) and ratio.sum() <= 1.0 and np.all(np.diff(ratio) <= 0)
     assert est.explained_variance_ is not None
-    assert est.mean_ is None
+    assert np.allclose(est.mean_, X.mean(axis=0), atol=0.05)  # centred by default
 
 
 def _write(path: Path, frame: pd.DataFrame) -> Path:
@@ -145,7 +146,8 @@ def test_columns_given_at_fit_are_selected_at_transform() -> None:
     frame["label"] = 1.0
     est = gauss(columns=list("fedcba")).fit(frame)
     assert list(est.feature_names_in_) == list("fedcba")
-    np.testing.assert_allclose(est.transform(frame), X[:, ::-1] @ est.basis_, atol=1e-9)
+    centred = X[:, ::-1] - est.mean_
+    np.testing.assert_allclose(est.transform(frame), centred @ est.basis_, atol=1e-9)
     with pytest.raises(ValueError, match=r"lacks the fitted feature columns \['f'\]"):
         est.transform(frame.drop(columns="f"))
 

@@ -70,7 +70,8 @@ def _cli(tmp_path: Path, capsys, command: str, method: str, *args: str) -> tuple
 @pytest.mark.parametrize("command", sorted(REGISTRY))
 def test_every_declared_parameter_has_a_flag_a_config_field_and_a_job_key(command, tmp_path):
     params = declared(command)
-    assert _flags(command) == {p.flag for p in params.values()}
+    negated = {"--no-" + p.flag[2:] for p in params.values() if p.kind is bool}
+    assert _flags(command) == {p.flag for p in params.values()} | negated
     fields = {f.name for f in dataclasses.fields(CONFIGS[command])}
     assert fields - CONFIG_COMMON == {p.field for p in params.values()}
     if command != "estimate":  # job files run estimate methods only

@@ -180,7 +180,8 @@ def test_dask_input_runs_on_the_default_client_and_transforms_lazily(dask_client
     assert list(on_frame.feature_names_in_) == list("abcdefgh")
     projected = on_frame.transform(frame)
     assert isinstance(projected, da.Array)
-    np.testing.assert_allclose(projected.compute(), X @ on_frame.basis_, atol=1e-9)
+    expected = (X - on_frame.mean_) @ on_frame.basis_  # centred by default
+    np.testing.assert_allclose(projected.compute(), expected, atol=1e-9)
     # clone shares the client (a distributed.Client cannot be deep-copied)
     assert clone(gauss(n_components=2, client=dask_client)).client is dask_client
 

@@ -27,18 +27,12 @@ import numpy as np
 
 from dpsub_dist.engine.gram import clip_rows, sum_on_workers
 from dpsub_dist.errors import InputError
-from dpsub_dist.estimators.covariance import (
-    COVARIANCE_METHODS,
-    MEAN_SHARE,
-    NORM_SOURCE,
-    compute_norm_counts,
-    released_variance,
-)
+from dpsub_dist.estimators.norm_pass import NORM_SOURCE, compute_norm_counts
 from dpsub_dist.linalg import top_eigenvectors
 from dpsub_dist.privacy.accountant import Accountant, Budget
 from dpsub_dist.privacy.covariance import SENSITIVITY, gaussian_mean
 from dpsub_dist.privacy.norm_bound import private_norm_bound
-from dpsub_dist.privacy.variance import private_variances, projected_sums
+from dpsub_dist.privacy.variance import private_variances, projected_sums, released_variance
 
 if TYPE_CHECKING:
     from dpsub_dist.engine.sources import Dataset
@@ -46,8 +40,11 @@ if TYPE_CHECKING:
 
 SAMPLE_AGGREGATE = ("friendly", "histogram")
 
-CENTRED_BY_DEFAULT = (*SAMPLE_AGGREGATE, *COVARIANCE_METHODS, "auto")
+CENTRED_BY_DEFAULT = (*SAMPLE_AGGREGATE, "gauss", "gap-perturb", "auto")
 """Methods whose estimate is meant to be PCA: centred unless ``--no-center`` (row level)."""
+
+MEAN_SHARE = 0.2
+"""Share of the budget spent on the mean when centring (its error enters only as n‖μ̂ − μ‖²)."""
 
 CENTRING_SHARES = {"norm_bound": (0.05, 0.0), "mean": (MEAN_SHARE, MEAN_SHARE)}
 """(ε or ρ share, δ share) of the centring steps in sample and aggregate (``norm_bound`` only

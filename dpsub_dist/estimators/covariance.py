@@ -25,13 +25,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import dask
 import numpy as np
 
-from dpsub_dist.engine.gram import GramSummary, compute_gram, sum_on_workers
-from dpsub_dist.engine.subsets import Loader
+from dpsub_dist.engine.gram import GramSummary, compute_gram
 from dpsub_dist.errors import InputError
+from dpsub_dist.estimators import centring
+from dpsub_dist.estimators.centring import MEAN_SHARE
 from dpsub_dist.estimators.common import EstimateResult, build_manifest, open_checked, plan
+from dpsub_dist.estimators.norm_pass import NORM_SOURCE
 from dpsub_dist.linalg import top_eigenvectors
 from dpsub_dist.privacy.accountant import Accountant, Budget
 from dpsub_dist.privacy.covariance import (
@@ -41,7 +42,7 @@ from dpsub_dist.privacy.covariance import (
     gap_perturbation,
 )
 from dpsub_dist.privacy.noise import noise_rng
-from dpsub_dist.privacy.norm_bound import NORM_QUANTILE, norm_counts
+from dpsub_dist.privacy.variance import EXPLAINED_VARIANCE_NOTE, released_variance
 
 if TYPE_CHECKING:
     from dpsub_dist.engine.sources import Dataset
@@ -49,8 +50,6 @@ if TYPE_CHECKING:
 
 COVARIANCE_METHODS = ("gauss", "gap-perturb")
 
-MEAN_SHARE = 0.2
-"""Share of the budget spent on the mean when centring (its error enters only as n‖μ̂ − μ‖²)."""
 
 NORM_SHARE = 0.1
 """Share of the budget spent on the private row-norm bound when no --row-norm is given."""
@@ -114,55 +113,9 @@ def plan_shares(config: EstimateConfig) -> dict[str, tuple[float, float]]:
     zcdp = config.rho is not None
     shares = budget_plan(config.method, config.center, zcdp, config.row_norm is None)
     if config.method == "gap-perturb":
-        from dpsub_dist.estimators import centring  # it imports this module
-
         shares = centring.plan_shares(shares, config, centre=False)
     return shares
 
-
-
-def released_variance(
-    top_values: np.ndarray,
-    trace: float,
-    row_norm: float,
-    n_rows: int,
-    relation: Neighbours,
-) -> dict[str, Any]:
-    """Explained variance of the released components, from the released noisy matrix only.
-
-    Post-processing of Analyze Gauss's output (no privacy cost): ``top_values`` are the top-k
-    eigenvalues of the released ``AᵀA + E`` (minus ``n·μ̂μ̂ᵀ`` from the released mean when
-    centring) and ``trace`` its trace; the exact Gram never enters. Negative noisy eigenvalues
-    are clipped to 0 and the total is at least the sum of the top k, so the ratios are
-    non-negative, sorted descending (the components' order) and sum to ≤ 1. Variances are in
-    input units, ``row_norm²·λ/n`` (rows as clipped to ``row_norm``; divided by n, not n − 1):
-    ``row_norm`` and, at row level, ``n`` are public. At user level n is private, so only the
-    ratio (which does not need it) is released.
-    """
-    top = np.maximum(np.asarray(top_values, dtype=np.float64), 0.0)
-    total = max(float(trace), float(top.sum()))
-    ratio = top / total if total > 0 else np.zeros_like(top)
-    while ratio.sum() > 1.0:  # rounding: step the total up by ulps until Σ ratio ≤ 1 exactly
-        total = float(np.nextafter(total, np.inf))
-        ratio = top / total
-    variance = None
-    if relation == "replace" and n_rows > 0:
-        variance = (top * (row_norm**2 / n_rows)).tolist()
-    return {
-        "explained_variance": variance,
-        "explained_variance_ratio": ratio.tolist(),
-        "explained_variance_note": EXPLAINED_VARIANCE_NOTE[relation],
-    }
-
-
-EXPLAINED_VARIANCE_NOTE = {
-    "replace": "eigenvalues of the released noisy matrix × row_norm²/n (rows clipped to "
-    "row_norm), clipped at 0; ratio to its trace: post-processing, no privacy cost",
-    "add_remove": "ratio only (top eigenvalues of the released noisy matrix to its trace): "
-    "the variance itself needs the row count, private at user level",
-    "gap-perturb": "not released: no basis (⊥); a released basis gets a private explained "
-    "variance (steps variance_norm_bound, explained_variance: its projector has no variances)",
-}
 
 
 def release_basis(
@@ -210,28 +163,6 @@ def release_basis(
     return release.basis, details
 
 
-NORM_SOURCE = (
-    f"private (step norm_bound): the smallest value 2^-10·√2^j (j = 0…100) at which the noisy "
-    f"count of rows with norm ≤ it reaches {NORM_QUANTILE}·n (sparse vector)"
-)
-
-
-def compute_norm_counts(
-    parts: list[Any], loader: Loader, client: Any | None, progress: bool
-) -> np.ndarray:
-    """Row counts per bin of the public norm grid (:func:`norm_counts`), summed on the workers.
-
-    Only the grid's 102 integer counts reach the driver (operator-only, never published).
-    """
-    count = dask.delayed(_partition_norm_counts, pure=True)
-    tasks = [count(loader, part) for part in parts]
-    return sum_on_workers(tasks, client, f"{len(parts)} partitions → row-norm counts", progress)
-
-
-def _partition_norm_counts(loader: Loader, part: Any) -> np.ndarray:
-    return norm_counts(loader(part)[0])
-
-
 def run_covariance(
     config: EstimateConfig,
     open_dataset: Callable[[Any], Dataset],
@@ -251,8 +182,6 @@ def run_covariance(
         raise InputError(f"{dataset.input} has no rows: pass a dataset with at least one row")
     timings["inspect_s"] = time.monotonic() - started
     rng = noise_rng(noise_seed)
-    from dpsub_dist.estimators import centring  # it imports this module's norm pass
-
     mark = time.monotonic()
     # Centred: the private mean first, subtracted from every row on the workers; the Gram
     # then sums the centred rows, clipped to their own bound (docs/centring.md).

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dpsub_dist.engine.sources import Dataset
-from dpsub_dist.estimators.auto import choose
+from dpsub_dist.estimators import auto as rule
 from dpsub_dist.estimators.common import EstimateResult, open_checked
 from dpsub_dist.methods._centring import CENTRING_PARAMS
 from dpsub_dist.methods._sample_aggregate import PLAN_PARAMS
@@ -30,7 +30,7 @@ def run_auto(
 ) -> EstimateResult:
     """Open the footers, choose (public facts only), run the chosen method with the budget."""
     dataset = open_checked(config, open_dataset, client)
-    name, reason = choose(config, dataset.dim)
+    name, reason = rule.choose(config, dataset.dim)
     chosen = dataclasses.replace(config, method=name)
     chosen.validate()
     result = CHOICES[name].run(chosen, lambda _client: dataset, client, progress, noise_seed)

@@ -57,7 +57,7 @@ class EstimateConfig(_Run):
     seed: int | None = None
     scale: float | None = None  # friendly radius or histogram cell side, public
     row_norm: float | None = None
-    center: bool = False
+    center: bool | None = None  # private mean first; None: on where the estimate is PCA
     outliers: int | None = None
     tolerance: float | None = None
     boost: int | None = None

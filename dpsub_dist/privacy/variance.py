@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from dpsub_dist.privacy import noise
 from dpsub_dist.privacy.accountant import Budget, gaussian_sigma
+from dpsub_dist.privacy.covariance import Neighbours
 
 SENSITIVITY = math.sqrt(2.0)
 """L2 sensitivity of Σ u(x) under replace-one (module docstring)."""
@@ -86,3 +88,47 @@ def private_variances(
     matrix[rows, cols] = noisy[:-1]
     matrix[cols, rows] = noisy[:-1]
     return VarianceRelease(matrix, float(noisy[-1]), sigma, SENSITIVITY)
+
+
+def released_variance(
+    top_values: np.ndarray,
+    trace: float,
+    row_norm: float,
+    n_rows: int,
+    relation: Neighbours,
+) -> dict[str, Any]:
+    """Explained variance of the released components, from the released noisy matrix only.
+
+    Post-processing of Analyze Gauss's output (no privacy cost): ``top_values`` are the top-k
+    eigenvalues of the released ``AᵀA + E`` (minus ``n·μ̂μ̂ᵀ`` from the released mean when
+    centring) and ``trace`` its trace; the exact Gram never enters. Negative noisy eigenvalues
+    are clipped to 0 and the total is at least the sum of the top k, so the ratios are
+    non-negative, sorted descending (the components' order) and sum to ≤ 1. Variances are in
+    input units, ``row_norm²·λ/n`` (rows as clipped to ``row_norm``; divided by n, not n − 1):
+    ``row_norm`` and, at row level, ``n`` are public. At user level n is private, so only the
+    ratio (which does not need it) is released.
+    """
+    top = np.maximum(np.asarray(top_values, dtype=np.float64), 0.0)
+    total = max(float(trace), float(top.sum()))
+    ratio = top / total if total > 0 else np.zeros_like(top)
+    while ratio.sum() > 1.0:  # rounding: step the total up by ulps until Σ ratio ≤ 1 exactly
+        total = float(np.nextafter(total, np.inf))
+        ratio = top / total
+    variance = None
+    if relation == "replace" and n_rows > 0:
+        variance = (top * (row_norm**2 / n_rows)).tolist()
+    return {
+        "explained_variance": variance,
+        "explained_variance_ratio": ratio.tolist(),
+        "explained_variance_note": EXPLAINED_VARIANCE_NOTE[relation],
+    }
+
+
+EXPLAINED_VARIANCE_NOTE = {
+    "replace": "eigenvalues of the released noisy matrix × row_norm²/n (rows clipped to "
+    "row_norm), clipped at 0; ratio to its trace: post-processing, no privacy cost",
+    "add_remove": "ratio only (top eigenvalues of the released noisy matrix to its trace): "
+    "the variance itself needs the row count, private at user level",
+    "gap-perturb": "not released: no basis (⊥); a released basis gets a private explained "
+    "variance (steps variance_norm_bound, explained_variance: its projector has no variances)",
+}
