@@ -12,8 +12,6 @@ Every task is a pure function of (partition, public plan), so Dask may retry it.
 
 from __future__ import annotations
 
-import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -25,8 +23,15 @@ from dask.sizeof import sizeof
 from scipy.linalg.blas import dsyrk
 
 from dpsub_dist.engine.assign import contiguous_row_subsets, random_row_subsets, unit_subsets
+from dpsub_dist.engine.compute import (  # compute_*: re-exported for estimators/clustering.py
+    compute_in_process,  # noqa: F401
+    compute_on_cluster,  # noqa: F401
+    gather_summaries,
+    tree_sum,
+)
+from dpsub_dist.engine.progress import progress_bar  # noqa: F401  (estimators/clustering.py)
+from dpsub_dist.engine.sources import Loader
 
-Loader = Callable[[Any], tuple[np.ndarray, np.ndarray | None]]
 LocalStep = Callable[[np.ndarray, int], np.ndarray]
 
 
@@ -40,6 +45,11 @@ class SubsetPlan:
     assign: Literal["random", "contiguous"] = "random"
     user_level: bool = False
     buckets: int = 1
+
+    @property
+    def public_rows(self) -> int | None:
+        """n where it is public (row level), for progress's rows/s; None at user level."""
+        return None if self.user_level else self.n_rows
 
     def subset_of(self, positions: np.ndarray, units: np.ndarray | None) -> np.ndarray:
         """Subset index of each row, from its global position or its unit id."""
@@ -184,19 +194,6 @@ def gathered_blocks(shards: Sequence[Shard], lo: int, hi: int) -> Iterator[np.nd
         yield np.take(rows, order[start:end], axis=0).astype(np.float64, copy=False)
 
 
-def progress_bar(done: int, total: int, started: float, label: str) -> None:
-    """Redraw a one-line bar on stderr: tasks done of total and seconds since ``started``."""
-    width = 30
-    filled = int(width * done / max(total, 1))
-    elapsed = time.monotonic() - started
-    sys.stderr.write(
-        f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {elapsed:.0f}s"
-    )
-    if done == total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
-
-
 EMPTY_EXPONENT = -(2**20)
 """Scale exponent of a subset with no rows: any other exponent wins when Grams are added."""
 
@@ -282,8 +279,6 @@ def compute_subset_summaries_from_grams(
     j, the blocks are tree-summed on the workers, and a few worker tasks turn the t Grams
     into t summaries with ``local_step.from_gram``. Exact, like the rows route.
     """
-    from dpsub_dist.engine.gram import tree_sum
-
     grams = dask.delayed(partition_grams, pure=True)
     leaves = [
         grams(plan, loader, part, offset) for part, offset in zip(parts, offsets, strict=True)
@@ -295,7 +290,9 @@ def compute_subset_summaries_from_grams(
     cuts = np.linspace(0, plan.subsets, min(GRAM_SUMMARY_TASKS, plan.subsets) + 1).astype(int)
     outputs = [summarise(local_step, total, int(a), int(b)) for a, b in pairwise(cuts)]
     label = f"{len(leaves)} partitions → per-subset Grams"
-    return gather_summaries(client, leaves, outputs, plan.subsets, label, progress)
+    return gather_summaries(
+        client, leaves, outputs, plan.subsets, label, progress, plan.public_rows
+    )
 
 
 def compute_subset_summaries(
@@ -315,84 +312,6 @@ def compute_subset_summaries(
     summarise = dask.delayed(bucket_summaries, pure=True)
     buckets = [summarise(plan, local_step, b, *[s[b] for s in shards]) for b in range(plan.buckets)]
     label = f"{len(shards)} partitions → {len(buckets)} buckets"
-    return gather_summaries(client, shards, buckets, plan.subsets, label, progress)
-
-
-def gather_summaries(
-    client: Any | None,
-    tasks: Sequence[Any],
-    outputs: Sequence[Any],
-    subsets: int,
-    label: str,
-    progress: bool,
-) -> np.ndarray:
-    """Compute ``outputs`` (each an ``(ids, block)`` of summaries) into one t×out_dim array.
-
-    On a cluster each output is placed as it arrives and then dropped, so the driver holds
-    the summaries once (4 GB at t = 676, q = 8, d = 10⁵), not a list of blocks plus a table.
-    """
-    table: np.ndarray | None = None
-
-    def place(result: tuple[np.ndarray, np.ndarray]) -> None:
-        nonlocal table
-        ids, block = result
-        if len(ids):
-            if table is None:
-                table = np.empty((subsets, block.shape[1]))
-            table[ids] = block
-
-    if client is None:
-        for result in compute_in_process(*outputs):
-            place(result)
-    else:
-        compute_on_cluster(client, tasks, outputs, label, progress, on_output=place)
-    assert table is not None, "every subset has a summary"
-    return table
-
-
-def compute_in_process(*tasks: Any) -> tuple:
-    """Dask's thread pool with one BLAS thread per task, as on a worker: many small
-    factorisations run far slower when each also starts a BLAS thread pool."""
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(limits=1, user_api="blas"):
-        return dask.compute(*tasks, scheduler="threads")
-
-
-def compute_on_cluster(
-    client: Any,
-    tasks: Sequence[Any],
-    outputs: Sequence[Any],
-    label: str,
-    progress: bool,
-    on_output: Callable[[Any], None] | None = None,
-) -> list:
-    """Run ``tasks`` and ``outputs`` on the cluster and gather only ``outputs``.
-
-    The bar counts finished tasks; finished futures are dropped as they complete, so the
-    workers free each intermediate result once its dependents have run. A worker's error
-    is re-raised here with its own message. With ``on_output``, each output is handed to
-    it as it arrives (then dropped) and the list returned is empty.
-    """
-    from distributed import as_completed
-
-    futures = client.compute([*tasks, *outputs])
-    output_futures = futures[len(tasks) :]
-    output_keys = {f.key for f in output_futures}
-    if on_output is not None:
-        output_futures = []
-    total = len(futures)
-    started = time.monotonic()
-    pending = as_completed(futures)
-    del futures
-    if progress:
-        progress_bar(0, total, started, label)
-    for done, future in enumerate(pending, start=1):
-        if future.status == "error":
-            future.result()
-        if on_output is not None and future.key in output_keys:
-            on_output(future.result())
-        if progress:
-            progress_bar(done, total, started, label)
-        del future
-    return client.gather(output_futures)
+    return gather_summaries(
+        client, shards, buckets, plan.subsets, label, progress, plan.public_rows
+    )
