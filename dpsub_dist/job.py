@@ -16,13 +16,9 @@ from typing import Any, Literal
 import numpy as np
 
 from dpsub_dist import __version__
-from dpsub_dist.engine.in_place import compute_subset_summaries_in_place
+from dpsub_dist.engine.routes import LOCAL_ROUTES, local_route
 from dpsub_dist.engine.sources import Dataset
-from dpsub_dist.engine.subsets import (
-    SubsetPlan,
-    compute_subset_summaries,
-    compute_subset_summaries_from_grams,
-)
+from dpsub_dist.engine.subsets import SubsetPlan
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import boost, exact
 from dpsub_dist.estimators import covariance as cov
@@ -31,9 +27,6 @@ from dpsub_dist.privacy.accountant import Accountant, Budget, parse_budget
 from dpsub_dist.privacy.noise import new_noise_seed, noise_rng
 
 SHUFFLE_BUCKET_BYTES = 256 * 2**20
-GRAM_ROUTE_BYTES = 64 * 2**20
-"""Below this size of t per-subset d×d Gram matrices, subsets are summarised from Grams
-(no shuffle, worker memory flat in n); above it rows are shuffled to their subsets."""
 
 
 @dataclass
@@ -148,24 +141,6 @@ def choose_buckets(n_rows: int, dim: int, subsets: int, client: Any | None) -> i
     workers = len(client.scheduler_info()["workers"]) if client is not None else 1
     by_size = math.ceil(n_rows * dim * 8 / SHUFFLE_BUCKET_BYTES)
     return int(min(subsets, max(2 * workers, by_size, 1)))
-
-
-LOCAL_ROUTES = {
-    "subsets in place": compute_subset_summaries_in_place,
-    "per-subset Gram matrices": compute_subset_summaries_from_grams,
-    "row shuffle": compute_subset_summaries,
-}
-"""How the local steps reach their subsets' rows (all give the same summaries)."""
-
-
-def local_route(plan: SubsetPlan, dim: int) -> str:
-    """Contiguous subsets are summarised where they lie (no shuffle, any d); hashed
-    subsets use per-subset Grams while t·d² floats are small, else a row shuffle."""
-    if plan.assign == "contiguous" and not plan.user_level:
-        return "subsets in place"
-    if plan.subsets * dim * dim * 8 <= GRAM_ROUTE_BYTES:
-        return "per-subset Gram matrices"
-    return "row shuffle"
 
 
 def run_estimate(
@@ -302,7 +277,7 @@ def run_sample_aggregate(
     )
     step = sa.ProjectedReferenceStep(rank=k, dim=dim, ref_points=q, seed=seed)
     mark = time.monotonic()
-    route = local_route(plan, dim)
+    route = local_route(plan, dim, k)
     summaries = LOCAL_ROUTES[route](
         dataset.parts, dataset.offsets, dataset.loader, plan, step, client, progress
     )

@@ -199,9 +199,10 @@ def test_an_input_without_rows_is_released_not_refused_at_user_level(
     tmp_path, monkeypatch, name, route_bytes
 ):
     """n = 0 is as private as any other n: the run releases (⊥ or noise) instead of exit 2,
-    on the per-subset Gram route and (``GRAM_ROUTE_BYTES = 0``) the row shuffle alike."""
+    on the per-subset Gram route and (route sizes 0) the row shuffle alike."""
     if route_bytes is not None:
-        monkeypatch.setattr("dpsub_dist.job.GRAM_ROUTE_BYTES", route_bytes)
+        monkeypatch.setattr("dpsub_dist.engine.routes.GRAM_ROUTE_BYTES", route_bytes)
+        monkeypatch.setattr("dpsub_dist.engine.routes.SKETCH_ROUTE_BYTES", route_bytes)
     empty = users_table([], np.random.default_rng(0), pa.int64())
     folder = write_files(tmp_path / "empty", [empty])
     config = dataclasses.replace(NEIGHBOUR_RUNS[name], unit_column="user")

@@ -206,41 +206,56 @@ SAFE_EXPONENT = 400
 overflow, and what underflows is below 2⁻²⁷⁴ of the largest term."""
 
 
-def partition_grams(plan: SubsetPlan, loader: Loader, part: Any, offset: int) -> ScaledGrams:
-    """Per-subset Gram matrices XⱼᵀXⱼ, row counts and scale exponents of one partition.
+def partition_grams(
+    plan: SubsetPlan, loader: Loader, part: Any, offset: int, right: np.ndarray | None = None
+) -> ScaledGrams:
+    """Per-subset Gram matrices XⱼᵀXⱼ, row counts and scale exponents of one partition;
+    with ``right`` (d×m, or t×d×m: one per subset) the products Xⱼᵀ(XⱼRⱼ) instead.
 
-    Each Gram is scaled by the power of two that brings its subset's largest |x| into
+    Each product is scaled by the power of two that brings its subset's largest |x| into
     [½, 1) (exact), so sums never overflow or underflow whatever the data's magnitude;
     the eigenvectors, hence the summaries, do not depend on the scale. Usual magnitudes
-    multiply the raw rows and scale the t Grams at once (the same values: powers of two
+    multiply the raw rows and scale the t products at once (the same values: powers of two
     commute with rounding); extreme ones scale each subset's rows first.
     """
     rows, units = loader(part)
     order, counts, bounds = subset_order(plan, rows.shape[0], units, offset)
-    grams = np.zeros((plan.subsets, rows.shape[1], rows.shape[1]))
+    width = rows.shape[1] if right is None else right.shape[-1]
+    grams = np.zeros((plan.subsets, rows.shape[1], width))
     peaks = np.zeros(plan.subsets)
     for j in np.flatnonzero(counts):  # each subset's rows gathered on their own: cache-sized
         block = rows[order[bounds[j] : bounds[j + 1]]]
         peaks[j] = max(block.max(), -block.min())
-        grams[j] = dsyrk(1.0, block.T, lower=0)
+        grams[j] = _product(block, right, j)
     nonzero = peaks > 0
     exponents = np.full(plan.subsets, EMPTY_EXPONENT, dtype=np.int64)
     exponents[nonzero] = np.frexp(peaks[nonzero])[1]
     extreme = nonzero & (np.abs(exponents) >= SAFE_EXPONENT)
     for j in np.flatnonzero(extreme):  # the raw product may have overflowed: scale rows first
         block = np.ldexp(rows[order[bounds[j] : bounds[j + 1]]], -exponents[j])
-        grams[j] = dsyrk(1.0, block.T, lower=0)
+        grams[j] = _product(block, right, j)
     shift = np.where(nonzero & ~extreme, -2 * exponents, 0)
     grams = np.ldexp(grams, shift[:, None, None])
-    upper = np.triu_indices(rows.shape[1], 1)
-    grams[:, upper[1], upper[0]] = grams[:, upper[0], upper[1]]  # dsyrk fills the upper half
+    if right is None:
+        upper = np.triu_indices(rows.shape[1], 1)
+        grams[:, upper[1], upper[0]] = grams[:, upper[0], upper[1]]  # dsyrk fills the upper half
     return grams, counts, exponents
 
 
-def no_grams(subsets: int, dim: int) -> ScaledGrams:
-    """The Grams of ``subsets`` subsets without rows: zero, counted 0, exponent empty."""
+def _product(block: np.ndarray, right: np.ndarray | None, subset: int) -> np.ndarray:
+    """BᵀB (upper half, by ``syrk``) or Bᵀ(B·R), R the subset's own matrix when stacked."""
+    if right is None:
+        return dsyrk(1.0, block.T, lower=0)
+    mine = right if right.ndim == 2 else right[subset]
+    return block.T @ (block @ mine)
+
+
+def no_grams(subsets: int, dim: int, width: int | None = None) -> ScaledGrams:
+    """The Grams (or d×width products) of ``subsets`` subsets without rows: zero, counted
+    0, exponent empty."""
     exponents = np.full(subsets, EMPTY_EXPONENT, dtype=np.int64)
-    return np.zeros((subsets, dim, dim)), np.zeros(subsets, dtype=np.int64), exponents
+    shape = (subsets, dim, dim if width is None else width)
+    return np.zeros(shape), np.zeros(subsets, dtype=np.int64), exponents
 
 
 def add_grams(a: ScaledGrams, b: ScaledGrams) -> ScaledGrams:
