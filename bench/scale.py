@@ -14,6 +14,11 @@ file) and dask-ml's randomized PCA. Per D it reports the ratios of medians in th
 - ``time_vs_dask_ml``: dpsub wall / dask-ml wall at the largest n (target ≤ 0.5).
 
 Example: ``python -m bench.scale --rows 1e6,1e7 --dims 32,128,512 --repeats 3``.
+
+``--shuffle-compare N,D`` instead runs the two row routes (wide data, hashed subsets)
+side by side on one N×D dataset, each on a fresh cluster of ``--workers`` workers with
+``--memory-limit`` each: the bucket shuffle (``engine.subsets``) and Dask's P2P shuffle
+(``engine.p2p``), with wall time, peak worker RSS and equal summaries.
 """
 
 from __future__ import annotations
@@ -68,6 +73,63 @@ def summarise(records: list[dict[str, Any]], dims: list[int], rows: list[int]) -
     return table
 
 
+def compare_shuffles(args: Any) -> list[dict[str, Any]]:
+    """The bucket shuffle and the P2P shuffle on the same files (module docstring)."""
+    import time
+
+    import numpy as np
+    from distributed import Client, LocalCluster
+
+    from dpsub_dist.engine.p2p import compute_subset_summaries_p2p
+    from dpsub_dist.engine.sources import parquet_dataset
+    from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
+    from dpsub_dist.estimators.sample_aggregate import ProjectedReferenceStep
+    from dpsub_dist.job import choose_buckets
+
+    n, dim = args.shuffle_compare
+    path, _ = speed.speed_dataset(args, n, dim)
+    routes = {
+        "bucket shuffle": compute_subset_summaries,
+        "p2p shuffle": compute_subset_summaries_p2p,
+    }
+    records, results = [], {}
+    for name, route in routes.items():
+        with (
+            LocalCluster(
+                n_workers=args.workers,
+                threads_per_worker=1,
+                memory_limit=args.memory_limit,
+                dashboard_address=":0",
+                host="127.0.0.1",
+            ) as cluster,
+            Client(cluster) as client,
+        ):
+            data = parquet_dataset(str(path), None, None, None, client)
+            subsets = args.subsets or max(2, n // 2000)
+            plan = SubsetPlan(
+                subsets, n, args.seed, buckets=choose_buckets(n, dim, subsets, client)
+            )
+            step = ProjectedReferenceStep(rank=args.rank, dim=dim, ref_points=4, seed=args.seed)
+            with common.PeakMemory(client, interval=0.05) as memory:
+                started = time.monotonic()
+                try:
+                    results[name] = route(
+                        data.parts, data.offsets, data.loader, plan, step, client, False
+                    )
+                    status = "ok"
+                except Exception as err:  # noqa: BLE001 - a failed route is a result here
+                    status = f"failed: {type(err).__name__}: {err}"[:300]
+                wall = time.monotonic() - started
+        record = {"route": name, "rows": n, "dim": dim, "subsets": subsets, "status": status}
+        record.update(wall_s=round(wall, 2), buckets=plan.buckets, **memory.report())
+        common.log(str(record))
+        records.append(record)
+    if len(results) == 2:
+        first, second = results.values()
+        records.append({"max_abs_difference": float(np.abs(first - second).max())})
+    return records
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = common.base_parser("scale", __doc__.splitlines()[0])
     parser.add_argument("--rows", type=common.int_list, default=[10**6, 10**7])
@@ -80,8 +142,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scheduler", help="tcp:// address of a running local cluster")
     parser.add_argument("--min-files", type=int, default=4, help="at least this many files")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--shuffle-compare", type=common.int_list, help="N,D: row routes only")
+    parser.add_argument("--memory-limit", default="1GiB", help="per worker, --shuffle-compare")
+    parser.add_argument("--subsets", type=int, help="t for --shuffle-compare (default n/2000)")
     args = common.parse_args(parser, argv)
     run = common.BenchRun.start("scale", args)
+    if args.shuffle_compare:
+        records = compare_shuffles(args)
+        run.write(
+            {
+                "shuffle_compare": args.shuffle_compare,
+                "memory_limit": args.memory_limit,
+                "workers": args.workers,
+            },
+            records,
+            None,
+            [],
+        )
+        return 0
     records: list[dict[str, Any]] = []
     for dim in args.dims:
         for n in args.rows:
