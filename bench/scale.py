@@ -13,6 +13,10 @@ file) and dask-ml's randomized PCA. Per D it reports the ratios of medians in th
   D = 32 and 128);
 - ``time_vs_dask_ml``: dpsub wall / dask-ml wall at the largest n (target ≤ 0.5).
 
+Peak memory is one partition plus the route's per-subset blocks (t·d² or t·d·m floats),
+so a fair "flat in n" reading holds the partition size (``--rows-per-file``) and t fixed:
+t follows n until it reaches its ceiling (see ``sample_aggregate.default_subsets``).
+
 Example: ``python -m bench.scale --rows 1e6,1e7 --dims 32,128,512 --repeats 3``.
 
 ``--shuffle-compare N,D`` instead runs the two row routes (wide data, hashed subsets)
@@ -23,6 +27,7 @@ side by side on one N×D dataset, each on a fresh cluster of ``--workers`` worke
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from typing import Any
 
@@ -141,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--scheduler", help="tcp:// address of a running local cluster")
     parser.add_argument("--min-files", type=int, default=4, help="at least this many files")
+    parser.add_argument(
+        "--rows-per-file",
+        type=int,
+        help="at most about this many rows a file, so partitions are the same size at n and 10n",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--shuffle-compare", type=common.int_list, help="N,D: row routes only")
     parser.add_argument("--memory-limit", default="1GiB", help="per worker, --shuffle-compare")
@@ -163,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     records: list[dict[str, Any]] = []
     for dim in args.dims:
         for n in args.rows:
-            path, truth = speed.speed_dataset(args, n, dim)
+            files = -(-n // args.rows_per_file) if args.rows_per_file else 0
+            layout = argparse.Namespace(**{**vars(args), "min_files": max(args.min_files, files)})
+            path, truth = speed.speed_dataset(layout, n, dim)
             for repeat in range(args.repeats):
                 for tool in args.tools:  # interleaved, so drift hits every tool alike
                     with common.local_cluster(args.workers, args.scheduler) as client:
