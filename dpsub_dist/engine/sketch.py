@@ -51,8 +51,9 @@ from dpsub_dist.engine.subsets import (
     ScaledGrams,
     SubsetPlan,
     add_grams,
+    group_grams,
     no_grams,
-    partition_grams,
+    partition_groups,
 )
 
 OVERSAMPLE = 10
@@ -113,7 +114,8 @@ def compute_subset_summaries_from_sketches(
     graph of :data:`PASSES` reads, each a tree sum of t×d×m blocks on the workers."""
     dim = local_step.dim
     width = sketch_width(local_step.rank, dim)
-    sketch = dask.delayed(partition_grams, pure=True)
+    sketch = dask.delayed(group_grams, pure=True)
+    groups = partition_groups(offsets, plan.n_rows, plan.subsets * dim * width, client)
     add = dask.delayed(add_grams, pure=True)
     right = dask.delayed(test_matrix, pure=True)(plan.seed, dim, width)
     tasks: list = []
@@ -122,10 +124,7 @@ def compute_subset_summaries_from_sketches(
         if total is not None:
             right = dask.delayed(orthonormal_bases, pure=True)(total)
             tasks.append(right)
-        leaves = [
-            sketch(plan, loader, part, offset, right)
-            for part, offset in zip(parts, offsets, strict=True)
-        ]
+        leaves = [sketch(plan, loader, parts[g], offsets[g], right) for g in groups]
         if not leaves:  # no rows (at user level n is private): t empty subsets
             leaves = [dask.delayed(no_grams, pure=True)(plan.subsets, dim, width)]
         tasks += leaves
@@ -133,6 +132,6 @@ def compute_subset_summaries_from_sketches(
     summarise = dask.delayed(sketch_summaries, pure=True)
     cuts = np.linspace(0, plan.subsets, min(GRAM_SUMMARY_TASKS, plan.subsets) + 1).astype(int)
     outputs = [summarise(local_step, right, total, int(a), int(b)) for a, b in pairwise(cuts)]
-    label = f"{len(parts)} partitions × {PASSES} passes → per-subset sketches"
+    label = f"{len(parts)} partitions in {len(groups)} runs × {PASSES} passes → sketches"
     rows = None if plan.public_rows is None else PASSES * plan.public_rows
     return gather_summaries(client, tasks, outputs, plan.subsets, label, progress, rows)

@@ -266,6 +266,49 @@ def add_grams(a: ScaledGrams, b: ScaledGrams) -> ScaledGrams:
     return np.ldexp(a[0], shift_a) + np.ldexp(b[0], shift_b), a[1] + b[1], exponents
 
 
+GROUP_ROWS_PER_FLOAT = 8
+"""A task sums the per-subset blocks of consecutive partitions holding at least this many
+rows per float of one partition's blocks (t·d·width), so the blocks' cost (allocate,
+scale, send, add) stays small beside reading the rows."""
+
+
+def partition_groups(
+    offsets: Sequence[int], n_rows: int, block_floats: int, client: Any | None
+) -> list[slice]:
+    """Runs of consecutive partitions, each summed by one task (:func:`group_grams`).
+
+    Enough runs that every worker gets two, fewer where the partitions are small beside
+    the per-subset blocks; each run about the same number of rows. Reads the partition
+    offsets (footers) and the cluster's size, never a row value.
+    """
+    parts = len(offsets)
+    if parts == 0:
+        return []
+    workers = len(client.scheduler_info()["workers"]) if client is not None else 1
+    by_rows = -(-n_rows // max(GROUP_ROWS_PER_FLOAT * block_floats, 1))
+    groups = min(parts, max(2 * workers, by_rows))
+    starts = np.searchsorted(np.asarray(offsets), np.arange(groups) * n_rows / groups)
+    edges = sorted({0, *starts.tolist()}) + [parts]
+    return [slice(a, b) for a, b in pairwise(edges) if b > a]
+
+
+def group_grams(
+    plan: SubsetPlan,
+    loader: Loader,
+    parts: Sequence[Any],
+    offsets: Sequence[int],
+    right: np.ndarray | None = None,
+) -> ScaledGrams:
+    """Σ of :func:`partition_grams` over consecutive partitions, read one at a time."""
+    total = None
+    for part, offset in zip(parts, offsets, strict=True):
+        grams = partition_grams(plan, loader, part, offset, right)
+        total = grams if total is None else add_grams(total, grams)
+        del grams
+    assert total is not None, "a group holds at least one partition"
+    return total
+
+
 GRAM_SUMMARY_TASKS = 4
 """The t Grams' local steps are split over this many tasks, so every worker takes a share."""
 
@@ -294,17 +337,17 @@ def compute_subset_summaries_from_grams(
     j, the blocks are tree-summed on the workers, and a few worker tasks turn the t Grams
     into t summaries with ``local_step.from_gram``. Exact, like the rows route.
     """
-    grams = dask.delayed(partition_grams, pure=True)
-    leaves = [
-        grams(plan, loader, part, offset) for part, offset in zip(parts, offsets, strict=True)
-    ]
+    grams = dask.delayed(group_grams, pure=True)
+    dim = local_step.dim
+    groups = partition_groups(offsets, plan.n_rows, plan.subsets * dim * dim, client)
+    leaves = [grams(plan, loader, parts[g], offsets[g]) for g in groups]
     if not leaves:  # no rows (refused at row level; at user level n is private): t empty subsets
         leaves = [dask.delayed(no_grams, pure=True)(plan.subsets, local_step.dim)]
     total = tree_sum(leaves, dask.delayed(add_grams, pure=True))
     summarise = dask.delayed(gram_summaries, pure=True)
     cuts = np.linspace(0, plan.subsets, min(GRAM_SUMMARY_TASKS, plan.subsets) + 1).astype(int)
     outputs = [summarise(local_step, total, int(a), int(b)) for a, b in pairwise(cuts)]
-    label = f"{len(leaves)} partitions → per-subset Grams"
+    label = f"{len(parts)} partitions in {len(leaves)} runs → per-subset Grams"
     return gather_summaries(
         client, leaves, outputs, plan.subsets, label, progress, plan.public_rows
     )
