@@ -15,11 +15,6 @@ import pytest
 import dpsub_dist
 
 ROOT = Path(dpsub_dist.__file__).parent
-KNOWN = {("dpsub_dist.engine.gram", "dpsub_dist.engine.subsets")}
-"""Cycles owned elsewhere (engine: another change breaks it); listed, never added to."""
-LEGACY = {("dpsub_dist.estimators.clustering", "dpsub_dist.job")}
-"""``estimators.clustering.__getattr__``: the old import path of ClusterConfig/run_cluster,
-resolved on first use only (no import-time edge)."""
 
 
 def module_name(path: Path) -> str:
@@ -51,8 +46,6 @@ def imports(path: Path, modules: set[str]) -> set[str]:
 def graph() -> dict[str, set[str]]:
     paths = {module_name(p): p for p in ROOT.rglob("*.py")}
     edges = {name: imports(path, set(paths)) - {name} for name, path in paths.items()}
-    for edge in LEGACY:
-        edges[edge[0]].discard(edge[1])
     return edges
 
 
@@ -89,7 +82,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_the_import_graph_has_no_cycles() -> None:
-    found = [c for c in cycles(graph()) if tuple(c) not in KNOWN]
+    found = cycles(graph())
     assert not found, f"import cycles: {found}"
 
 

@@ -80,17 +80,21 @@ def _estimate(source: Path, out: Path, scheduler: str) -> int:
     )
 
 
+@pytest.mark.parametrize("route", ["per-subset Gram matrices", "per-subset sketches"])
 def test_gathered_bytes_are_summaries_only_and_do_not_grow_with_n(
-    datasets, tmp_path, scheduler_address, monkeypatch
+    datasets, tmp_path, scheduler_address, monkeypatch, route
 ) -> None:
     measured = {}
     for n, source in datasets.items():
         meter = GatherMeter(monkeypatch)
         monkeypatch.setattr("dpsub_dist.privacy.noise.new_noise_seed", lambda: NOISE_SEED)
+        if route == "per-subset sketches":  # the route of wider data, at this width
+            monkeypatch.setattr("dpsub_dist.engine.routes.GRAM_ROUTE_BYTES", 0)
         out = tmp_path / f"out{n}"
         assert _estimate(source, out, scheduler_address) == 0  # a basis was released
         assert (out / "basis.npy").exists()
         manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["parameters"]["local_route"] == route
         assert meter.calls >= 2  # footers and summaries went through the meter
         measured[n] = (meter.bytes, manifest["summary_bytes_gathered"])
         monkeypatch.undo()

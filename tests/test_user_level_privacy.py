@@ -193,14 +193,18 @@ def test_neighbours_differing_by_one_user_publish_the_same_manifest(tmp_path, na
 
 
 @pytest.mark.parametrize("name", list(NEIGHBOUR_RUNS))
-@pytest.mark.parametrize("route_bytes", [None, 0])
+@pytest.mark.parametrize(
+    "route", ["per-subset Gram matrices", "per-subset sketches", "row shuffle"]
+)
 def test_an_input_without_rows_is_released_not_refused_at_user_level(
-    tmp_path, monkeypatch, name, route_bytes
+    tmp_path, monkeypatch, name, route
 ):
     """n = 0 is as private as any other n: the run releases (⊥ or noise) instead of exit 2,
-    on the per-subset Gram route and (``GRAM_ROUTE_BYTES = 0``) the row shuffle alike."""
-    if route_bytes is not None:
-        monkeypatch.setattr("dpsub_dist.methods._sample_aggregate.GRAM_ROUTE_BYTES", route_bytes)
+    on every route for hashed subsets (the route sizes lowered to force the wider ones)."""
+    if route != "per-subset Gram matrices":
+        monkeypatch.setattr("dpsub_dist.engine.routes.GRAM_ROUTE_BYTES", 0)
+    if route == "row shuffle":
+        monkeypatch.setattr("dpsub_dist.engine.routes.SKETCH_ROUTE_BYTES", 0)
     empty = users_table([], np.random.default_rng(0), pa.int64())
     folder = write_files(tmp_path / "empty", [empty])
     config = dataclasses.replace(NEIGHBOUR_RUNS[name], unit_column="user")
@@ -208,8 +212,8 @@ def test_an_input_without_rows_is_released_not_refused_at_user_level(
     result = run(config, open_parquet(folder), None, noise_seed=3)
     assert result.outcome in ("ok", "no_stable_subspace")
     assert result.manifest["n_rows"] is None
-    if route_bytes is not None and name in ("friendly", "histogram"):
-        assert result.manifest["parameters"]["local_route"] == "row shuffle"
+    if name in ("friendly", "histogram"):
+        assert result.manifest["parameters"]["local_route"] == route
 
 
 _WORKER_LOG = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ - distributed\.", flags=re.M)

@@ -18,7 +18,7 @@ user); the driver gets none.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,8 @@ import numpy as np
 import pandas as pd
 from scipy.linalg.blas import dsyrk
 
-from dpsub_dist.engine.subsets import Loader, compute_in_process, compute_on_cluster
+from dpsub_dist.engine.compute import compute_in_process, compute_on_cluster, tree_sum
+from dpsub_dist.engine.sources import Loader
 from dpsub_dist.errors import InputError
 
 
@@ -101,23 +102,6 @@ def gram_of(rows: np.ndarray) -> np.ndarray:
     return np.triu(upper) + np.triu(upper, 1).T
 
 
-def tree_sum(nodes: Sequence[Any], combine: Callable[[Any, Any], Any], built: list | None = None):
-    """Binary tree of ``combine`` over ``nodes`` (depth ⌈log₂ n⌉); returns the root.
-
-    Every node it creates is appended to ``built`` (to track progress), if given.
-    """
-    level = list(nodes)
-    if not level:
-        raise ValueError("nothing to reduce")
-    while len(level) > 1:
-        paired = [combine(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
-        if built is not None:
-            built.extend(paired)
-        level = paired + level[len(paired) * 2 :]
-    return level[0]
-
-
-
 def sum_on_workers(tasks: list, client: Any | None, label: str, progress: bool) -> Any:
     """Σ of the delayed ``tasks`` (arrays), tree-summed on the workers; only the sum
     reaches the driver. In-process without a client."""
@@ -126,6 +110,7 @@ def sum_on_workers(tasks: list, client: Any | None, label: str, progress: bool) 
         return compute_in_process(root)[0]
     others = [t for t in tasks if t is not root]
     return compute_on_cluster(client, others, [root], label, progress)[0]
+
 
 def compute_gram(
     parts: Sequence[Any],

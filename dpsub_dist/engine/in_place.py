@@ -16,12 +16,9 @@ from typing import Any
 import dask
 import numpy as np
 
-from dpsub_dist.engine.subsets import (
-    Loader,
-    LocalStep,
-    SubsetPlan,
-    gather_summaries,
-)
+from dpsub_dist.engine.compute import gather_summaries
+from dpsub_dist.engine.sources import Loader
+from dpsub_dist.engine.subsets import LocalStep, SubsetPlan
 
 
 def subset_starts(n_rows: int, subsets: int) -> np.ndarray:
@@ -92,4 +89,4 @@ def compute_subset_summaries_in_place(
     ]
     outputs = [t[0] for t in tasks] + crossers
     label = f"{len(parts)} partitions → {plan.subsets} contiguous subsets in place"
-    return gather_summaries(client, [], outputs, plan.subsets, label, progress)
+    return gather_summaries(client, [], outputs, plan.subsets, label, progress, plan.public_rows)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,9 @@ from dpsub_dist.io.parquet import (
 from dpsub_dist.io.storage import StorageOptions
 
 ARRAY_PART_ROWS = 1_000_000
+
+Loader = Callable[[Any], tuple[np.ndarray, Any]]
+"""Loads one partition (on a worker): its float64 rows, and its rows' user ids or None."""
 
 
 @dataclass

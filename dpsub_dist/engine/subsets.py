@@ -12,8 +12,6 @@ Every task is a pure function of (partition, public plan), so Dask may retry it.
 
 from __future__ import annotations
 
-import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -25,8 +23,15 @@ from dask.sizeof import sizeof
 from scipy.linalg.blas import dsyrk
 
 from dpsub_dist.engine.assign import contiguous_row_subsets, random_row_subsets, unit_subsets
+from dpsub_dist.engine.compute import (  # compute_*: re-exported for estimators/clustering.py
+    compute_in_process,  # noqa: F401
+    compute_on_cluster,  # noqa: F401
+    gather_summaries,
+    tree_sum,
+)
+from dpsub_dist.engine.progress import progress_bar  # noqa: F401  (estimators/clustering.py)
+from dpsub_dist.engine.sources import Loader
 
-Loader = Callable[[Any], tuple[np.ndarray, np.ndarray | None]]
 LocalStep = Callable[[np.ndarray, int], np.ndarray]
 
 
@@ -40,6 +45,11 @@ class SubsetPlan:
     assign: Literal["random", "contiguous"] = "random"
     user_level: bool = False
     buckets: int = 1
+
+    @property
+    def public_rows(self) -> int | None:
+        """n where it is public (row level), for progress's rows/s; None at user level."""
+        return None if self.user_level else self.n_rows
 
     def subset_of(self, positions: np.ndarray, units: np.ndarray | None) -> np.ndarray:
         """Subset index of each row, from its global position or its unit id."""
@@ -184,19 +194,6 @@ def gathered_blocks(shards: Sequence[Shard], lo: int, hi: int) -> Iterator[np.nd
         yield np.take(rows, order[start:end], axis=0).astype(np.float64, copy=False)
 
 
-def progress_bar(done: int, total: int, started: float, label: str) -> None:
-    """Redraw a one-line bar on stderr: tasks done of total and seconds since ``started``."""
-    width = 30
-    filled = int(width * done / max(total, 1))
-    elapsed = time.monotonic() - started
-    sys.stderr.write(
-        f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {elapsed:.0f}s"
-    )
-    if done == total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
-
-
 EMPTY_EXPONENT = -(2**20)
 """Scale exponent of a subset with no rows: any other exponent wins when Grams are added."""
 
@@ -209,41 +206,56 @@ SAFE_EXPONENT = 400
 overflow, and what underflows is below 2⁻²⁷⁴ of the largest term."""
 
 
-def partition_grams(plan: SubsetPlan, loader: Loader, part: Any, offset: int) -> ScaledGrams:
-    """Per-subset Gram matrices XⱼᵀXⱼ, row counts and scale exponents of one partition.
+def partition_grams(
+    plan: SubsetPlan, loader: Loader, part: Any, offset: int, right: np.ndarray | None = None
+) -> ScaledGrams:
+    """Per-subset Gram matrices XⱼᵀXⱼ, row counts and scale exponents of one partition;
+    with ``right`` (d×m, or t×d×m: one per subset) the products Xⱼᵀ(XⱼRⱼ) instead.
 
-    Each Gram is scaled by the power of two that brings its subset's largest |x| into
+    Each product is scaled by the power of two that brings its subset's largest |x| into
     [½, 1) (exact), so sums never overflow or underflow whatever the data's magnitude;
     the eigenvectors, hence the summaries, do not depend on the scale. Usual magnitudes
-    multiply the raw rows and scale the t Grams at once (the same values: powers of two
+    multiply the raw rows and scale the t products at once (the same values: powers of two
     commute with rounding); extreme ones scale each subset's rows first.
     """
     rows, units = loader(part)
     order, counts, bounds = subset_order(plan, rows.shape[0], units, offset)
-    grams = np.zeros((plan.subsets, rows.shape[1], rows.shape[1]))
+    width = rows.shape[1] if right is None else right.shape[-1]
+    grams = np.zeros((plan.subsets, rows.shape[1], width))
     peaks = np.zeros(plan.subsets)
     for j in np.flatnonzero(counts):  # each subset's rows gathered on their own: cache-sized
         block = rows[order[bounds[j] : bounds[j + 1]]]
         peaks[j] = max(block.max(), -block.min())
-        grams[j] = dsyrk(1.0, block.T, lower=0)
+        grams[j] = _product(block, right, j)
     nonzero = peaks > 0
     exponents = np.full(plan.subsets, EMPTY_EXPONENT, dtype=np.int64)
     exponents[nonzero] = np.frexp(peaks[nonzero])[1]
     extreme = nonzero & (np.abs(exponents) >= SAFE_EXPONENT)
     for j in np.flatnonzero(extreme):  # the raw product may have overflowed: scale rows first
         block = np.ldexp(rows[order[bounds[j] : bounds[j + 1]]], -exponents[j])
-        grams[j] = dsyrk(1.0, block.T, lower=0)
+        grams[j] = _product(block, right, j)
     shift = np.where(nonzero & ~extreme, -2 * exponents, 0)
     grams = np.ldexp(grams, shift[:, None, None])
-    upper = np.triu_indices(rows.shape[1], 1)
-    grams[:, upper[1], upper[0]] = grams[:, upper[0], upper[1]]  # dsyrk fills the upper half
+    if right is None:
+        upper = np.triu_indices(rows.shape[1], 1)
+        grams[:, upper[1], upper[0]] = grams[:, upper[0], upper[1]]  # dsyrk fills the upper half
     return grams, counts, exponents
 
 
-def no_grams(subsets: int, dim: int) -> ScaledGrams:
-    """The Grams of ``subsets`` subsets without rows: zero, counted 0, exponent empty."""
+def _product(block: np.ndarray, right: np.ndarray | None, subset: int) -> np.ndarray:
+    """BᵀB (upper half, by ``syrk``) or Bᵀ(B·R), R the subset's own matrix when stacked."""
+    if right is None:
+        return dsyrk(1.0, block.T, lower=0)
+    mine = right if right.ndim == 2 else right[subset]
+    return block.T @ (block @ mine)
+
+
+def no_grams(subsets: int, dim: int, width: int | None = None) -> ScaledGrams:
+    """The Grams (or d×width products) of ``subsets`` subsets without rows: zero, counted
+    0, exponent empty."""
     exponents = np.full(subsets, EMPTY_EXPONENT, dtype=np.int64)
-    return np.zeros((subsets, dim, dim)), np.zeros(subsets, dtype=np.int64), exponents
+    shape = (subsets, dim, dim if width is None else width)
+    return np.zeros(shape), np.zeros(subsets, dtype=np.int64), exponents
 
 
 def add_grams(a: ScaledGrams, b: ScaledGrams) -> ScaledGrams:
@@ -252,6 +264,49 @@ def add_grams(a: ScaledGrams, b: ScaledGrams) -> ScaledGrams:
     shift_a = np.maximum(2 * (a[2] - exponents), EMPTY_EXPONENT)[:, None, None]
     shift_b = np.maximum(2 * (b[2] - exponents), EMPTY_EXPONENT)[:, None, None]
     return np.ldexp(a[0], shift_a) + np.ldexp(b[0], shift_b), a[1] + b[1], exponents
+
+
+GROUP_ROWS_PER_FLOAT = 8
+"""A task sums the per-subset blocks of consecutive partitions holding at least this many
+rows per float of one partition's blocks (t·d·width), so the blocks' cost (allocate,
+scale, send, add) stays small beside reading the rows."""
+
+
+def partition_groups(
+    offsets: Sequence[int], n_rows: int, block_floats: int, client: Any | None
+) -> list[slice]:
+    """Runs of consecutive partitions, each summed by one task (:func:`group_grams`).
+
+    Enough runs that every worker gets two, fewer where the partitions are small beside
+    the per-subset blocks; each run about the same number of rows. Reads the partition
+    offsets (footers) and the cluster's size, never a row value.
+    """
+    parts = len(offsets)
+    if parts == 0:
+        return []
+    workers = len(client.scheduler_info()["workers"]) if client is not None else 1
+    by_rows = -(-n_rows // max(GROUP_ROWS_PER_FLOAT * block_floats, 1))
+    groups = min(parts, max(2 * workers, by_rows))
+    starts = np.searchsorted(np.asarray(offsets), np.arange(groups) * n_rows / groups)
+    edges = sorted({0, *starts.tolist()}) + [parts]
+    return [slice(a, b) for a, b in pairwise(edges) if b > a]
+
+
+def group_grams(
+    plan: SubsetPlan,
+    loader: Loader,
+    parts: Sequence[Any],
+    offsets: Sequence[int],
+    right: np.ndarray | None = None,
+) -> ScaledGrams:
+    """Σ of :func:`partition_grams` over consecutive partitions, read one at a time."""
+    total = None
+    for part, offset in zip(parts, offsets, strict=True):
+        grams = partition_grams(plan, loader, part, offset, right)
+        total = grams if total is None else add_grams(total, grams)
+        del grams
+    assert total is not None, "a group holds at least one partition"
+    return total
 
 
 GRAM_SUMMARY_TASKS = 4
@@ -282,20 +337,20 @@ def compute_subset_summaries_from_grams(
     j, the blocks are tree-summed on the workers, and a few worker tasks turn the t Grams
     into t summaries with ``local_step.from_gram``. Exact, like the rows route.
     """
-    from dpsub_dist.engine.gram import tree_sum
-
-    grams = dask.delayed(partition_grams, pure=True)
-    leaves = [
-        grams(plan, loader, part, offset) for part, offset in zip(parts, offsets, strict=True)
-    ]
+    grams = dask.delayed(group_grams, pure=True)
+    dim = local_step.dim
+    groups = partition_groups(offsets, plan.n_rows, plan.subsets * dim * dim, client)
+    leaves = [grams(plan, loader, parts[g], offsets[g]) for g in groups]
     if not leaves:  # no rows (refused at row level; at user level n is private): t empty subsets
         leaves = [dask.delayed(no_grams, pure=True)(plan.subsets, local_step.dim)]
     total = tree_sum(leaves, dask.delayed(add_grams, pure=True))
     summarise = dask.delayed(gram_summaries, pure=True)
     cuts = np.linspace(0, plan.subsets, min(GRAM_SUMMARY_TASKS, plan.subsets) + 1).astype(int)
     outputs = [summarise(local_step, total, int(a), int(b)) for a, b in pairwise(cuts)]
-    label = f"{len(leaves)} partitions → per-subset Grams"
-    return gather_summaries(client, leaves, outputs, plan.subsets, label, progress)
+    label = f"{len(parts)} partitions in {len(leaves)} runs → per-subset Grams"
+    return gather_summaries(
+        client, leaves, outputs, plan.subsets, label, progress, plan.public_rows
+    )
 
 
 def compute_subset_summaries(
@@ -315,84 +370,6 @@ def compute_subset_summaries(
     summarise = dask.delayed(bucket_summaries, pure=True)
     buckets = [summarise(plan, local_step, b, *[s[b] for s in shards]) for b in range(plan.buckets)]
     label = f"{len(shards)} partitions → {len(buckets)} buckets"
-    return gather_summaries(client, shards, buckets, plan.subsets, label, progress)
-
-
-def gather_summaries(
-    client: Any | None,
-    tasks: Sequence[Any],
-    outputs: Sequence[Any],
-    subsets: int,
-    label: str,
-    progress: bool,
-) -> np.ndarray:
-    """Compute ``outputs`` (each an ``(ids, block)`` of summaries) into one t×out_dim array.
-
-    On a cluster each output is placed as it arrives and then dropped, so the driver holds
-    the summaries once (4 GB at t = 676, q = 8, d = 10⁵), not a list of blocks plus a table.
-    """
-    table: np.ndarray | None = None
-
-    def place(result: tuple[np.ndarray, np.ndarray]) -> None:
-        nonlocal table
-        ids, block = result
-        if len(ids):
-            if table is None:
-                table = np.empty((subsets, block.shape[1]))
-            table[ids] = block
-
-    if client is None:
-        for result in compute_in_process(*outputs):
-            place(result)
-    else:
-        compute_on_cluster(client, tasks, outputs, label, progress, on_output=place)
-    assert table is not None, "every subset has a summary"
-    return table
-
-
-def compute_in_process(*tasks: Any) -> tuple:
-    """Dask's thread pool with one BLAS thread per task, as on a worker: many small
-    factorisations run far slower when each also starts a BLAS thread pool."""
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(limits=1, user_api="blas"):
-        return dask.compute(*tasks, scheduler="threads")
-
-
-def compute_on_cluster(
-    client: Any,
-    tasks: Sequence[Any],
-    outputs: Sequence[Any],
-    label: str,
-    progress: bool,
-    on_output: Callable[[Any], None] | None = None,
-) -> list:
-    """Run ``tasks`` and ``outputs`` on the cluster and gather only ``outputs``.
-
-    The bar counts finished tasks; finished futures are dropped as they complete, so the
-    workers free each intermediate result once its dependents have run. A worker's error
-    is re-raised here with its own message. With ``on_output``, each output is handed to
-    it as it arrives (then dropped) and the list returned is empty.
-    """
-    from distributed import as_completed
-
-    futures = client.compute([*tasks, *outputs])
-    output_futures = futures[len(tasks) :]
-    output_keys = {f.key for f in output_futures}
-    if on_output is not None:
-        output_futures = []
-    total = len(futures)
-    started = time.monotonic()
-    pending = as_completed(futures)
-    del futures
-    if progress:
-        progress_bar(0, total, started, label)
-    for done, future in enumerate(pending, start=1):
-        if future.status == "error":
-            future.result()
-        if on_output is not None and future.key in output_keys:
-            on_output(future.result())
-        if progress:
-            progress_bar(done, total, started, label)
-        del future
-    return client.gather(output_futures)
+    return gather_summaries(
+        client, shards, buckets, plan.subsets, label, progress, plan.public_rows
+    )

@@ -8,13 +8,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dpsub_dist.engine.in_place import compute_subset_summaries_in_place
+from dpsub_dist.engine.routes import LOCAL_ROUTES, local_route
 from dpsub_dist.engine.sources import Dataset
-from dpsub_dist.engine.subsets import (
-    SubsetPlan,
-    compute_subset_summaries,
-    compute_subset_summaries_from_grams,
-)
+from dpsub_dist.engine.subsets import SubsetPlan
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators import sample_aggregate as sa
@@ -89,29 +85,6 @@ def check_plan(config: Any, rank: int | None = None) -> None:
         )
 
 
-GRAM_ROUTE_BYTES = 64 * 2**20
-"""Below this size of t per-subset d×d Gram matrices, subsets are summarised from Grams
-(no shuffle, worker memory flat in n); above it rows are shuffled to their subsets."""
-
-
-LOCAL_ROUTES = {
-    "subsets in place": compute_subset_summaries_in_place,
-    "per-subset Gram matrices": compute_subset_summaries_from_grams,
-    "row shuffle": compute_subset_summaries,
-}
-"""How the local steps reach their subsets' rows (all give the same summaries)."""
-
-
-def local_route(subset_plan: SubsetPlan, dim: int) -> str:
-    """Contiguous subsets are summarised where they lie (no shuffle, any d); hashed
-    subsets use per-subset Grams while t·d² floats are small, else a row shuffle."""
-    if subset_plan.assign == "contiguous" and not subset_plan.user_level:
-        return "subsets in place"
-    if subset_plan.subsets * dim * dim * 8 <= GRAM_ROUTE_BYTES:
-        return "per-subset Gram matrices"
-    return "row shuffle"
-
-
 def run_sample_aggregate(
     config: Any,
     open_dataset: Callable[[Any], Dataset],
@@ -158,7 +131,7 @@ def run_sample_aggregate(
     )
     timings["centre_s"] = time.monotonic() - mark
     mark = time.monotonic()
-    route = local_route(subset_plan, dim)
+    route = local_route(subset_plan, dim, k)
     summaries = LOCAL_ROUTES[route](
         dataset.parts, dataset.offsets, loader, subset_plan, step, client, progress
     )
