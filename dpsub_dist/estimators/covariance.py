@@ -29,7 +29,7 @@ from dpsub_dist.engine.subsets import Loader
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators.common import EstimateResult, build_manifest, open_checked, plan
 from dpsub_dist.linalg import top_eigenvectors
-from dpsub_dist.privacy.accountant import Accountant, Budget
+from dpsub_dist.privacy.accountant import Accountant, Budget, gaussian_sigma, laplace_epsilon
 from dpsub_dist.privacy.covariance import (
     SENSITIVITY,
     Neighbours,
@@ -38,7 +38,11 @@ from dpsub_dist.privacy.covariance import (
     gaussian_mean,
 )
 from dpsub_dist.privacy.noise import noise_rng
-from dpsub_dist.privacy.norm_bound import NORM_QUANTILE, norm_counts, private_norm_bound
+from dpsub_dist.privacy.norm_bound import (
+    noise_matched_quantile,
+    norm_counts,
+    private_norm_bound,
+)
 
 if TYPE_CHECKING:
     from dpsub_dist.engine.sources import Dataset
@@ -214,9 +218,24 @@ def release_basis(
 
 
 NORM_SOURCE = (
-    f"private (step norm_bound): the smallest value 2^-10·√2^j (j = 0…100) at which the noisy "
-    f"count of rows with norm ≤ it reaches {NORM_QUANTILE}·n (sparse vector)"
+    "private (step norm_bound): the smallest value 2^-10·√2^j (j = 0…100) at which the noisy "
+    "count of rows with norm ≤ it reaches q·n (sparse vector), q = {q:.6g} from public n, D, "
+    "ε, δ (1 − q = clip(16σ√D/n, 20/(ε_norm·n), 0.5))"
 )
+
+
+def bound_quantile(
+    method: str, grants: dict[str, Budget], relation: Neighbours, n_rows: int, dim: int
+) -> float:
+    """The quantile this run's private bound targets (:func:`noise_matched_quantile`).
+
+    σ is the Gram noise gauss adds at its grant; gap-perturb's noise falls with B² the same way
+    (its gap test and projector noise see the Gram of rows scaled by 1/B), so it uses the σ a
+    Gram release would have at its projector grant. Public: grants, n (row level) and D only.
+    """
+    noise_grant = grants["gram_noise"] if method == "gauss" else grants["projector_noise"]
+    sigma = gaussian_sigma(noise_grant, SENSITIVITY[relation].gram)
+    return noise_matched_quantile(n_rows, dim, sigma, laplace_epsilon(grants["norm_bound"]))
 
 
 def compute_norm_counts(
@@ -258,8 +277,11 @@ def run_covariance(
         mark = time.monotonic()
         counts = compute_norm_counts(dataset.parts, dataset.loader, client, progress)
         accountant.charge("norm_bound", grants["norm_bound"])
-        row_norm = private_norm_bound(counts, dataset.n_rows, grants["norm_bound"], rng).bound
-        norm_source = NORM_SOURCE
+        quantile = bound_quantile(config.method, grants, relation, dataset.n_rows, dataset.dim)
+        row_norm = private_norm_bound(
+            counts, dataset.n_rows, grants["norm_bound"], rng, quantile=quantile
+        ).bound
+        norm_source = NORM_SOURCE.format(q=quantile)
         timings["norm_bound_s"] = time.monotonic() - mark
     else:
         row_norm, norm_source = float(config.row_norm), "public (--row-norm)"
