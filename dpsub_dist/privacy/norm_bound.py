@@ -2,7 +2,8 @@
 
 When no public ``--row-norm`` is given, the bound ``B`` that every row is clipped to is chosen
 from the data under DP: the smallest value of a public grid at which the (noisy) number of rows
-with norm ≤ ``B`` reaches :data:`NORM_QUANTILE` of the public row count ``n``.
+with norm ≤ ``B`` reaches a quantile ``q`` of the public row count ``n``; runs take ``q`` from
+:func:`noise_matched_quantile` (public n, D, ε, δ only).
 
 Public grid: :data:`GRID` = 2^-10·√2^j, j = 0 … 100 (2^-10 to 2^40), fixed in advance and
 independent of the data. Local half (workers, :func:`norm_counts`): each row adds 1 to the bin
@@ -11,13 +12,13 @@ integer counts, never rows; they are operator-only and never published.
 
 Mechanism (:func:`private_norm_bound`): sparse vector (AboveThreshold, Dwork & Roth 2014
 Thm 3.23; :func:`sparse_vector.above_threshold`) over the cumulative counts
-``q_j = #{rows: ‖x‖ ≤ grid_j}`` with the threshold ``T = NORM_QUANTILE·n``.
+``q_j = #{rows: ‖x‖ ≤ grid_j}`` with the threshold ``T = q·n``.
 
 Privacy (replace one row, n public): the replaced row leaves one bin and enters another, so
 every ``q_j`` moves by at most 1 (Δ = 1); AboveThreshold releases the first index j whose
 noisy ``q_j`` reaches the noisy threshold with noise Lap(4Δ/ε) on the queries and Lap(2Δ′/ε)
 on the threshold (on the noise grid): ε-DP whatever the grid's length. ``T`` depends only on
-the public ``n``. If no index passes (output ⊥), the top of the grid is used: post-processing
+public values (``n``, and ``q`` from n, D and the grants). If no index passes (output ⊥), the top of the grid is used: post-processing
 of the released ⊥. Cost: ε (charged as the step ``norm_bound``; a zCDP grant runs it with
 ε = √(2ρ), pure ε-DP being ε²/2-zCDP), no δ. The chosen ``B`` is published; everything after it
 (the clipped Gram matrix, the mean) is calibrated for rows scaled by 1/B as with a public B, so
