@@ -96,12 +96,15 @@ def budget_plan(
         rest = 1.0 - MEAN_SHARE
         steps = {name: (p * rest, q * rest) for name, (p, q) in steps.items()}
         steps = {"mean": (MEAN_SHARE, MEAN_SHARE * delta_share), **steps}
-    if private_norm:
-        rest = 1.0 - NORM_SHARE
-        steps = {"norm_bound": (NORM_SHARE, 0.0)} | {
-            name: (p * rest, q) for name, (p, q) in steps.items()
-        }
-    return steps
+    return norm_bound_first(steps) if private_norm else steps
+
+
+def norm_bound_first(steps: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+    """A plan with the pure-DP ``norm_bound`` step first (NORM_SHARE of ε or ρ, no δ) and the
+    other steps' privacy shares (summing to 1) scaled by the rest (every method with a private
+    bound)."""
+    rest = 1.0 - NORM_SHARE
+    return {"norm_bound": (NORM_SHARE, 0.0)} | {n: (p * rest, q) for n, (p, q) in steps.items()}
 
 
 def plan_shares(config: EstimateConfig) -> dict[str, tuple[float, float]]:
