@@ -24,8 +24,15 @@ from typing import TYPE_CHECKING, Any
 import dask
 import numpy as np
 
-from dpsub_dist.engine.gram import GramSummary, compute_gram, sum_on_workers
-from dpsub_dist.engine.subsets import Loader
+from dpsub_dist.engine.gram import (
+    GramSummary,
+    add_user_norms,
+    compute_gram,
+    sum_on_workers,
+    tree_sum,
+    user_squared_norms,
+)
+from dpsub_dist.engine.subsets import Loader, compute_in_process, compute_on_cluster
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators.common import EstimateResult, build_manifest, open_checked, plan
 from dpsub_dist.linalg import top_eigenvectors
@@ -39,9 +46,12 @@ from dpsub_dist.privacy.covariance import (
 )
 from dpsub_dist.privacy.noise import noise_rng
 from dpsub_dist.privacy.norm_bound import (
+    GRID,
     noise_matched_quantile,
     norm_counts,
+    norm_histogram,
     private_norm_bound,
+    private_user_norm_bound,
 )
 
 if TYPE_CHECKING:
@@ -228,17 +238,53 @@ NORM_SOURCE = (
 
 
 def bound_quantile(
-    method: str, grants: dict[str, Budget], relation: Neighbours, n_rows: int, dim: int
+    method: str,
+    grants: dict[str, Budget],
+    relation: Neighbours,
+    n_rows: float,
+    dim: int,
+    norm_epsilon: float | None = None,
 ) -> float:
     """The quantile this run's private bound targets (:func:`noise_matched_quantile`).
 
     σ is the Gram noise gauss adds at its grant; gap-perturb's noise falls with B² the same way
     (its gap test and projector noise see the Gram of rows scaled by 1/B), so it uses the σ a
-    Gram release would have at its projector grant. Public: grants, n (row level) and D only.
+    Gram release would have at its projector grant. Public: grants, n (row level; the released
+    noisy user count at user level), D and the sparse vector's ε (default: the whole
+    ``norm_bound`` grant's).
     """
     noise_grant = grants["gram_noise"] if method == "gauss" else grants["projector_noise"]
     sigma = gaussian_sigma(noise_grant, SENSITIVITY[relation].gram)
-    return noise_matched_quantile(n_rows, dim, sigma, laplace_epsilon(grants["norm_bound"]))
+    if norm_epsilon is None:
+        norm_epsilon = laplace_epsilon(grants["norm_bound"])
+    return noise_matched_quantile(n_rows, dim, sigma, norm_epsilon)
+
+
+USER_NORM_SOURCE = (
+    "private at user level (step norm_bound): a noisy user count ñ (half of the step), then "
+    "the smallest value 2^-10·√2^j (j = 0…100) at which the noisy count of users with "
+    "√Σ‖x‖² ≤ it reaches q·ñ (sparse vector, the other half), q = {q:.6g} from ñ, D, ε, δ"
+)
+
+
+def compute_user_norm_counts(
+    parts: list[Any], loader: Loader, client: Any | None, progress: bool
+) -> np.ndarray:
+    """Counts of users per bin of the public grid by ``√Σ‖x‖²`` over their rows: the per-user
+    tables are summed in a tree on the workers and binned there, so only the grid's 102
+    integer counts reach the driver (operator-only, never published)."""
+    squares = dask.delayed(user_squared_norms, pure=True)
+    tasks = [squares(loader, None, part) for part in parts]
+    total = tree_sum(tasks, dask.delayed(add_user_norms, pure=True), tasks)
+    root = dask.delayed(_user_histogram, pure=True)(total)
+    if client is None:
+        return compute_in_process(root)[0]
+    label = f"{len(parts)} partitions → per-user norm counts"
+    return compute_on_cluster(client, tasks, [root], label, progress)[0]
+
+
+def _user_histogram(totals: Any) -> np.ndarray:
+    return norm_histogram(np.sqrt(np.asarray(totals, dtype=np.float64)))
 
 
 def compute_norm_counts(
@@ -276,7 +322,25 @@ def run_covariance(
         raise InputError(f"{dataset.input} has no rows: pass a dataset with at least one row")
     timings["inspect_s"] = time.monotonic() - started
     rng = noise_rng(noise_seed)
-    if config.row_norm is None:
+    if config.row_norm is None and relation == "add_remove":
+        mark = time.monotonic()
+        counts = (
+            compute_user_norm_counts(dataset.parts, dataset.loader, client, progress)
+            if dataset.parts
+            else np.zeros(len(GRID) + 1, dtype=np.int64)
+        )
+        accountant.charge("norm_bound", grants["norm_bound"])
+        released = private_user_norm_bound(
+            counts,
+            grants["norm_bound"],
+            rng,
+            lambda users, eps: bound_quantile(
+                config.method, grants, relation, users, dataset.dim, eps
+            ),
+        )
+        row_norm, norm_source = released.bound, USER_NORM_SOURCE.format(q=released.quantile)
+        timings["norm_bound_s"] = time.monotonic() - mark
+    elif config.row_norm is None:
         mark = time.monotonic()
         counts = compute_norm_counts(dataset.parts, dataset.loader, client, progress)
         accountant.charge("norm_bound", grants["norm_bound"])

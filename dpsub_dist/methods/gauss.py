@@ -11,7 +11,7 @@ ROW_NORM = Param(
     "row_norm",
     float,
     "public bound B, longer rows are scaled down to B (default: chosen privately from the "
-    "data with 10%% of the budget; required with --unit-column)",
+    "data with 10%% of the budget)",
     need="a positive finite number",
     fix="e.g. 10",
     valid=positive,
@@ -29,12 +29,7 @@ COVARIANCE_PARAMS = (ROW_NORM, CENTER)
 
 
 def check_covariance(config: Any) -> None:
-    """User level needs a public row-norm bound; centring needs the public row count."""
-    if config.row_norm is None and config.unit_column:
-        raise InputError(
-            f"--method {config.method} at user level needs a public bound on row norms: "
-            "pass --row-norm B (the private bound is row level only)"
-        )
+    """Centring needs the public row count (user level has none)."""
     if config.center and config.unit_column:
         raise InputError(
             "--center is row level only: the private mean needs the public row count, which "

@@ -18,24 +18,29 @@ Privacy (replace one row, n public): the replaced row leaves one bin and enters 
 every ``q_j`` moves by at most 1 (Δ = 1); AboveThreshold releases the first index j whose
 noisy ``q_j`` reaches the noisy threshold with noise Lap(4Δ/ε) on the queries and Lap(2Δ′/ε)
 on the threshold (on the noise grid): ε-DP whatever the grid's length. ``T`` depends only on
-public values (``n``, and ``q`` from n, D and the grants). If no index passes (output ⊥), the top of the grid is used: post-processing
-of the released ⊥. Cost: ε (charged as the step ``norm_bound``; a zCDP grant runs it with
-ε = √(2ρ), pure ε-DP being ε²/2-zCDP), no δ. The chosen ``B`` is published; everything after it
-(the clipped Gram matrix, the mean) is calibrated for rows scaled by 1/B as with a public B, so
-the whole run composes basically: ε_norm + the rest.
+public values (``n``, and ``q`` from n, D and the grants). If no index passes (output ⊥), the
+top of the grid is used: post-processing of the released ⊥. Cost: ε (charged as the step
+``norm_bound``; a zCDP grant runs it with ε = √(2ρ), pure ε-DP being ε²/2-zCDP), no δ. The
+chosen ``B`` is published; everything after it (the clipped Gram matrix, the mean) is
+calibrated for rows scaled by 1/B as with a public B, so the whole run composes basically:
+ε_norm + the rest.
 
-User level is not offered: one user's rows move every ``q_j`` by up to their row count, and
-``n`` (the threshold) is private there; pass a public ``--row-norm``.
+User level (:func:`private_user_norm_bound`): one user's rows move every row count by up to
+their number and n is private, so the same search runs over users instead (one norm
+``√Σ‖x‖²`` per user, Δ = 1 under add/remove) with the threshold ``q·ñ`` from a noisy user
+count paid from the same step.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from dpsub_dist.privacy.accountant import Budget, laplace_epsilon
+from dpsub_dist.privacy import noise
+from dpsub_dist.privacy.accountant import ApproxDP, Budget, laplace_epsilon
 from dpsub_dist.privacy.sparse_vector import above_threshold
 
 GRID = 2.0 ** (np.arange(-20, 81) / 2)
@@ -71,13 +76,20 @@ class NormBound:
     bound: float
     index: int | None
     quantile: float
+    users: float | None = None
+    """User level: the noisy user count the threshold used (released; None at row level)."""
 
 
 def norm_counts(rows: np.ndarray, grid: np.ndarray = GRID) -> np.ndarray:
     """Per-bin row counts: bin j holds norms in (grid_{j-1}, grid_j]; bin len(grid) overflows."""
     rows = np.asarray(rows, dtype=np.float64)
-    norms = np.sqrt(np.einsum("ij,ij->i", rows, rows))
-    bins = np.searchsorted(grid, norms, side="left")
+    return norm_histogram(np.sqrt(np.einsum("ij,ij->i", rows, rows)), grid)
+
+
+def norm_histogram(norms: np.ndarray, grid: np.ndarray = GRID) -> np.ndarray:
+    """Counts of ``norms`` per bin of the grid (as :func:`norm_counts`; user level: one norm
+    ``√Σ‖x‖²`` per user)."""
+    bins = np.searchsorted(grid, np.asarray(norms, dtype=np.float64), side="left")
     return np.bincount(bins, minlength=len(grid) + 1).astype(np.int64)
 
 
@@ -131,3 +143,42 @@ def private_norm_bound(
         rng,
     )
     return NormBound(float(grid[-1] if index is None else grid[index]), index, quantile)
+
+
+USER_COUNT_SHARE = 0.5
+"""User level: share of ε_norm spent on the noisy user count (the rest on the sparse vector)."""
+
+
+def private_user_norm_bound(
+    counts: np.ndarray,
+    grant: Budget,
+    rng: np.random.Generator,
+    quantile_for: Callable[[float, float], float],
+    grid: np.ndarray = GRID,
+) -> NormBound:
+    """User level (add/remove one user, n private): the smallest grid value B whose noisy count
+    of users with ``√Σ‖x‖² ≤ B`` (sum over the user's rows) reaches ``q·ñ``.
+
+    ``counts`` are :func:`norm_histogram` of the per-user norms (operator-only). Two pure-DP
+    steps, ε = :func:`laplace_epsilon` of ``grant`` in all (basic composition):
+
+    1. ñ = #users + Lap(1/ε₁) on the noise grid, ε₁ = USER_COUNT_SHARE·ε: adding or removing
+       a user moves the count by 1. ñ is clamped to ≥ 1 (post-processing).
+    2. AboveThreshold at ε₂ = ε − ε₁ over the cumulative counts ``#{users: √Σ‖x‖² ≤ grid_j}``:
+       a user sits in one bin, so adding or removing one moves every cumulative count by ≤ 1
+       (Δ = 1); the threshold ``q·ñ`` with ``q = quantile_for(ñ, ε₂)`` is a function of the
+       released ñ and public values, fixed before step 2 (adaptive composition).
+
+    A user with ``√Σ‖x‖² ≤ B`` has every row within B and ``Σ‖x/B‖² ≤ 1``: the user-level Gram
+    pass leaves them untouched; the others are clipped and rescaled as with a public bound.
+    """
+    epsilon = laplace_epsilon(grant)
+    count_epsilon = USER_COUNT_SHARE * epsilon
+    counts = np.asarray(counts, dtype=np.int64)
+    noisy = float(noise.add_laplace(rng, float(counts.sum()), 1.0 / count_epsilon, 1.0))
+    users = max(noisy, 1.0)
+    quantile = quantile_for(users, epsilon - count_epsilon)
+    released = private_norm_bound(
+        counts, users, ApproxDP(epsilon - count_epsilon), rng, quantile=quantile, grid=grid
+    )
+    return NormBound(released.bound, released.index, quantile, users)
