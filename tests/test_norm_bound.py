@@ -116,7 +116,8 @@ def test_audit_catches_an_under_noised_twin(monkeypatch, level) -> None:
 def test_private_bound_is_close_to_the_best_hand_picked_bound() -> None:
     """Heavy-tailed rows (bench/norm_quantile.py): the 0.95-quantile bound is biased to the
     wrong subspace and the maximum drowns in noise; the private bound (q = 0.99, 10% of ε)
-    is within a small margin of the best hand-picked quantile (measured 0.017 vs 0.016)."""
+    is within a small margin of the best hand-picked quantile (one noisy draw each; medians
+    of 5: 0.018 vs 0.016, docs/covariance.md)."""
     rows, truth = heavy_tailed_rows(300_000)
     norms = np.linalg.norm(rows, axis=1)
 
@@ -128,7 +129,7 @@ def test_private_bound_is_close_to_the_best_hand_picked_bound() -> None:
     hand = {q: error(float(np.quantile(norms, q)))[0] for q in (0.95, 0.99, 0.999, 1.0)}
     private, manifest = error(None)
     assert hand[0.95] > 0.5 and hand[1.0] > 0.5, hand  # both ends of the trade-off fail
-    assert private <= 2 * min(hand.values()) + 0.01, (private, hand)
+    assert private <= 2 * min(hand.values()) + 0.02, (private, hand)
     assert manifest["parameters"]["row_norm"] in nb.GRID
     assert manifest["parameters"]["row_norm_source"].startswith("private")
 
