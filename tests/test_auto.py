@@ -105,7 +105,7 @@ def test_the_choice_is_made_before_any_row_is_read(monkeypatch) -> None:
     [
         ({}, 10, "gauss", "fit the driver"),
         ({}, 20_000, "friendly", "exceed the driver budget"),
-        ({"unit_column": "u"}, 10, "friendly", "user level"),
+        ({"unit_column": "u"}, 10, "gauss", "fit the driver"),  # a private user-level bound
         ({"unit_column": "u", "row_norm": 5.0}, 10, "gauss", "fit the driver"),
         ({"subsets": 400}, 10, "friendly", "--subsets given"),
         ({"assign": "contiguous"}, 10, "friendly", "--assign given"),

@@ -432,7 +432,6 @@ def test_user_level_run_is_add_remove(tmp_path) -> None:
 
 
 BAD_CONFIGS = [
-    ({"method": "gauss", "unit_column": "u"}, "--row-norm B"),  # row level: a private bound
     ({"method": "gap-perturb", "row_norm": 0.0}, "positive finite"),
     ({"method": "gauss", "row_norm": -2.0}, "positive finite"),
     ({"method": "gauss", "row_norm": math.nan}, "positive finite"),
@@ -504,7 +503,6 @@ def test_cli_gap_perturb_bottom_exits_3(tmp_path, scheduler_address, capsys) -> 
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--method", "gauss", "--unit-column", "x0"], "--row-norm"),
         (["--method", "gauss", "--row-norm", "0"], "--row-norm"),
         (["--method", "gap-perturb", "--row-norm", "-1"], "--row-norm"),
         (["--method", "friendly", "--row-norm", "3", "--no-center"], "it needs centring"),

@@ -61,7 +61,8 @@ def test_bound_is_the_grid_value_covering_the_quantile() -> None:
     assert released.bound == expected and released.quantile == nb.NORM_QUANTILE
 
 
-def test_audit_catches_an_under_noised_twin(monkeypatch) -> None:
+@pytest.mark.parametrize("level", ["row", "user"])
+def test_audit_catches_an_under_noised_twin(monkeypatch, level) -> None:
     """Replace-one neighbours: one row moves from the first bin past the grid, so the first
     cumulative count is 1 lower; the event is "the first grid value is released".
 
@@ -69,6 +70,10 @@ def test_audit_catches_an_under_noised_twin(monkeypatch) -> None:
     is ≤ ε/2 (threshold noise; Lyu, Su & Li 2017) and twins with ½ or ¼ of the noise still stay
     within ε here (measured: ¼ gives a bound ≈ 0.8–0.9 at ε = 1). The twin with ⅛ of the noise
     on both draws exceeds ε (measured bound ≈ 1.9) and is what the audit must catch.
+    User level (add/remove): the added user sits in the overflow bin, so the first cumulative
+    count is equal and the user count 1 higher; the noisy count (half of ε) moves the threshold.
+    Each half runs at ε/2, so the ⅛ twin stays within ε there (measured 0.85); the 1/16 twin is
+    caught.
     """
     factor = {"value": 1.0}
     add, pure = noise.add_laplace, noise.laplace_noise
@@ -84,11 +89,18 @@ def test_audit_catches_an_under_noised_twin(monkeypatch) -> None:
     below = 990 - 1  # the first count sits one row below the threshold 0.99·n
     before = np.array([below, n - below, 0])
     after = np.array([below - 1, n - below + 1, 0])
+    if level == "user":
+        after = np.array([below, n - below, 1])
+
+    def mechanism(counts, rng):
+        if level == "row":
+            return nb.private_norm_bound(counts, n, grant, rng, grid=grid).index
+        return nb.private_user_norm_bound(counts, grant, rng, lambda u, e: 0.99, grid=grid).index
 
     def run(value: float):
         factor["value"] = value
         return audit(
-            lambda counts, rng: nb.private_norm_bound(counts, n, grant, rng, grid=grid).index,
+            mechanism,
             before,
             after,
             lambda index: index == 0,
@@ -96,7 +108,7 @@ def test_audit_catches_an_under_noised_twin(monkeypatch) -> None:
             0.0,
         )
 
-    honest, twin = run(1.0), run(0.125)
+    honest, twin = run(1.0), run(0.125 if level == "row" else 0.0625)
     assert honest.epsilon_lower < grant.epsilon, honest
     assert twin.epsilon_lower > grant.epsilon, twin
 
@@ -104,7 +116,8 @@ def test_audit_catches_an_under_noised_twin(monkeypatch) -> None:
 def test_private_bound_is_close_to_the_best_hand_picked_bound() -> None:
     """Heavy-tailed rows (bench/norm_quantile.py): the 0.95-quantile bound is biased to the
     wrong subspace and the maximum drowns in noise; the private bound (q = 0.99, 10% of ε)
-    is within a small margin of the best hand-picked quantile (measured 0.017 vs 0.016)."""
+    is within a small margin of the best hand-picked quantile (one noisy draw each; medians
+    of 5: 0.018 vs 0.016, docs/covariance.md)."""
     rows, truth = heavy_tailed_rows(300_000)
     norms = np.linalg.norm(rows, axis=1)
 
@@ -116,7 +129,7 @@ def test_private_bound_is_close_to_the_best_hand_picked_bound() -> None:
     hand = {q: error(float(np.quantile(norms, q)))[0] for q in (0.95, 0.99, 0.999, 1.0)}
     private, manifest = error(None)
     assert hand[0.95] > 0.5 and hand[1.0] > 0.5, hand  # both ends of the trade-off fail
-    assert private <= 2 * min(hand.values()) + 0.01, (private, hand)
+    assert private <= 2 * min(hand.values()) + 0.02, (private, hand)
     assert manifest["parameters"]["row_norm"] in nb.GRID
     assert manifest["parameters"]["row_norm_source"].startswith("private")
 
@@ -151,9 +164,48 @@ def test_cli_without_row_norm_publishes_the_private_bound(
     assert subspace_error(np.load(out / "basis.npy"), truth) < 0.1
 
 
-def test_cli_user_level_without_row_norm_exits_2(small_dataset, tmp_path, capsys) -> None:
+def test_cli_user_level_without_row_norm_publishes_a_private_bound(
+    small_dataset, scheduler_address, tmp_path
+) -> None:
+    """User level (n private): the bound comes from per-user norms and a noisy user count, all
+    paid from the norm_bound step; the run publishes B and stays within the budget."""
     out = tmp_path / "out"
-    assert _estimate(small_dataset, out, "--method", "gauss", "--unit-column", "x0") == 2
-    err = capsys.readouterr().err
-    assert "--row-norm" in err and "user level" in err and len(err.strip().splitlines()) == 1
-    assert not out.exists()
+    code = _estimate(
+        small_dataset, out, "--method", "gauss", "--unit-column", "x0",
+        "--scheduler", scheduler_address,
+    )  # fmt: skip
+    assert code == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    parameters = manifest["parameters"]
+    assert parameters["row_norm"] in nb.GRID
+    assert (
+        parameters["row_norm_source"].startswith("private")
+        and "user" in parameters["row_norm_source"]
+    )
+    steps = {s["step"]: s for s in manifest["privacy"]["budget"]["steps"]}
+    assert (
+        steps["norm_bound"]["epsilon"] == pytest.approx(0.1) and steps["norm_bound"]["delta"] == 0
+    )
+    assert manifest["privacy"]["budget"]["spent"]["epsilon"] == pytest.approx(1.0)
+
+
+def test_user_level_noise_is_a_count_then_the_sparse_vector_at_half_each() -> None:
+    """ε_norm = 0.4: user count Lap(1/0.2), then the sparse vector at ε = 0.2 (Δ = 1 each);
+    the threshold is q·ñ with q from the released ñ."""
+    counts = nb.norm_histogram(np.sqrt(np.random.default_rng(4).gamma(2.0, 3.0, 20_000)))
+    seen = {}
+
+    def quantile_for(users: float, epsilon: float) -> float:
+        seen.update(users=users, epsilon=epsilon)
+        return 0.99
+
+    with noise.draw_log() as draws:
+        released = nb.private_user_norm_bound(
+            counts, ApproxDP(0.4), np.random.default_rng(5), quantile_for
+        )
+    assert draws[0].scale == pytest.approx(1 / 0.2) and draws[0].sensitivity == 1.0
+    threshold = 2 * (1.0 + noise.grid_step(4 / 0.2)) / 0.2
+    assert draws[1].scale == pytest.approx(threshold) and draws[1].size == 1
+    assert all(d.scale == pytest.approx(4 / 0.2) for d in draws[2:]) and len(draws) > 2
+    assert seen["epsilon"] == pytest.approx(0.2) and released.users == seen["users"]
+    assert abs(seen["users"] - 20_000) < 200 and released.bound in nb.GRID

@@ -58,10 +58,11 @@ def clip_rows(rows: np.ndarray, bound: float) -> np.ndarray:
     return rows * (1.0 / np.maximum(norms, bound))[:, None]
 
 
-def user_squared_norms(loader: Loader, bound: float, part: Any) -> pd.Series:
-    """Pass 1 at user level: each user's Σ‖x‖² over this partition's clipped, scaled rows."""
+def user_squared_norms(loader: Loader, bound: float | None, part: Any) -> pd.Series:
+    """Pass 1 at user level: each user's Σ‖x‖² over this partition's clipped, scaled rows
+    (``bound=None``: the raw rows, for the private bound's per-user histogram)."""
     rows, units = loader(part)
-    rows = clip_rows(rows, bound)
+    rows = np.asarray(rows, dtype=np.float64) if bound is None else clip_rows(rows, bound)
     squared = np.bincount(
         units.inverse, weights=np.einsum("ij,ij->i", rows, rows), minlength=len(units.keys)
     )

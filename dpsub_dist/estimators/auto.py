@@ -9,10 +9,9 @@ Rule, in order (measured in docs/auto.md):
 
 1. options that only sample and aggregate understands (``--subsets``, ``--ref-points``,
    ``--radius``/``--cell-side``, ``--assign contiguous``) → ``friendly``: the user asked for it;
-2. user level without a public ``--row-norm`` → ``friendly``: gauss needs a public bound there;
-3. the driver's D×D matrices above :data:`DRIVER_BYTES` → ``friendly`` (the summaries it gathers
+2. the driver's D×D matrices above :data:`DRIVER_BYTES` → ``friendly`` (the summaries it gathers
    are t×qD, with q lowered to fit);
-4. otherwise ``gauss`` (Analyze Gauss, private row-norm bound unless ``--row-norm``, centred by
+3. otherwise ``gauss`` (Analyze Gauss, private row-norm bound unless ``--row-norm``, centred by
    default at row level): 2.5–23× more accurate than friendly wherever both were measured, and it
    never returns ⊥.
 """
@@ -52,10 +51,6 @@ def choose(config: EstimateConfig, dim: int) -> tuple[str, str]:
         given.append("--assign")
     if given:
         return "friendly", f"{', '.join(given)} given: options of sample and aggregate"
-    if config.unit_column is not None and config.row_norm is None:
-        return "friendly", (
-            "user level without a public --row-norm: gauss needs a public row bound there"
-        )
     if not gauss_fits(dim):
         return "friendly", (
             f"D = {dim}: gauss's {GAUSS_COPIES} D×D matrices exceed the driver budget of "

@@ -31,7 +31,7 @@ from dpsub_dist.estimators.norm_pass import NORM_SOURCE, compute_norm_counts
 from dpsub_dist.linalg import top_eigenvectors
 from dpsub_dist.privacy.accountant import Accountant, Budget
 from dpsub_dist.privacy.covariance import SENSITIVITY, gaussian_mean
-from dpsub_dist.privacy.norm_bound import private_norm_bound
+from dpsub_dist.privacy.norm_bound import NORM_QUANTILE, private_norm_bound
 from dpsub_dist.privacy.variance import private_variances, projected_sums, released_variance
 
 if TYPE_CHECKING:
@@ -119,11 +119,13 @@ def private_bound(
     rng: np.random.Generator,
     client: Any | None,
     progress: bool,
+    quantile: float = NORM_QUANTILE,
 ) -> float:
-    """The private row-norm bound of ``loader``'s rows, charged as ``step`` (norm_bound.py)."""
+    """The private row-norm bound of ``loader``'s rows at ``quantile``, charged as ``step``
+    (norm_bound.py)."""
     counts = compute_norm_counts(dataset.parts, loader, client, progress)
     accountant.charge(step, grants[step])
-    return private_norm_bound(counts, dataset.n_rows, grants[step], rng).bound
+    return private_norm_bound(counts, dataset.n_rows, grants[step], rng, quantile=quantile).bound
 
 
 def centre(
@@ -140,7 +142,8 @@ def centre(
         return dataset.loader, {"center": False, "center_note": UNCENTRED_NOTE}, {}
     if config.row_norm is None:
         args = (dataset, dataset.loader, accountant, grants, rng, client, progress)
-        bound, source = private_bound("norm_bound", *args), NORM_SOURCE
+        bound = private_bound("norm_bound", *args)
+        source = NORM_SOURCE.format(q=NORM_QUANTILE, step="norm_bound")
     else:
         bound, source = float(config.row_norm), "public (--row-norm)"
     total = dask.delayed(_clipped_row_sum, pure=True)

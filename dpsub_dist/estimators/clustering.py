@@ -66,6 +66,8 @@ from dpsub_dist.estimators.common import (
     progress_shown,
     public_seed,
 )
+from dpsub_dist.estimators.covariance import norm_bound_first
+from dpsub_dist.estimators.norm_pass import NORM_SOURCE, compute_norm_counts
 from dpsub_dist.linalg import subspace_error, top_eigenvectors
 from dpsub_dist.privacy.accountant import Budget, laplace_epsilon
 from dpsub_dist.privacy.clustering import (
@@ -78,6 +80,7 @@ from dpsub_dist.privacy.clustering import (
     squared_distances,
 )
 from dpsub_dist.privacy.noise import noise_rng
+from dpsub_dist.privacy.norm_bound import NormBound, noise_matched_quantile, private_norm_bound
 
 GIBBS_MAX_ROWS = 100_000
 """The Gibbs sampler holds all rows in one worker task and sweeps them many times."""
@@ -306,7 +309,11 @@ def budget_shares(config: Any) -> dict[str, tuple[float, float]]:
         return sa.budget_plan(config.aggregator, config.scale is not None)
     if config.method == "sulq":
         iterations = config.iterations or DEFAULT_ITERATIONS
-        return {f"iteration_{i + 1}": (1.0, 1.0) for i in range(iterations)}
+        if not config.private_norm:
+            return {f"iteration_{i + 1}": (1.0, 1.0) for i in range(iterations)}
+        return norm_bound_first(
+            {f"iteration_{i + 1}": (1 / iterations, 1.0) for i in range(iterations)}
+        )
     return {"exponential_mechanism": (1.0, 0.0)}  # gibbs: sets the temperature, never charged
 
 
@@ -485,11 +492,17 @@ def run_sulq(config, dataset, accountant, grants, client, progress, noise_seed, 
     seed = public_seed(config)
     planes = OVERCLUSTER * k
     bases = random_bases(np.random.default_rng([seed, _INIT_TAG]), planes, dim, q)
-    task = PartitionGrams(dataset.loader, config.row_norm)
     rng = noise_rng(noise_seed)
+    steps = [(step, grant) for step, grant in grants.items() if step != "norm_bound"]
+    row_norm, norm_source = config.row_norm, "public (--row-norm)"
+    if "norm_bound" in grants:
+        mark = time.monotonic()
+        bound = sulq_norm_bound(dataset, accountant, grants, steps[0][1], rng, client, progress)
+        row_norm, norm_source = bound.bound, NORM_SOURCE.format(q=bound.quantile, step="norm_bound")
+        timings["norm_bound_s"] = time.monotonic() - mark
+    task = PartitionGrams(dataset.loader, row_norm)
     sigmas, gathered = [], 0
     mark = time.monotonic()
-    steps = list(grants.items())
     for number, (step, grant) in enumerate(steps, start=1):
         grams = sum_over_partitions(task, dataset.parts, bases, client)
         gathered += int(grams.nbytes)
@@ -504,11 +517,10 @@ def run_sulq(config, dataset, accountant, grants, client, progress, noise_seed, 
             progress_bar(number, len(steps), mark, f"sulq: {len(steps)} noisy iterations")
     timings["iterations_s"] = time.monotonic() - mark
     parameters = {
-        "iterations": len(grants),
-        "row_norm": config.row_norm,
-        "row_scaling": "unit length"
-        if config.row_norm is None
-        else "clip to row_norm, then /row_norm",
+        "iterations": len(steps),
+        "row_norm": row_norm,
+        "row_scaling": "unit length" if row_norm is None else "clip to row_norm, then /row_norm",
+        **({} if row_norm is None else {"row_norm_source": norm_source}),
         "gram_sensitivity": GRAM_SENSITIVITY,
         "public_seed": seed,
         "budget_shares": budget_shares(config),
@@ -519,6 +531,30 @@ def run_sulq(config, dataset, accountant, grants, client, progress, noise_seed, 
         "noisy_cluster_mass": [float(np.trace(g)) for g in noisy],
     }
     return bases, parameters, release, gathered
+
+
+def sulq_norm_bound(
+    dataset: Dataset,
+    accountant: Any,
+    grants: dict[str, Budget],
+    iteration: Budget,
+    rng: np.random.Generator,
+    client: Any,
+    progress: bool,
+) -> NormBound:
+    """The private bound of privacy/norm_bound.py before the iterations (``--private-norm``).
+
+    Same mechanism and cost as gauss's (sparse vector over the public grid's cumulative counts,
+    Δ = 1 at row level, ε_norm-DP, no δ); its quantile follows the noise of one iteration's
+    Gram release (σ at Δ = 2), from public n, D and grants. The released B then plays the part
+    of a public --row-norm: each iteration's sensitivity is for rows of norm ≤ 1 after /B.
+    """
+    grant = grants["norm_bound"]
+    counts = compute_norm_counts(dataset.parts, dataset.loader, client, progress)
+    accountant.charge("norm_bound", grant)
+    sigma = gram_noise_sigma(iteration)
+    quantile = noise_matched_quantile(dataset.n_rows, dataset.dim, sigma, laplace_epsilon(grant))
+    return private_norm_bound(counts, dataset.n_rows, grant, rng, quantile=quantile)
 
 
 def run_gibbs(config, dataset, accountant, grants, client, progress, noise_seed, timings):

@@ -32,9 +32,13 @@ from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators.centring import MEAN_SHARE
 from dpsub_dist.estimators.common import EstimateResult, build_manifest, open_checked, plan
-from dpsub_dist.estimators.norm_pass import NORM_SOURCE
+from dpsub_dist.estimators.norm_pass import (
+    NORM_SOURCE,
+    USER_NORM_SOURCE,
+    compute_user_norm_counts,
+)
 from dpsub_dist.linalg import top_eigenvectors
-from dpsub_dist.privacy.accountant import Accountant, Budget
+from dpsub_dist.privacy.accountant import Accountant, Budget, gaussian_sigma, laplace_epsilon
 from dpsub_dist.privacy.covariance import (
     SENSITIVITY,
     Neighbours,
@@ -42,6 +46,7 @@ from dpsub_dist.privacy.covariance import (
     gap_perturbation,
 )
 from dpsub_dist.privacy.noise import noise_rng
+from dpsub_dist.privacy.norm_bound import GRID, noise_matched_quantile, private_user_norm_bound
 from dpsub_dist.privacy.variance import EXPLAINED_VARIANCE_NOTE, released_variance
 
 if TYPE_CHECKING:
@@ -95,16 +100,23 @@ def budget_plan(
         rest = 1.0 - MEAN_SHARE
         steps = {name: (p * rest, q * rest) for name, (p, q) in steps.items()}
         steps = {"mean": (MEAN_SHARE, MEAN_SHARE * delta_share), **steps}
-    if private_norm:
-        rest = 1.0 - NORM_SHARE
-        scaled = {name: (p * rest, q) for name, (p, q) in steps.items()}
-        if center:
-            half = (NORM_SHARE / 2, 0.0)
-            mean = scaled.pop("mean")
-            steps = {"norm_bound": half, "mean": mean, "centred_norm_bound": half, **scaled}
-        else:
-            steps = {"norm_bound": (NORM_SHARE, 0.0), **scaled}
-    return steps
+    if not private_norm:
+        return steps
+    if not center:
+        return norm_bound_first(steps)
+    rest = 1.0 - NORM_SHARE
+    scaled = {name: (p * rest, q) for name, (p, q) in steps.items()}
+    half = (NORM_SHARE / 2, 0.0)  # the raw rows' bound (for the mean), the centred rows'
+    mean = scaled.pop("mean")
+    return {"norm_bound": half, "mean": mean, "centred_norm_bound": half, **scaled}
+
+
+def norm_bound_first(steps: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+    """A plan with the pure-DP ``norm_bound`` step first (NORM_SHARE of ε or ρ, no δ) and the
+    other steps' privacy shares (summing to 1) scaled by the rest (every method with a private
+    bound)."""
+    rest = 1.0 - NORM_SHARE
+    return {"norm_bound": (NORM_SHARE, 0.0)} | {n: (p * rest, q) for n, (p, q) in steps.items()}
 
 
 def plan_shares(config: EstimateConfig) -> dict[str, tuple[float, float]]:
@@ -163,6 +175,29 @@ def release_basis(
     return release.basis, details
 
 
+def bound_quantile(
+    method: str,
+    grants: dict[str, Budget],
+    relation: Neighbours,
+    n_rows: float,
+    dim: int,
+    norm_epsilon: float | None = None,
+) -> float:
+    """The quantile this run's private bound targets (:func:`noise_matched_quantile`).
+
+    σ is the Gram noise gauss adds at its grant; gap-perturb's noise falls with B² the same way
+    (its gap test and projector noise see the Gram of rows scaled by 1/B), so it uses the σ a
+    Gram release would have at its projector grant. Public: grants, n (row level; the released
+    noisy user count at user level), D and the sparse vector's ε (default: the whole
+    ``norm_bound`` grant's).
+    """
+    noise_grant = grants["gram_noise"] if method == "gauss" else grants["projector_noise"]
+    sigma = gaussian_sigma(noise_grant, SENSITIVITY[relation].gram)
+    if norm_epsilon is None:
+        norm_epsilon = laplace_epsilon(grants["norm_bound"])
+    return noise_matched_quantile(n_rows, dim, sigma, norm_epsilon)
+
+
 def run_covariance(
     config: EstimateConfig,
     open_dataset: Callable[[Any], Dataset],
@@ -188,11 +223,36 @@ def run_covariance(
     loader, centred, mean_release = centring.centre(
         config, dataset, accountant, grants, rng, client, progress
     )
-    if config.row_norm is None:
+    if config.row_norm is None and relation == "add_remove":
+        counts = (
+            compute_user_norm_counts(dataset.parts, dataset.loader, client, progress)
+            if dataset.parts
+            else np.zeros(len(GRID) + 1, dtype=np.int64)
+        )
+        accountant.charge("norm_bound", grants["norm_bound"])
+        released = private_user_norm_bound(
+            counts,
+            grants["norm_bound"],
+            rng,
+            lambda users, eps: bound_quantile(
+                config.method, grants, relation, users, dataset.dim, eps
+            ),
+        )
+        row_norm, norm_source = released.bound, USER_NORM_SOURCE.format(q=released.quantile)
+    elif config.row_norm is None:
         step = "centred_norm_bound" if config.center else "norm_bound"
+        quantile = bound_quantile(
+            config.method,
+            grants,
+            relation,
+            dataset.n_rows,
+            dataset.dim,
+            laplace_epsilon(grants[step]),
+        )
         args = (dataset, loader, accountant, grants, rng, client, progress)
-        row_norm = centring.private_bound(step, *args)
-        norm_source = NORM_SOURCE + (" of the centred rows" if config.center else "")
+        row_norm = centring.private_bound(step, *args, quantile=quantile)
+        norm_source = NORM_SOURCE.format(q=quantile, step=step)
+        norm_source += " of the centred rows" if config.center else ""
     else:
         row_norm, norm_source = float(config.row_norm), "public (--row-norm)"
     timings["norm_bound_s"] = time.monotonic() - mark

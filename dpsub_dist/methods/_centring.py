@@ -7,8 +7,7 @@ ROW_NORM = Param(
     "row_norm",
     float,
     "public bound B, longer rows are scaled down to B (gauss/gap-perturb, and the private "
-    "mean when centring; default: chosen privately with a small share of the budget; "
-    "required for gauss/gap-perturb with --unit-column)",
+    "mean when centring; default: chosen privately with a small share of the budget)",
     need="a positive finite number",
     fix="e.g. 10",
     valid=positive,

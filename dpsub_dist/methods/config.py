@@ -93,6 +93,7 @@ class ClusterConfig(_Run):
     iterations: int | None = None
     sweeps: int | None = None
     row_norm: float | None = None
+    private_norm: bool = False
     storage_options: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:

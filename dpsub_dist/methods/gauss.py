@@ -12,12 +12,7 @@ COVARIANCE_PARAMS = CENTRING_PARAMS
 
 
 def check_covariance(config: Any) -> None:
-    """User level needs a public row-norm bound; centring needs the public row count."""
-    if config.row_norm is None and config.unit_column:
-        raise InputError(
-            f"--method {config.method} at user level needs a public bound on row norms: "
-            "pass --row-norm B (the private bound is row level only)"
-        )
+    """Centring needs the public row count (user level has none)."""
     if config.center and config.unit_column:
         raise InputError(
             "--center is row level only: the private mean needs the public row count, which "

@@ -1,6 +1,9 @@
 """``dpsub cluster --method sulq``: Gaussian k-plane iterations, one charge per iteration
 (WWS15 §9 b; ALGORITHMS.md §9)."""
 
+from typing import Any
+
+from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import clustering
 from dpsub_dist.methods.spec import Method, Param, positive
 
@@ -21,14 +24,33 @@ UNIT_ROW_NORM = Param(
     valid=positive,
     example=10.0,
 )
+PRIVATE_NORM = Param(
+    "private_norm",
+    bool,
+    "clip rows to a bound B chosen privately from the data (10%% of the budget, step "
+    "norm_bound, B published) instead of scaling each row to length 1",
+    need="true or false",
+    default=False,
+    example=True,
+)
 ROW_LEVEL = "its sensitivity is for replacing one row, with n public"
+
+
+def check_sulq(config: Any) -> None:
+    """One bound: a public --row-norm or a private one, not both."""
+    if config.private_norm and config.row_norm is not None:
+        raise InputError(
+            "--private-norm chooses the row-norm bound privately: drop it or --row-norm"
+        )
+
 
 METHOD = Method(
     name="sulq",
     command="cluster",
     summary="Gaussian (SuLQ) k-plane iterations",
-    params=(ITERATIONS, UNIT_ROW_NORM),
+    params=(ITERATIONS, UNIT_ROW_NORM, PRIVATE_NORM),
     run=clustering.run_sulq,
-    plan=clustering.budget_shares,
+    plan=clustering.budget_shares,  # its sulq branch: iteration_i, and norm_bound first if private
+    check=check_sulq,
     row_level_only=ROW_LEVEL,
 )

@@ -2,7 +2,8 @@
 
 When no public ``--row-norm`` is given, the bound ``B`` that every row is clipped to is chosen
 from the data under DP: the smallest value of a public grid at which the (noisy) number of rows
-with norm ≤ ``B`` reaches :data:`NORM_QUANTILE` of the public row count ``n``.
+with norm ≤ ``B`` reaches a quantile ``q`` of the public row count ``n``; runs take ``q`` from
+:func:`noise_matched_quantile` (public n, D, ε, δ only).
 
 Public grid: :data:`GRID` = 2^-10·√2^j, j = 0 … 100 (2^-10 to 2^40), fixed in advance and
 independent of the data. Local half (workers, :func:`norm_counts`): each row adds 1 to the bin
@@ -11,29 +12,35 @@ integer counts, never rows; they are operator-only and never published.
 
 Mechanism (:func:`private_norm_bound`): sparse vector (AboveThreshold, Dwork & Roth 2014
 Thm 3.23; :func:`sparse_vector.above_threshold`) over the cumulative counts
-``q_j = #{rows: ‖x‖ ≤ grid_j}`` with the threshold ``T = NORM_QUANTILE·n``.
+``q_j = #{rows: ‖x‖ ≤ grid_j}`` with the threshold ``T = q·n``.
 
 Privacy (replace one row, n public): the replaced row leaves one bin and enters another, so
 every ``q_j`` moves by at most 1 (Δ = 1); AboveThreshold releases the first index j whose
 noisy ``q_j`` reaches the noisy threshold with noise Lap(4Δ/ε) on the queries and Lap(2Δ′/ε)
 on the threshold (on the noise grid): ε-DP whatever the grid's length. ``T`` depends only on
-the public ``n``. If no index passes (output ⊥), the top of the grid is used: post-processing
-of the released ⊥. Cost: ε (charged as the step ``norm_bound``; a zCDP grant runs it with
-ε = √(2ρ), pure ε-DP being ε²/2-zCDP), no δ. The chosen ``B`` is published; everything after it
-(the clipped Gram matrix, the mean) is calibrated for rows scaled by 1/B as with a public B, so
-the whole run composes basically: ε_norm + the rest.
+public values (``n``, and ``q`` from n, D and the grants). If no index passes (output ⊥), the
+top of the grid is used: post-processing of the released ⊥. Cost: ε (charged as the step
+``norm_bound``; a zCDP grant runs it with ε = √(2ρ), pure ε-DP being ε²/2-zCDP), no δ. The
+chosen ``B`` is published; everything after it (the clipped Gram matrix, the mean) is
+calibrated for rows scaled by 1/B as with a public B, so the whole run composes basically:
+ε_norm + the rest.
 
-User level is not offered: one user's rows move every ``q_j`` by up to their row count, and
-``n`` (the threshold) is private there; pass a public ``--row-norm``.
+User level (:func:`private_user_norm_bound`): one user's rows move every row count by up to
+their number and n is private, so the same search runs over users instead (one norm
+``√Σ‖x‖²`` per user, Δ = 1 under add/remove) with the threshold ``q·ñ`` from a noisy user
+count paid from the same step.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from dpsub_dist.privacy.accountant import Budget, laplace_epsilon
+from dpsub_dist.privacy import noise
+from dpsub_dist.privacy.accountant import ApproxDP, Budget, laplace_epsilon
 from dpsub_dist.privacy.sparse_vector import above_threshold
 
 GRID = 2.0 ** (np.arange(-20, 81) / 2)
@@ -41,7 +48,22 @@ GRID = 2.0 ** (np.arange(-20, 81) / 2)
 even j are exact powers of two, so a published bound reads e.g. 8.0)."""
 
 NORM_QUANTILE = 0.99
-"""Fraction of the rows the private bound must cover (measured: docs/covariance.md)."""
+"""The fixed quantile of earlier releases, still the default of :func:`private_norm_bound`;
+runs target :func:`noise_matched_quantile` instead (measured: docs/covariance.md)."""
+
+SV_MARGIN = 20.0
+"""At least ``SV_MARGIN/ε_norm`` rows must lie above the threshold ``q·n``: the sparse vector's
+count error over this grid (Lap(4/ε_norm) per query, ~100 queries) is ~20/ε_norm rows, and a
+threshold closer to ``n`` than that fires late or never (⊥: the top of the grid)."""
+
+NOISE_WEIGHT = 8.0
+"""Measured weight of the noise bound against the clipping-bias bound (docs/covariance.md:
+1, 2, 4, 8, 16 tried on flights and heavy-tailed rows at ε = 1, 3, 10; 8–16 best). Both are
+upper bounds and the bias one is the looser: a trace where the subspace sees only the removed
+mass's off-diagonal block (tail rows mostly lie along the top directions)."""
+
+MAX_CLIPPED = 0.5
+"""The rule never targets a quantile below 0.5 (tiny n or ε: the margin alone would)."""
 
 COUNT_SENSITIVITY = 1.0
 """Replacing one row moves each cumulative count ``#{‖x‖ ≤ grid_j}`` by at most 1."""
@@ -54,14 +76,45 @@ class NormBound:
     bound: float
     index: int | None
     quantile: float
+    users: float | None = None
+    """User level: the noisy user count the threshold used (released; None at row level)."""
 
 
 def norm_counts(rows: np.ndarray, grid: np.ndarray = GRID) -> np.ndarray:
     """Per-bin row counts: bin j holds norms in (grid_{j-1}, grid_j]; bin len(grid) overflows."""
     rows = np.asarray(rows, dtype=np.float64)
-    norms = np.sqrt(np.einsum("ij,ij->i", rows, rows))
-    bins = np.searchsorted(grid, norms, side="left")
+    return norm_histogram(np.sqrt(np.einsum("ij,ij->i", rows, rows)), grid)
+
+
+def norm_histogram(norms: np.ndarray, grid: np.ndarray = GRID) -> np.ndarray:
+    """Counts of ``norms`` per bin of the grid (as :func:`norm_counts`; user level: one norm
+    ``√Σ‖x‖²`` per user)."""
+    bins = np.searchsorted(grid, np.asarray(norms, dtype=np.float64), side="left")
     return np.bincount(bins, minlength=len(grid) + 1).astype(np.int64)
+
+
+def noise_matched_quantile(n_rows: int, dim: int, noise_sigma: float, norm_epsilon: float) -> float:
+    """The quantile ``q`` a run targets, from public facts only (n at row level, D, the noise σ
+    of the release that follows and ε_norm): ``1 − q = clip(NOISE_WEIGHT·2σ√D/n,
+    SV_MARGIN/(ε_norm·n), MAX_CLIPPED)`` = clip(16σ√D/n, 20/(ε_norm·n), 0.5).
+
+    Derivation. After clipping to B and scaling by 1/B, the release adds symmetric Gaussian
+    noise of std σ per entry to the Gram matrix; its operator norm is ≈ 2σ√D (semicircle law), so
+    on the second moment ``AᵀA/n`` in input units the noise costs ``c·B²`` with ``c = 2σ√D/n``.
+    Clipping a row x to B removes a positive semidefinite ``(1 − B²/‖x‖²)xxᵀ`` of trace
+    ``‖x‖² − B²``, so the bias has operator norm ≤ ``Σ(‖x‖² − B²)₊/n``. The sum of the two bounds,
+    ``f(B) = Σ(‖x‖² − B²)₊/n + c·B²``, is convex in B² with derivative ``−P(‖x‖ > B) + c``:
+    it is smallest where the fraction of clipped rows equals ``c``; the rule uses
+    ``NOISE_WEIGHT·c`` (measured, :data:`NOISE_WEIGHT`). Less noise (larger ε or n,
+    smaller D) therefore clips fewer rows. The floor keeps the threshold where the sparse vector
+    can find it (:data:`SV_MARGIN`). ``q`` is a function of public values, so the threshold
+    ``q·n`` is public and the sparse vector's argument is unchanged.
+    """
+    if n_rows < 1:
+        raise ValueError(f"the rule needs the public row count n ≥ 1, got {n_rows}")
+    noise_level = NOISE_WEIGHT * 2.0 * noise_sigma * math.sqrt(dim) / n_rows
+    floor = SV_MARGIN / (norm_epsilon * n_rows)
+    return 1.0 - min(max(noise_level, floor), MAX_CLIPPED)
 
 
 def private_norm_bound(
@@ -90,3 +143,42 @@ def private_norm_bound(
         rng,
     )
     return NormBound(float(grid[-1] if index is None else grid[index]), index, quantile)
+
+
+USER_COUNT_SHARE = 0.5
+"""User level: share of ε_norm spent on the noisy user count (the rest on the sparse vector)."""
+
+
+def private_user_norm_bound(
+    counts: np.ndarray,
+    grant: Budget,
+    rng: np.random.Generator,
+    quantile_for: Callable[[float, float], float],
+    grid: np.ndarray = GRID,
+) -> NormBound:
+    """User level (add/remove one user, n private): the smallest grid value B whose noisy count
+    of users with ``√Σ‖x‖² ≤ B`` (sum over the user's rows) reaches ``q·ñ``.
+
+    ``counts`` are :func:`norm_histogram` of the per-user norms (operator-only). Two pure-DP
+    steps, ε = :func:`laplace_epsilon` of ``grant`` in all (basic composition):
+
+    1. ñ = #users + Lap(1/ε₁) on the noise grid, ε₁ = USER_COUNT_SHARE·ε: adding or removing
+       a user moves the count by 1. ñ is clamped to ≥ 1 (post-processing).
+    2. AboveThreshold at ε₂ = ε − ε₁ over the cumulative counts ``#{users: √Σ‖x‖² ≤ grid_j}``:
+       a user sits in one bin, so adding or removing one moves every cumulative count by ≤ 1
+       (Δ = 1); the threshold ``q·ñ`` with ``q = quantile_for(ñ, ε₂)`` is a function of the
+       released ñ and public values, fixed before step 2 (adaptive composition).
+
+    A user with ``√Σ‖x‖² ≤ B`` has every row within B and ``Σ‖x/B‖² ≤ 1``: the user-level Gram
+    pass leaves them untouched; the others are clipped and rescaled as with a public bound.
+    """
+    epsilon = laplace_epsilon(grant)
+    count_epsilon = USER_COUNT_SHARE * epsilon
+    counts = np.asarray(counts, dtype=np.int64)
+    noisy = float(noise.add_laplace(rng, float(counts.sum()), 1.0 / count_epsilon, 1.0))
+    users = max(noisy, 1.0)
+    quantile = quantile_for(users, epsilon - count_epsilon)
+    released = private_norm_bound(
+        counts, users, ApproxDP(epsilon - count_epsilon), rng, quantile=quantile, grid=grid
+    )
+    return NormBound(released.bound, released.index, quantile, users)
