@@ -27,6 +27,7 @@ from dpsub_dist.engine.sources import Dataset, array_dataset, parquet_dataset
 from dpsub_dist.errors import InputError, NoStableSubspace
 from dpsub_dist.io.parquet import feature_name, id_like_message, looks_like_id
 from dpsub_dist.job import EstimateConfig, EstimateResult, run_estimate
+from dpsub_dist.methods import DEFAULTS
 
 REFIT_WARNING = (
     "{name} was already fitted: this fit spends its privacy budget again, and the "
@@ -249,7 +250,7 @@ class PrivateSubspace(_PrivateEstimator):
         epsilon: float | None = None,
         delta: float | None = None,
         rho: float | None = None,
-        method: str = "friendly",
+        method: str = DEFAULTS["estimate"],
         subsets: int | None = None,
         ref_points: int | None = None,
         assign: str = "random",

@@ -83,12 +83,12 @@ def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_method_arguments(parser: argparse.ArgumentParser, command: str, default: str) -> None:
+def add_method_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     """--method and one flag per parameter the command's methods declare (dpsub_dist.methods)."""
-    from dpsub_dist.methods import REGISTRY, add_arguments
+    from dpsub_dist.methods import DEFAULTS, REGISTRY, add_arguments
 
     listed = "; ".join(f"{name}: {m.summary}" for name, m in REGISTRY[command].items())
-    parser.add_argument("--method", default=default, help=listed)
+    parser.add_argument("--method", default=DEFAULTS[command], help=listed)
     add_arguments(parser, command)
 
 
@@ -124,14 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_input_arguments(est)
     est.add_argument("--rank", type=int, required=True, help="K, the subspace dimension")
     add_budget_arguments(est)
-    add_method_arguments(est, "estimate", "friendly")
+    add_method_arguments(est, "estimate")
 
     clu = sub.add_parser("cluster", help="private subspace clustering: K bases of one rank")
     add_input_arguments(clu)
     clu.add_argument("--clusters", type=int, required=True, help="K, the number of subspaces")
     clu.add_argument("--rank", type=int, required=True, help="the dimension of each subspace")
     add_budget_arguments(clu)
-    add_method_arguments(clu, "cluster", "sample-aggregate")
+    add_method_arguments(clu, "cluster")
 
     ev = sub.add_parser(
         "evaluate",

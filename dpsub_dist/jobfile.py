@@ -61,7 +61,7 @@ from dpsub_dist.ledger.core import (
     encode_array,
     fingerprint,
 )
-from dpsub_dist.methods import check_given, declared
+from dpsub_dist.methods import DEFAULTS, check_given, declared
 from dpsub_dist.privacy.accountant import Budget, parse_budget
 from dpsub_dist.privacy.clustering import GIBBS_GUARANTEE
 
@@ -98,7 +98,7 @@ class Job:
     budget_values: dict[str, float]
     output: str
     ledger: str | None = None
-    method: str = "friendly"
+    method: str = DEFAULTS["estimate"]
     columns: list[str] | None = None
     exclude_columns: list[str] | None = None
     unit_column: str | None = None
@@ -195,7 +195,7 @@ def parse_job(document: Any, where: str = "job", default_name: str = "job") -> J
             "digits and ._-: set name: to such a string (it starts default run ids)"
         )
     budget_values, budget = _budget(document.get("budget"), where)
-    method = fields.text("method", required=False) or "friendly"
+    method = fields.text("method", required=False) or DEFAULTS["estimate"]
     if method == "gibbs":
         raise InputError(
             f"{where}: method gibbs has no privacy guarantee ({GIBBS_GUARANTEE}): the ledger "

@@ -44,6 +44,9 @@ REGISTRY: dict[str, dict[str, Method]] = {
 }
 """Methods by command and name: the one list a new method is added to."""
 
+DEFAULTS = {"estimate": "auto", "cluster": "sample-aggregate"}
+"""Each command's method when none is given (estimate: chosen from public facts, docs/auto.md)."""
+
 MODIFIERS: dict[str, tuple[Modifier, ...]] = {"estimate": (boost.MODIFIER,), "cluster": ()}
 """Options that wrap every method of a command."""
 

@@ -46,7 +46,7 @@ def run_auto(
 METHOD = Method(
     name="auto",
     command="estimate",
-    summary="gauss or friendly, chosen from public facts (docs/auto.md)",
+    summary="the default: gauss or friendly, chosen from public facts (docs/auto.md)",
     params=(*PLAN_PARAMS, RADIUS, *CENTRING_PARAMS),
     run=run_auto,
     plan=lambda config: {},  # spends nothing itself: the chosen method's plan applies

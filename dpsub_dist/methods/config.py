@@ -10,7 +10,7 @@ from typing import Any, Literal
 import numpy as np
 
 from dpsub_dist.errors import InputError
-from dpsub_dist.methods import check_config
+from dpsub_dist.methods import DEFAULTS, check_config
 from dpsub_dist.privacy.accountant import Budget, parse_budget
 
 
@@ -47,7 +47,7 @@ class EstimateConfig(_Run):
     epsilon: float | None = None
     delta: float | None = None
     rho: float | None = None
-    method: str = "friendly"
+    method: str = DEFAULTS["estimate"]
     subsets: int | None = None
     ref_points: int | None = None
     assign: Literal["random", "contiguous"] = "random"
@@ -81,7 +81,7 @@ class ClusterConfig(_Run):
     epsilon: float | None = None
     delta: float | None = None
     rho: float | None = None
-    method: str = "sample-aggregate"
+    method: str = DEFAULTS["cluster"]
     aggregator: str = "friendly"
     subsets: int | None = None
     ref_points: int | None = None

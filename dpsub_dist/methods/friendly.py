@@ -1,4 +1,4 @@
-"""``--method friendly`` (default): sample and aggregate with the friendly-core aggregator
+"""``--method friendly``: sample and aggregate with the friendly-core aggregator
 (ALGORITHMS.md §1–§3)."""
 
 from dpsub_dist.methods._centring import CENTRING_PARAMS
@@ -24,7 +24,7 @@ RADIUS = Param(
 METHOD = Method(
     name="friendly",
     command="estimate",
-    summary="sample and aggregate, friendly-core aggregator (default)",
+    summary="sample and aggregate, friendly-core aggregator",
     params=(*PLAN_PARAMS, RADIUS, *CENTRING_PARAMS),
     run=run_sample_aggregate,
     plan=estimate_plan,
