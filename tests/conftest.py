@@ -26,6 +26,26 @@ def dask_cluster():
     cluster.close()
 
 
+@pytest.fixture(autouse=True)
+def no_stale_distributed_scheduler():
+    """After each test, no global ``scheduler: dask.distributed`` without a live client.
+
+    A distributed Client sets that config key while it is open and restores the previous value
+    when it closes; two clients that close out of order (a test's client and one a CLI run
+    opened in the same process) restore it to ``dask.distributed`` with no client left, and
+    every later plain ``dask.compute`` in the session fails ("no Client active"). The library
+    never relies on the key (its in-process computes name their scheduler)."""
+    yield
+    import dask
+    from distributed import default_client
+
+    if dask.config.get("scheduler", None) == "dask.distributed":
+        try:
+            default_client()
+        except ValueError:
+            dask.config.set(scheduler=None)
+
+
 @pytest.fixture()
 def dask_client(dask_cluster):
     """A Client on the shared cluster."""
