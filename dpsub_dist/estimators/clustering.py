@@ -72,7 +72,7 @@ from dpsub_dist.privacy.clustering import (
     GIBBS_GUARANTEE,
     GRAM_SENSITIVITY,
     gibbs_subspace_clustering,
-    gram_noise_sigma,
+    iteration_mechanism,
     random_bases,
     release_cluster_grams,
     squared_distances,
@@ -493,8 +493,9 @@ def run_sulq(config, dataset, accountant, grants, client, progress, noise_seed, 
     for number, (step, grant) in enumerate(steps, start=1):
         grams = sum_over_partitions(task, dataset.parts, bases, client)
         gathered += int(grams.nbytes)
-        sigma = gram_noise_sigma(grant)
-        accountant.charge(step, grant)
+        iteration = iteration_mechanism(grant)
+        accountant.charge(step, iteration)
+        sigma = iteration.sigma
         noisy = release_cluster_grams(grams, sigma, rng)
         sigmas.append(sigma)
         if noisy.shape[0] > k and (number >= len(steps) // 2 or number == len(steps)):

@@ -29,6 +29,8 @@ from dpsub_dist.engine.subsets import Loader
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators.common import EstimateResult, build_manifest, open_checked, plan
 from dpsub_dist.linalg import top_eigenvectors
+from dpsub_dist.privacy import covariance as cov_steps
+from dpsub_dist.privacy import mechanism, norm_bound
 from dpsub_dist.privacy.accountant import Accountant, Budget
 from dpsub_dist.privacy.covariance import (
     SENSITIVITY,
@@ -172,7 +174,7 @@ def release_basis(
     if summary.row_sum is not None:
         if sens.row_sum is None:
             raise InputError("centring is not available at user level: drop --center")
-        accountant.charge("mean", grants["mean"])
+        accountant.charge("mean", mechanism.gaussian(grants["mean"], sens.row_sum))
         mean = gaussian_mean(
             summary.row_sum, n_rows, grants["mean"], sens.row_sum, rng, unit=row_norm
         )
@@ -182,7 +184,7 @@ def release_basis(
         details["mean"] = mean.mean.tolist()
         details["mean_note"] = "private mean of the rows clipped to norm ≤ row_norm, input units"
     if method == "gauss":
-        accountant.charge("gram_noise", grants["gram_noise"])
+        accountant.charge("gram_noise", mechanism.gaussian(grants["gram_noise"], sens.gram))
         noisy = analyze_gauss(summary.gram, grants["gram_noise"], sens.gram, rng)
         details.update(gram_sensitivity=noisy.sensitivity, gram_noise_sigma=noisy.sigma)
         released = noisy.matrix - shift  # from released values only: noisy Gram, noisy mean
@@ -191,8 +193,8 @@ def release_basis(
             released_variance(values, float(np.trace(released)), row_norm, n_rows, relation)
         )
         return basis, details
-    accountant.charge("gap_test", grants["gap_test"])
-    accountant.charge("projector_noise", grants["projector_noise"])
+    accountant.charge("gap_test", cov_steps.gap_test_mechanism(grants["gap_test"], sens.gap))
+    accountant.charge("projector_noise", cov_steps.projector_mechanism(grants["projector_noise"]))
     release = gap_perturbation(
         summary.gram - shift, rank, grants["gap_test"], grants["projector_noise"], relation, rng
     )
@@ -257,7 +259,7 @@ def run_covariance(
     if config.row_norm is None:
         mark = time.monotonic()
         counts = compute_norm_counts(dataset.parts, dataset.loader, client, progress)
-        accountant.charge("norm_bound", grants["norm_bound"])
+        accountant.charge("norm_bound", norm_bound.norm_bound_mechanism(grants["norm_bound"]))
         row_norm = private_norm_bound(counts, dataset.n_rows, grants["norm_bound"], rng).bound
         norm_source = NORM_SOURCE
         timings["norm_bound_s"] = time.monotonic() - mark

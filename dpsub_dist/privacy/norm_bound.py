@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import Budget, laplace_epsilon
 from dpsub_dist.privacy.sparse_vector import above_threshold
 
@@ -90,3 +91,8 @@ def private_norm_bound(
         rng,
     )
     return NormBound(float(grid[-1] if index is None else grid[index]), index, quantile)
+
+
+def norm_bound_mechanism(grant: Budget) -> mechanism.AboveThreshold:
+    """Step ``norm_bound``: sparse vector over the norm counts (sensitivity 1) at ε of ``grant``."""
+    return mechanism.above_threshold(COUNT_SENSITIVITY, laplace_epsilon(grant))
