@@ -4,9 +4,9 @@ is split, a step outside it, a step charged twice or a charge above its grant is
 
 from __future__ import annotations
 
-import pytest
-
 from dataclasses import dataclass
+
+import pytest
 
 from dpsub_dist.privacy.accountant import (
     ZCDP,
