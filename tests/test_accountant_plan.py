@@ -4,31 +4,18 @@ is split, a step outside it, a step charged twice or a charge above its grant is
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
+from stated_cost import Stated
 
 from dpsub_dist.privacy.accountant import (
     ZCDP,
     Accountant,
     ApproxDP,
-    Budget,
     BudgetExceeded,
     UnstatedCost,
 )
-from dpsub_dist.privacy.mechanism import Mechanism
 
 SHARES = {"search": (0.2, 0.0), "release": (0.8, 1.0)}
-
-
-@dataclass(frozen=True)
-class Stated(Mechanism):
-    """A mechanism stating a given cost (the plan checks only look at the stated cost)."""
-
-    stated: Budget
-
-    def cost(self) -> Budget:
-        return self.stated
 
 
 @pytest.mark.parametrize("total", [ApproxDP(1.0, 1e-6), ZCDP(0.5, 1e-6)])

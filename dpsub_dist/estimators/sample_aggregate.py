@@ -255,9 +255,7 @@ def _aggregate_histogram(summaries, accountant, grants, rng, reference, seed, si
     offset = float(np.random.default_rng([seed, _OFFSET_TAG]).uniform())
     details: dict[str, Any] = {"grid_offset": offset}
     if side is None:
-        accountant.charge(
-            "cell_search", histogram.cell_search_mechanism(grants["cell_search"])
-        )
+        accountant.charge("cell_search", histogram.cell_search_mechanism(grants["cell_search"]))
         side = choose_cell_side(
             summaries,
             offset,

@@ -141,9 +141,7 @@ def noisy_gap_lower_bound(
     return noisy, noisy - tail, "laplace", test.scale
 
 
-def gap_test_mechanism(
-    grant: Budget, sensitivity: float
-) -> mechanism.Laplace | mechanism.Gaussian:
+def gap_test_mechanism(grant: Budget, sensitivity: float) -> mechanism.Laplace | mechanism.Gaussian:
     """Step ``gap_test``: the eigengap + Lap(Δ/ε) for an (ε, δ) grant, + N_Z(0, Δ²/(2ρ)) for
     a zCDP grant (T24 §3.8.4); the grant's δ is the failure probability of the lower bound."""
     if isinstance(grant, ZCDP):

@@ -343,9 +343,7 @@ def gap_max_release(
     return GapMaxRelease(basis, noisy, bound, null, scale, reason, side)
 
 
-def gap_max_mechanism(
-    grant: Budget, tolerance: float, n_rows: int, dim: int
-) -> mechanism.Composed:
+def gap_max_mechanism(grant: Budget, tolerance: float, n_rows: int, dim: int) -> mechanism.Composed:
     """Step ``gap_max``: the truncated-Laplace decision (ε, δ_gap) and the snapped release
     (0, δ_snap), composed: (ε, δ) for the grant's (ε, δ) (δ split by :func:`split_delta`)."""
     epsilon, delta = gap_max_parameters(grant)
