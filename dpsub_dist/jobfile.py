@@ -113,7 +113,7 @@ class Job:
         params = dict(self.parameters)
         if public_seed is not None and params.get("seed") is None:
             params["seed"] = public_seed
-        return EstimateConfig(
+        config = EstimateConfig(
             rank=self.rank,
             method=self.method,
             columns=self.columns,
@@ -123,6 +123,8 @@ class Job:
             **self.budget_values,
             **params,
         )
+        config.use_budget(self.budget)  # parsed once, by _budget
+        return config
 
     @property
     def dataset_key(self) -> str:
@@ -474,7 +476,7 @@ def run_job(
     run_id = check_run_id(run_id) if run_id is not None else job.default_run_id()
     # Every runner's Accountant is created with this total, so a run can never spend more
     # than the charge the ledger reserves for it.
-    charge = job.config().budget()
+    charge = job.budget
     output = job.output_for(run_id)
     location = ledger or job.ledger
     if not location:

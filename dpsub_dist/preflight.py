@@ -99,7 +99,7 @@ def _ledger_checks(
     if not location:
         missing = f"{job.path}: ledger is required: set ledger: in the job or pass --ledger"
         return [Check("ledger", missing, InputError.exit_code)], None
-    charge = job.config().budget()
+    charge = job.budget
     try:
         with open_ledger(location) as book:
             where = book.location  # passwords redacted

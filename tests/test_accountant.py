@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+from stated_cost import Stated
 
 from dpsub_dist.errors import BudgetRefused, InputError
 from dpsub_dist.privacy.accountant import (
@@ -217,7 +218,7 @@ def test_split_approx_dp() -> None:
     assert grants["gauss"].delta == pytest.approx(0.75e-6)
     assert acc.can_afford(grants)
     for step, g in grants.items():
-        acc.charge(step, g)
+        acc.charge(step, Stated(g))  # a planned step is charged with a mechanism
     assert acc.spent.epsilon == pytest.approx(2.0)
     assert acc.remaining.epsilon == pytest.approx(0.0, abs=1e-12)
 
@@ -238,7 +239,7 @@ def test_many_equal_splits_fit_despite_rounding() -> None:
     acc = Accountant(ApproxDP(0.7, 3e-7))
     grants = acc.split({f"s{i}": (1.0, 1.0) for i in range(7)})
     for step, g in grants.items():
-        acc.charge(step, g)
+        acc.charge(step, Stated(g))  # a planned step is charged with a mechanism
     assert acc.spent.epsilon == pytest.approx(0.7)
 
 

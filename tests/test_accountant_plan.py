@@ -5,8 +5,15 @@ is split, a step outside it, a step charged twice or a charge above its grant is
 from __future__ import annotations
 
 import pytest
+from stated_cost import Stated
 
-from dpsub_dist.privacy.accountant import ZCDP, Accountant, ApproxDP, BudgetExceeded
+from dpsub_dist.privacy.accountant import (
+    ZCDP,
+    Accountant,
+    ApproxDP,
+    BudgetExceeded,
+    UnstatedCost,
+)
 
 SHARES = {"search": (0.2, 0.0), "release": (0.8, 1.0)}
 
@@ -17,18 +24,20 @@ def test_charges_must_match_the_plan(total) -> None:
     grants = accountant.split(SHARES)
     small = ApproxDP(0.01, 0.0) if isinstance(total, ApproxDP) else ZCDP(0.001, 0.0)
     with pytest.raises(BudgetExceeded, match="not in the budget plan"):
-        accountant.charge("unplanned", small)
-    accountant.charge("search", grants["search"])
+        accountant.charge("unplanned", Stated(small))
+    with pytest.raises(UnstatedCost, match="without a mechanism"):
+        accountant.charge("search", grants["search"])  # a bare grant states no cost
+    accountant.charge("search", Stated(grants["search"]))
     with pytest.raises(BudgetExceeded, match="already charged"):
-        accountant.charge("search", small)
+        accountant.charge("search", Stated(small))
     over = (
         ApproxDP(grants["release"].epsilon * 1.01, grants["release"].delta)
         if isinstance(total, ApproxDP)
         else ZCDP(grants["release"].rho, grants["release"].delta0 * 1.01)
     )
     with pytest.raises(BudgetExceeded, match="its plan grants"):
-        accountant.charge("release", over)
-    accountant.charge("release", grants["release"])
+        accountant.charge("release", Stated(over))
+    accountant.charge("release", Stated(grants["release"]))
     assert [s["step"] for s in accountant.report()["steps"]] == ["search", "release"]
 
 

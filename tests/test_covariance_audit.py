@@ -21,7 +21,7 @@ import pytest
 from privacy_audit import audit
 
 from dpsub_dist.privacy import covariance as cov
-from dpsub_dist.privacy import noise
+from dpsub_dist.privacy import mechanism, noise
 from dpsub_dist.privacy.accountant import ApproxDP, gaussian_sigma
 
 RUNS = 30_000
@@ -38,7 +38,10 @@ def cached_sigma(monkeypatch):
     """
     real = functools.lru_cache(maxsize=None)(gaussian_sigma)
     factor = {"value": 1.0}
-    monkeypatch.setattr(cov, "gaussian_sigma", lambda g, s: factor["value"] * s * real(g, 1.0))
+    # the Gaussian steps' calibration seam: mechanism.gaussian (privacy/mechanism.py)
+    monkeypatch.setattr(
+        mechanism, "gaussian_sigma", lambda g, s: factor["value"] * s * real(g, 1.0)
+    )
 
     def set_factor(value: float) -> None:
         factor["value"] = value

@@ -35,7 +35,14 @@ from dpsub_dist import PrivateSubspace
 from dpsub_dist.cli import main
 from dpsub_dist.methods import REGISTRY
 from dpsub_dist.privacy import noise
-from dpsub_dist.privacy.accountant import ZCDP, ApproxDP, Budget, gaussian_sigma, laplace_epsilon
+from dpsub_dist.privacy.accountant import (
+    ZCDP,
+    Accountant,
+    ApproxDP,
+    Budget,
+    gaussian_sigma,
+    laplace_epsilon,
+)
 from dpsub_dist.synth import generate
 
 NOISE_SEED = 0xD15EA5E
@@ -328,7 +335,30 @@ def test_every_draw_has_the_scale_its_charged_budget_buys(
 ) -> None:
     case = CASES[name]
     monkeypatch.setattr(noise.secrets, "randbits", lambda bits: NOISE_SEED)  # "OS entropy"
+    accountants: list[Accountant] = []
+    report = Accountant.report
+    monkeypatch.setattr(Accountant, "report", lambda self: accountants.append(self) or report(self))
     with noise.draw_log() as draws:
         manifest, _ = run_case(case, data[case.source], tmp_path, scheduler_address)
     assert manifest["outcome"] == "ok", manifest["release"]
     check_noise_ledger(Run(manifest, list(draws)))
+    check_privacy_maps([a for a in accountants if a._plan is not None], case.method != "stream")
+
+
+def check_privacy_maps(planned: list[Accountant], has_plan: bool) -> None:
+    """Every planned step was charged with a mechanism whose cost, computed from its own
+    noise, is its grant: the same ε or ρ (to float rounding), a δ no larger (docs/methods.md,
+    "Privacy maps"). Accountants without a plan (ledger, stream, boosting's groups) charge
+    budgets, not mechanisms."""
+    assert bool(planned) == has_plan, "a method's run charged no budget plan"
+    for accountant in planned:
+        charged = dict(accountant._steps)
+        assert set(accountant.stated) == set(charged), "a planned step was charged by name"
+        for step, stated in accountant.stated.items():
+            grant = charged[step]
+            if isinstance(grant, ApproxDP):
+                assert math.isclose(stated.epsilon, grant.epsilon, rel_tol=1e-9), step
+                assert stated.delta <= grant.delta * (1 + 1e-9), step
+            else:
+                assert math.isclose(stated.rho, grant.rho, rel_tol=1e-9), step
+                assert stated.delta0 <= grant.delta0 * (1 + 1e-9), step

@@ -29,10 +29,16 @@ from dpsub_dist.engine.gram import clip_rows, sum_on_workers
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators.norm_pass import NORM_SOURCE, compute_norm_counts
 from dpsub_dist.linalg import top_eigenvectors
+from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import Accountant, Budget
 from dpsub_dist.privacy.covariance import SENSITIVITY, gaussian_mean
-from dpsub_dist.privacy.norm_bound import NORM_QUANTILE, private_norm_bound
-from dpsub_dist.privacy.variance import private_variances, projected_sums, released_variance
+from dpsub_dist.privacy.norm_bound import NORM_QUANTILE, norm_bound_mechanism, private_norm_bound
+from dpsub_dist.privacy.variance import (
+    private_variances,
+    projected_sums,
+    released_variance,
+    variance_mechanism,
+)
 
 if TYPE_CHECKING:
     from dpsub_dist.engine.sources import Dataset
@@ -124,7 +130,7 @@ def private_bound(
     """The private row-norm bound of ``loader``'s rows at ``quantile``, charged as ``step``
     (norm_bound.py)."""
     counts = compute_norm_counts(dataset.parts, loader, client, progress)
-    accountant.charge(step, grants[step])
+    accountant.charge(step, norm_bound_mechanism(grants[step]))
     return private_norm_bound(counts, dataset.n_rows, grants[step], rng, quantile=quantile).bound
 
 
@@ -150,8 +156,8 @@ def centre(
     tasks = [total(dataset.loader, bound, part) for part in dataset.parts]
     label = f"{len(tasks)} partitions → clipped row sum"
     row_sum = sum_on_workers(tasks, client, label, progress)
-    accountant.charge("mean", grants["mean"])
     sens = SENSITIVITY["replace"].row_sum
+    accountant.charge("mean", mechanism.gaussian(grants["mean"], sens))
     mean = gaussian_mean(row_sum, dataset.n_rows, grants["mean"], sens, rng, unit=bound)
     parameters = {"center": True, "mean_row_norm": bound, "mean_row_norm_source": source}
     release = {
@@ -201,7 +207,7 @@ def explain(
     tasks = [part_sums(loader, basis, bound, part) for part in dataset.parts]
     label = f"{len(tasks)} partitions → projected variances"
     sums = sum_on_workers(tasks, client, label, progress)
-    accountant.charge("explained_variance", grants["explained_variance"])
+    accountant.charge("explained_variance", variance_mechanism(grants["explained_variance"]))
     release = private_variances(sums, dataset.n_rows, bound, grants["explained_variance"], rng)
     values, rotation = top_eigenvectors(release.matrix, basis.shape[1])  # descending
     details = released_variance(values, release.total, 1.0, 1, "replace")

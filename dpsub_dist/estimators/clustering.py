@@ -74,13 +74,18 @@ from dpsub_dist.privacy.clustering import (
     GIBBS_GUARANTEE,
     GRAM_SENSITIVITY,
     gibbs_subspace_clustering,
-    gram_noise_sigma,
+    iteration_mechanism,
     random_bases,
     release_cluster_grams,
     squared_distances,
 )
 from dpsub_dist.privacy.noise import noise_rng
-from dpsub_dist.privacy.norm_bound import NormBound, noise_matched_quantile, private_norm_bound
+from dpsub_dist.privacy.norm_bound import (
+    NormBound,
+    noise_matched_quantile,
+    norm_bound_mechanism,
+    private_norm_bound,
+)
 
 GIBBS_MAX_ROWS = 100_000
 """The Gibbs sampler holds all rows in one worker task and sweeps them many times."""
@@ -506,8 +511,9 @@ def run_sulq(config, dataset, accountant, grants, client, progress, noise_seed, 
     for number, (step, grant) in enumerate(steps, start=1):
         grams = sum_over_partitions(task, dataset.parts, bases, client)
         gathered += int(grams.nbytes)
-        sigma = gram_noise_sigma(grant)
-        accountant.charge(step, grant)
+        iteration = iteration_mechanism(grant)
+        accountant.charge(step, iteration)
+        sigma = iteration.sigma
         noisy = release_cluster_grams(grams, sigma, rng)
         sigmas.append(sigma)
         if noisy.shape[0] > k and (number >= len(steps) // 2 or number == len(steps)):
@@ -551,8 +557,8 @@ def sulq_norm_bound(
     """
     grant = grants["norm_bound"]
     counts = compute_norm_counts(dataset.parts, dataset.loader, client, progress)
-    accountant.charge("norm_bound", grant)
-    sigma = gram_noise_sigma(iteration)
+    accountant.charge("norm_bound", norm_bound_mechanism(grant))
+    sigma = iteration_mechanism(iteration).sigma
     quantile = noise_matched_quantile(dataset.n_rows, dataset.dim, sigma, laplace_epsilon(grant))
     return private_norm_bound(counts, dataset.n_rows, grant, rng, quantile=quantile)
 

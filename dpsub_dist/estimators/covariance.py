@@ -38,6 +38,8 @@ from dpsub_dist.estimators.norm_pass import (
     compute_user_norm_counts,
 )
 from dpsub_dist.linalg import top_eigenvectors
+from dpsub_dist.privacy import covariance as cov_steps
+from dpsub_dist.privacy import mechanism, norm_bound
 from dpsub_dist.privacy.accountant import Accountant, Budget, gaussian_sigma, laplace_epsilon
 from dpsub_dist.privacy.covariance import (
     SENSITIVITY,
@@ -146,15 +148,15 @@ def release_basis(
     sens = SENSITIVITY[relation]
     details: dict[str, Any] = {"neighbours": relation}
     if method == "gauss":
-        accountant.charge("gram_noise", grants["gram_noise"])
+        accountant.charge("gram_noise", mechanism.gaussian(grants["gram_noise"], sens.gram))
         noisy = analyze_gauss(summary.gram, grants["gram_noise"], sens.gram, rng)
         details.update(gram_sensitivity=noisy.sensitivity, gram_noise_sigma=noisy.sigma)
         values, basis = top_eigenvectors(noisy.matrix, rank)
         trace = float(np.trace(noisy.matrix))
         details.update(released_variance(values, trace, row_norm, n_rows, relation))
         return basis, details
-    accountant.charge("gap_test", grants["gap_test"])
-    accountant.charge("projector_noise", grants["projector_noise"])
+    accountant.charge("gap_test", cov_steps.gap_test_mechanism(grants["gap_test"], sens.gap))
+    accountant.charge("projector_noise", cov_steps.projector_mechanism(grants["projector_noise"]))
     release = gap_perturbation(
         summary.gram, rank, grants["gap_test"], grants["projector_noise"], relation, rng
     )
@@ -229,7 +231,9 @@ def run_covariance(
             if dataset.parts
             else np.zeros(len(GRID) + 1, dtype=np.int64)
         )
-        accountant.charge("norm_bound", grants["norm_bound"])
+        accountant.charge(
+            "norm_bound", norm_bound.user_norm_bound_mechanism(grants["norm_bound"])
+        )
         released = private_user_norm_bound(
             counts,
             grants["norm_bound"],

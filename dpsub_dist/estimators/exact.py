@@ -42,6 +42,7 @@ from dpsub_dist.privacy.gap_max import (
     GapMaxRelease,
     SpanScores,
     conditioning_floor,
+    gap_max_mechanism,
     gap_max_parameters,
     gap_max_release,
     projector_shift,
@@ -125,7 +126,9 @@ def run_exact(
     candidates = check_size(dataset.n_rows, config.rank)
     timings = {"inspect_s": time.monotonic() - started}
 
-    accountant.charge("gap_max", grants["gap_max"])
+    accountant.charge(
+        "gap_max", gap_max_mechanism(grants["gap_max"], tolerance, dataset.n_rows, dataset.dim)
+    )
     task = dask.delayed(score_on_worker, pure=False)(
         dataset.parts, dataset.loader, config.rank, tolerance
     )

@@ -25,6 +25,7 @@ from dpsub_dist.linalg import (
     top_right_singular_vectors,
     top_right_singular_vectors_from_gram,
 )
+from dpsub_dist.privacy import friendly, histogram
 from dpsub_dist.privacy.accountant import Accountant, ApproxDP, Budget, laplace_epsilon
 from dpsub_dist.privacy.friendly import (
     choose_radius,
@@ -240,15 +241,19 @@ def _aggregate_friendly(summaries, accountant, grants, rng, reference, radius) -
     sq_dists = pairwise_sq_distances(summaries)
     details: dict[str, Any] = {}
     if radius is None:
-        accountant.charge("radius_search", grants["radius_search"])
+        accountant.charge(
+            "radius_search", friendly.radius_search_mechanism(grants["radius_search"])
+        )
         grid = _search_grid(reference, friend_radius_floor(reference))
         radius = choose_radius(sq_dists, grid, grants["radius_search"], rng)
         details["radius_chosen_privately"] = True
         if radius is None:
             return Aggregate(None, {**details, **_failure("radius_search")})
     details["radius"] = radius
-    accountant.charge("core_test", grants["core_test"])
-    accountant.charge("core_noise", grants["core_noise"])
+    accountant.charge("core_test", friendly.core_test_mechanism(grants["core_test"]))
+    accountant.charge(
+        "core_noise", friendly.core_noise_mechanism(grants["core_noise"], grants["core_test"])
+    )
     release = friendly_core_average(
         summaries, radius, grants["core_test"], grants["core_noise"], rng, sq_dists
     )
@@ -266,7 +271,7 @@ def _aggregate_histogram(summaries, accountant, grants, rng, reference, seed, si
     offset = float(np.random.default_rng([seed, _OFFSET_TAG]).uniform())
     details: dict[str, Any] = {"grid_offset": offset}
     if side is None:
-        accountant.charge("cell_search", grants["cell_search"])
+        accountant.charge("cell_search", histogram.cell_search_mechanism(grants["cell_search"]))
         side = choose_cell_side(
             summaries,
             offset,
@@ -279,7 +284,7 @@ def _aggregate_histogram(summaries, accountant, grants, rng, reference, seed, si
         if side is None:
             return Aggregate(None, {**details, **_failure("cell_search")})
     details["cell_side"] = side
-    accountant.charge("histogram", grants["histogram"])
+    accountant.charge("histogram", histogram.histogram_mechanism(grants["histogram"]))
     release = shifted_grid_histogram(summaries, side, offset, grants["histogram"], rng)
     details.update(noisy_count=release.noisy_count, count_threshold=release.threshold)
     if release.point is None:

@@ -23,11 +23,23 @@ class _Run:
     rank: int
 
     def budget(self) -> Budget:
-        """The run's total budget, validated."""
-        try:
-            return parse_budget(self.epsilon, self.delta, self.rho)
-        except ValueError as err:
-            raise InputError(str(err)) from None
+        """The run's total budget, parsed once: at the first call (the edge, ``validate``)
+        or handed in already parsed (:meth:`use_budget`), then the same value for the runner,
+        the plan, boosting and the ledger. Parsed again only if epsilon/delta/rho change
+        (an estimator's ``set_params``)."""
+        key = (self.epsilon, self.delta, self.rho)
+        parsed: tuple[tuple, Budget] | None = getattr(self, "_parsed_budget", None)
+        if parsed is None or parsed[0] != key:
+            try:
+                parsed = (key, parse_budget(*key))
+            except ValueError as err:
+                raise InputError(str(err)) from None
+            self._parsed_budget = parsed
+        return parsed[1]
+
+    def use_budget(self, budget: Budget) -> None:
+        """Take the budget the edge already parsed from these epsilon/delta/rho (a job file)."""
+        self._parsed_budget = ((self.epsilon, self.delta, self.rho), budget)
 
     def _check_rank(self) -> None:
         if not _positive_int(self.rank):

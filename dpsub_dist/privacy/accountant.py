@@ -16,7 +16,8 @@ conversion at δ′ (:func:`zcdp_epsilon`).
 grants before any data is read (the method's budget plan), and refuses
 (:class:`BudgetExceeded`) any charge that would overspend the total or, once a
 plan is split, that does not match it: a step outside the plan, a step charged
-twice, or a charge above the step's grant.
+twice, or a mechanism whose stated cost (its privacy map, :mod:`mechanism`) is above the
+step's grant; a planned step charged without a mechanism is refused too.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "Budget",
     "BudgetExceeded",
     "InvalidBudget",
+    "UnstatedCost",
     "ZCDP",
     "after_test",
     "gaussian_sigma",
@@ -62,6 +64,10 @@ class InvalidBudget(InputError, ValueError):
 
 class BudgetExceeded(BudgetRefused):
     """A charge would exceed the run's total budget; nothing was charged (CLI exit code 4)."""
+
+
+class UnstatedCost(TypeError):
+    """A planned step was charged without a mechanism stating its cost (an internal error)."""
 
 
 def _finite_nonneg(name: str, value: float, *, positive: bool = False) -> float:
@@ -342,6 +348,8 @@ class Accountant:
         self.total: Budget = total
         self._steps: list[tuple[str, Budget]] = []
         self._plan: dict[str, Budget] | None = None
+        self.stated: dict[str, Budget] = {}
+        """Each planned step's cost as its mechanism stated it (in the total's mode)."""
         self.conversion_delta: float | None = None
         if isinstance(total, ZCDP):
             if conversion_delta is None:
@@ -446,13 +454,30 @@ class Accountant:
         """Whether all these costs together fit in what remains (check a plan before any read)."""
         return self._fits([self._as_total_mode(c) for c in costs.values()])
 
-    def charge(self, step: str, cost: Budget) -> None:
-        """Record a step's cost; raise BudgetExceeded (charging nothing) if it would overspend.
+    def charge(self, step: str, cost: Budget | Any) -> None:
+        """Charge a step what its mechanism says it costs; raise BudgetExceeded (charging
+        nothing) if that exceeds the step's grant or would overspend the total.
 
+        ``cost`` is a :class:`mechanism.Mechanism` (anything with ``cost() -> Budget``: its
+        privacy map at its calibration) or, only while no plan is split (a ledger's runs, a
+        stream's batches), a bare budget. Once a plan is split, a step charged by name
+        without a mechanism is refused (:class:`UnstatedCost`): its cost must come from the
+        noise it adds. The mechanism's stated cost must fit the step's grant; the step is
+        then charged its grant (what the plan reserved for it, ≥ the stated cost), so the
+        published plan and charges stay one table. :attr:`stated` keeps the stated costs.
         See :meth:`_as_total_mode` for how ApproxDP costs count against a ZCDP total.
         """
-        converted = self._as_total_mode(cost)
+        stated = cost.cost() if callable(getattr(cost, "cost", None)) else None
+        if stated is None and self._plan is not None:
+            raise UnstatedCost(
+                f"step {step!r} is charged by name without a mechanism: charge the "
+                "Mechanism that adds its noise, so its cost is computed from that noise"
+            )
+        converted = self._as_total_mode(cost if stated is None else stated)
         self._check_plan(step, converted)
+        if stated is not None and self._plan is not None:
+            self.stated[step] = converted
+            converted = self._as_total_mode(self._plan[step])
         if not self._fits([converted]):
             raise BudgetExceeded(
                 f"step {step!r} asks for {_fmt(converted)} but the run has spent "

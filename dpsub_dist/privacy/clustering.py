@@ -42,8 +42,8 @@ import math
 
 import numpy as np
 
-from dpsub_dist.privacy import noise
-from dpsub_dist.privacy.accountant import Budget, gaussian_sigma
+from dpsub_dist.privacy import mechanism, noise
+from dpsub_dist.privacy.accountant import Budget
 
 GRAM_SENSITIVITY = 2.0
 """L2 sensitivity of one SuLQ iteration's K Gram matrices, rows of norm ≤ 1 (§9 b)."""
@@ -63,7 +63,12 @@ MAX_BINGHAM_TRIES = 100_000
 
 def gram_noise_sigma(grant: Budget) -> float:
     """Noise std of one SuLQ iteration's Gram release for this grant (Δ = 2)."""
-    return gaussian_sigma(grant, GRAM_SENSITIVITY)
+    return iteration_mechanism(grant).sigma
+
+
+def iteration_mechanism(grant: Budget) -> mechanism.Gaussian:
+    """Step ``iteration_i``: the K Grams + symmetric Gaussian noise, Δ = 2 (§9 b)."""
+    return mechanism.gaussian(grant, GRAM_SENSITIVITY)
 
 
 def release_cluster_grams(grams: np.ndarray, sigma: float, rng: np.random.Generator) -> np.ndarray:

@@ -30,6 +30,7 @@ Pure NumPy/SciPy; DP noise only from :mod:`dpsub_dist.privacy.noise` (on its gri
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -37,8 +38,8 @@ from typing import Literal
 import numpy as np
 
 from dpsub_dist.linalg import top_eigenvectors
-from dpsub_dist.privacy import noise
-from dpsub_dist.privacy.accountant import ZCDP, ApproxDP, Budget, gaussian_sigma, laplace_epsilon
+from dpsub_dist.privacy import mechanism, noise
+from dpsub_dist.privacy.accountant import ZCDP, ApproxDP, Budget
 
 Neighbours = Literal["replace", "add_remove"]
 
@@ -99,9 +100,8 @@ def analyze_gauss(
     The caller takes the top-k eigenvectors (post-processing).
     """
     gram = _square(gram)
-    sigma = gaussian_sigma(grant, sensitivity)
-    noisy = noise.add_symmetric_gaussian(rng, gram, sigma, sensitivity)
-    return GaussRelease(noisy, sigma, sensitivity)
+    release = mechanism.gaussian(grant, sensitivity)  # step gram_noise
+    return GaussRelease(release.release_symmetric(rng, gram), release.sigma, sensitivity)
 
 
 @dataclass(frozen=True)
@@ -132,19 +132,33 @@ def noisy_gap_lower_bound(
     power-of-two grid, so the bound is exact: it is a function of released values only.
     Returns ``(d̂, lower bound, noise name, noise scale)``.
     """
+    test = gap_test_mechanism(grant, sensitivity)
+    noisy = test.release(rng, gap)
+    if isinstance(test, mechanism.Gaussian):
+        tail = noise.gaussian_tail(test.sigma, sensitivity, grant.delta0)  # type: ignore[union-attr]
+        return noisy, noisy - tail, "gaussian", test.sigma
+    tail = noise.laplace_tail(test.scale, sensitivity, grant.delta / 2)  # type: ignore[union-attr]
+    return noisy, noisy - tail, "laplace", test.scale
+
+
+def gap_test_mechanism(grant: Budget, sensitivity: float) -> mechanism.Laplace | mechanism.Gaussian:
+    """Step ``gap_test``: the eigengap + Lap(Δ/ε) for an (ε, δ) grant, + N_Z(0, Δ²/(2ρ)) for
+    a zCDP grant (T24 §3.8.4); the grant's δ is the failure probability of the lower bound."""
     if isinstance(grant, ZCDP):
-        failure = grant.delta0
-        if not 0 < failure < 1:
+        if not 0 < grant.delta0 < 1:
             raise ValueError("the gap test needs delta0 in (0, 1): give it a delta share")
-        scale = gaussian_sigma(grant, sensitivity)
-        noisy = noise.add_gaussian(rng, gap, scale, sensitivity)
-        return noisy, noisy - noise.gaussian_tail(scale, sensitivity, failure), "gaussian", scale
+        return mechanism.gaussian(grant, sensitivity)
     if not isinstance(grant, ApproxDP) or not 0 < grant.delta < 1:
         raise ValueError("the gap test needs an (epsilon, delta) grant with delta in (0, 1)")
-    scale = sensitivity / laplace_epsilon(grant)
-    noisy = noise.add_laplace(rng, gap, scale, sensitivity)
-    tail = noise.laplace_tail(scale, sensitivity, grant.delta / 2)
-    return noisy, noisy - tail, "laplace", scale
+    return mechanism.laplace(grant, sensitivity)
+
+
+def projector_mechanism(noise_grant: Budget, sensitivity: float = 1.0) -> mechanism.Gaussian:
+    """Step ``projector_noise``: V_kV_kᵀ + symmetric Gaussian for sensitivity c/(L − s).
+
+    The sensitivity is known once the gap test passed; charged per unit of it (the privacy
+    map of a Gaussian depends on σ/Δ only)."""
+    return mechanism.gaussian(noise_grant, sensitivity)
 
 
 def gap_perturbation(
@@ -182,11 +196,11 @@ def gap_perturbation(
     if projector_sens is None:
         return GapRelease(None, None, noisy_gap, lower, noise_name, noise_scale, None, None)
     top = vectors[:, :k]
-    sigma = gaussian_sigma(noise_grant, projector_sens)
-    noisy = noise.add_symmetric_gaussian(rng, top @ top.T, sigma, projector_sens)
+    release = projector_mechanism(noise_grant, projector_sens)
+    noisy = release.release_symmetric(rng, top @ top.T)
     basis = top_eigenvectors(noisy, k)[1]
     return GapRelease(
-        basis, noisy, noisy_gap, lower, noise_name, noise_scale, projector_sens, sigma
+        basis, noisy, noisy_gap, lower, noise_name, noise_scale, projector_sens, release.sigma
     )
 
 
@@ -220,9 +234,11 @@ def gaussian_mean(
         raise ValueError(f"n_rows must be ≥ 1 (got {n_rows})")
     factor = unit / n_rows
     row_sum = np.asarray(row_sum, dtype=np.float64)
-    sigma = gaussian_sigma(grant, sensitivity)
-    noisy = noise.add_gaussian(rng, row_sum * factor, sigma * factor, sensitivity * factor)
-    return MeanRelease(noisy, sigma, sensitivity)
+    release = mechanism.gaussian(grant, sensitivity)  # step mean
+    scaled = dataclasses.replace(  # same σ/Δ, so the same privacy map
+        release, sensitivity=sensitivity * factor, sigma=release.sigma * factor
+    )
+    return MeanRelease(scaled.release(rng, row_sum * factor), release.sigma, sensitivity)
 
 
 def _square(matrix: np.ndarray) -> np.ndarray:

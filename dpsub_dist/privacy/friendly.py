@@ -20,12 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpsub_dist.privacy import noise
+from dpsub_dist.privacy import mechanism, noise
 from dpsub_dist.privacy.accountant import (
     ApproxDP,
     Budget,
-    after_test,
-    gaussian_sigma,
     laplace_epsilon,
 )
 from dpsub_dist.privacy.sparse_vector import above_threshold
@@ -127,18 +125,33 @@ def friendly_core_average(
         sq_dists = pairwise_sq_distances(points)
     weights = core_weights(sq_dists, radius)
     total = float(weights.sum())
-    eps1, delta1 = _ptr_parameters(ptr_grant)
-    scale = WEIGHT_SENSITIVITY / eps1
-    noisy_total = noise.add_laplace(rng, total, scale, WEIGHT_SENSITIVITY)
-    lower = ptr_lower_bound(noisy_total, scale, delta1)
+    _, delta1 = _ptr_parameters(ptr_grant)
+    test = core_test_mechanism(ptr_grant)
+    noisy_total = test.release(rng, total)
+    lower = ptr_lower_bound(noisy_total, test.scale, delta1)
     if lower < t / 4:
         return FriendlyRelease(None, noisy_total, lower, None)
     mean = weights @ points / total
-    gaussian_grant = after_test(gaussian_grant, ptr_grant)  # the PTR composition (accountant)
-    sensitivity = 16 * radius / lower
-    sigma = gaussian_sigma(gaussian_grant, sensitivity)
-    point = noise.add_gaussian(rng, mean, sigma, sensitivity)
-    return FriendlyRelease(point, noisy_total, lower, sigma)
+    # Behind the PTR test (accountant.after_test); Δ = 16r/L holds once the test passed.
+    release = mechanism.gaussian(gaussian_grant, 16 * radius / lower, gate=ptr_grant)
+    point = release.release(rng, mean)
+    return FriendlyRelease(point, noisy_total, lower, release.sigma)
+
+
+def core_test_mechanism(ptr_grant: Budget) -> mechanism.Laplace:
+    """Step ``core_test``: the core weight W + Lap(4/ε₁) (W moves by ≤ 4; §3 step 2)."""
+    return mechanism.laplace(ptr_grant, WEIGHT_SENSITIVITY)
+
+
+def core_noise_mechanism(gaussian_grant: Budget, ptr_grant: Budget) -> mechanism.Gaussian:
+    """Step ``core_noise``: the Gaussian release behind the PTR test, per unit of its
+    sensitivity 16r/L (known once the test passed; the privacy map depends on σ/Δ only)."""
+    return mechanism.gaussian(gaussian_grant, 1.0, gate=ptr_grant)
+
+
+def radius_search_mechanism(grant: Budget) -> mechanism.AboveThreshold:
+    """Step ``radius_search``: sparse vector over W(r) (sensitivity 4) at ε of ``grant``."""
+    return mechanism.above_threshold(WEIGHT_SENSITIVITY, laplace_epsilon(grant))
 
 
 def ptr_lower_bound(noisy_weight: float, scale: float, delta: float) -> float:

@@ -79,7 +79,7 @@ from typing import Literal
 import numpy as np
 
 from dpsub_dist.linalg import top_eigenvectors
-from dpsub_dist.privacy import noise
+from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import ApproxDP, Budget, laplace_epsilon, split_step_delta
 
 GAP_SENSITIVITY = 2.0
@@ -328,8 +328,9 @@ def gap_max_release(
     if data_wins:  # h = min(f, 2(λ − c₀)): a release certifies λ > c₀ (step 4)
         floor = conditioning_floor(spans.tolerance, spans.n_rows)
         statistic = max(0.0, min(gap, 2.0 * (spans.top_conditioning - floor)))
-    scale, bound = noise.truncated_laplace_calibration(GAP_SENSITIVITY, epsilon, delta_gap)
-    noisy = noise.add_truncated_laplace(rng, statistic, scale, bound, GAP_SENSITIVITY)
+    decision = mechanism.truncated_laplace(GAP_SENSITIVITY, epsilon, delta_gap)
+    scale, bound = decision.scale, decision.bound
+    noisy = decision.release(rng, statistic)
     side = snap_side(spans.tolerance, spans.n_rows, spans.dim, delta_snap)
     if noisy <= bound:
         basis, reason = None, "gap"
@@ -340,6 +341,21 @@ def gap_max_release(
         snapped = snap_symmetric(top @ top.T, side, rng)  # cost (0, δ_snap), step 6
         basis, reason = top_eigenvectors(snapped, top.shape[1])[1], "released"
     return GapMaxRelease(basis, noisy, bound, null, scale, reason, side)
+
+
+def gap_max_mechanism(grant: Budget, tolerance: float, n_rows: int, dim: int) -> mechanism.Composed:
+    """Step ``gap_max``: the truncated-Laplace decision (ε, δ_gap) and the snapped release
+    (0, δ_snap), composed: (ε, δ) for the grant's (ε, δ) (δ split by :func:`split_delta`)."""
+    epsilon, delta = gap_max_parameters(grant)
+    delta_gap, delta_snap = split_delta(delta)
+    snap = mechanism.Snap(
+        dim * (dim + 1) // 2,
+        projector_shift(tolerance, n_rows),
+        snap_side(tolerance, n_rows, dim, delta_snap),
+    )
+    return mechanism.Composed(
+        (mechanism.truncated_laplace(GAP_SENSITIVITY, epsilon, delta_gap), snap)
+    )
 
 
 def gap_max(

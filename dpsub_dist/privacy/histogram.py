@@ -21,7 +21,7 @@ from typing import Literal
 
 import numpy as np
 
-from dpsub_dist.privacy import noise
+from dpsub_dist.privacy import mechanism, noise
 from dpsub_dist.privacy.accountant import ApproxDP, Budget, laplace_epsilon
 from dpsub_dist.privacy.sparse_vector import above_threshold
 
@@ -74,16 +74,11 @@ def shifted_grid_histogram(
     output: Literal["center", "uniform"] = "center",
 ) -> HistogramRelease:
     """Release a point of the most popular grid cell, or ⊥ (SS21 Alg. 2, §2)."""
-    epsilon, delta = _histogram_parameters(grant)
+    _, delta = _histogram_parameters(grant)
     labels, cells = grid_cells(points, side, offset)
-    scale = COUNT_VECTOR_SENSITIVITY / epsilon
-    noisy = noise.add_laplace(
-        rng,
-        np.bincount(labels).astype(np.float64),
-        scale,
-        COUNT_VECTOR_SENSITIVITY,
-        coordinates_changed=2,
-    )
+    counts = histogram_mechanism(grant)
+    scale = counts.scale
+    noisy = counts.release(rng, np.bincount(labels).astype(np.float64), coordinates_changed=2)
     threshold = 1 + noise.laplace_tail(
         scale, COUNT_VECTOR_SENSITIVITY, delta / 2, coordinates_changed=2
     )
@@ -92,6 +87,16 @@ def shifted_grid_histogram(
         return HistogramRelease(None, None, threshold)
     inside = rng.uniform(0.0, 1.0, cells.shape[1]) if output == "uniform" else 0.5
     return HistogramRelease((cells[best] + offset + inside) * side, float(noisy[best]), threshold)
+
+
+def histogram_mechanism(grant: Budget) -> mechanism.Laplace:
+    """Step ``histogram``: the cell counts + Lap(2/ε) (two counts move by 1; §2)."""
+    return mechanism.laplace(grant, COUNT_VECTOR_SENSITIVITY)
+
+
+def cell_search_mechanism(grant: Budget) -> mechanism.AboveThreshold:
+    """Step ``cell_search``: sparse vector over the largest cell count (sensitivity 1)."""
+    return mechanism.above_threshold(MAX_COUNT_SENSITIVITY, laplace_epsilon(grant))
 
 
 def choose_cell_side(

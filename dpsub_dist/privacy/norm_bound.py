@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpsub_dist.privacy import noise
+from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import ApproxDP, Budget, laplace_epsilon
 from dpsub_dist.privacy.sparse_vector import above_threshold
 
@@ -145,6 +145,11 @@ def private_norm_bound(
     return NormBound(float(grid[-1] if index is None else grid[index]), index, quantile)
 
 
+def norm_bound_mechanism(grant: Budget) -> mechanism.AboveThreshold:
+    """Step ``norm_bound``: sparse vector over the norm counts (sensitivity 1) at ε of ``grant``."""
+    return mechanism.above_threshold(COUNT_SENSITIVITY, laplace_epsilon(grant))
+
+
 USER_COUNT_SHARE = 0.5
 """User level: share of ε_norm spent on the noisy user count (the rest on the sparse vector)."""
 
@@ -172,13 +177,24 @@ def private_user_norm_bound(
     A user with ``√Σ‖x‖² ≤ B`` has every row within B and ``Σ‖x/B‖² ≤ 1``: the user-level Gram
     pass leaves them untouched; the others are clipped and rescaled as with a public bound.
     """
+    count, _ = user_norm_bound_mechanism(grant).parts
+    epsilon = laplace_epsilon(grant)
+    counts = np.asarray(counts, dtype=np.int64)
+    users = max(float(count.release(rng, float(counts.sum()))), 1.0)
+    search = ApproxDP(epsilon - count.cost().epsilon)
+    quantile = quantile_for(users, search.epsilon)
+    released = private_norm_bound(counts, users, search, rng, quantile=quantile, grid=grid)
+    return NormBound(released.bound, released.index, quantile, users)
+
+
+def user_norm_bound_mechanism(grant: Budget) -> mechanism.Composed:
+    """Step ``norm_bound`` at user level: the user count's Laplace (Δ = 1, USER_COUNT_SHARE of
+    ε) then the sparse vector at the rest (Δ = 1); basic composition, ε of ``grant`` in all."""
     epsilon = laplace_epsilon(grant)
     count_epsilon = USER_COUNT_SHARE * epsilon
-    counts = np.asarray(counts, dtype=np.int64)
-    noisy = float(noise.add_laplace(rng, float(counts.sum()), 1.0 / count_epsilon, 1.0))
-    users = max(noisy, 1.0)
-    quantile = quantile_for(users, epsilon - count_epsilon)
-    released = private_norm_bound(
-        counts, users, ApproxDP(epsilon - count_epsilon), rng, quantile=quantile, grid=grid
+    return mechanism.Composed(
+        (
+            mechanism.Laplace(COUNT_SENSITIVITY, COUNT_SENSITIVITY / count_epsilon),
+            mechanism.above_threshold(COUNT_SENSITIVITY, epsilon - count_epsilon),
+        )
     )
-    return NormBound(released.bound, released.index, quantile, users)

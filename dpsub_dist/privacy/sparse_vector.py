@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from dpsub_dist.privacy import noise
+from dpsub_dist.privacy import mechanism, noise
 
 
 def geometric_grid(r_min: float, r_max: float, step: float = 2**0.5) -> np.ndarray:
@@ -43,14 +43,13 @@ def above_threshold(
     (the threshold's grid, of scale 2Δ′/ε < 4Δ/ε, is a power of two ≤ g), with pmf ratios
     ≤ e^{Δ′/(2Δ′/ε)} = e^{ε/2} and ≤ e^{2Δ′/(4Δ′/ε)} = e^{ε/2}: ε-DP for the index in total.
     """
-    if not (epsilon > 0 and sensitivity > 0):
-        raise ValueError("epsilon and sensitivity must be > 0")
-    query_scale = 4 * sensitivity / epsilon
-    shifted = sensitivity + noise.grid_step(query_scale)  # Δ′: rounding on the query grid
-    threshold_scale = 2 * shifted / epsilon
+    mech = mechanism.above_threshold(sensitivity, epsilon)  # its cost: mech.cost() = ε
+    query_scale, threshold_scale = mech.query_scale, mech.threshold_scale
     if noise.grid_step(threshold_scale) > noise.grid_step(query_scale):
         raise ValueError(f"epsilon {epsilon} is too small for the sparse-vector grid")
-    noisy_threshold = threshold + noise.laplace_noise(rng, threshold_scale, sensitivity=shifted)
+    noisy_threshold = threshold + noise.laplace_noise(
+        rng, threshold_scale, sensitivity=mech.threshold_sensitivity
+    )
     for j in range(n_queries):
         if noise.add_laplace(rng, query(j), query_scale, sensitivity) >= noisy_threshold:
             return j

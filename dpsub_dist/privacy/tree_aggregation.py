@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dpsub_dist.privacy import noise
-from dpsub_dist.privacy.accountant import ZCDP, gaussian_sigma, zcdp_epsilon
+from dpsub_dist.privacy import mechanism
+from dpsub_dist.privacy.accountant import ZCDP, zcdp_epsilon
 
 Node = tuple[int, int]
 """(level h, index i): the node covering batches i·2^h + 1 … (i+1)·2^h."""
@@ -98,7 +98,16 @@ def prefix_nodes(t: int) -> list[Node]:
 
 def node_sigma(rho: float, horizon: int, sensitivity: float = REPLACE_ONE_SENSITIVITY) -> float:
     """Per-node noise std: each node ρ/L-zCDP, σ = Δ/√(2ρ/L)."""
-    return gaussian_sigma(ZCDP(rho / tree_levels(horizon)), sensitivity)
+    return node_mechanism(rho, horizon, sensitivity).sigma
+
+
+def node_mechanism(
+    rho: float, horizon: int, sensitivity: float = REPLACE_ONE_SENSITIVITY
+) -> mechanism.Gaussian:
+    """One node's release: symmetric Gaussian calibrated to ρ/L; its stated cost is ρ/L-zCDP
+    (a row is in ≤ L nodes, so the stream composes to ρ). The stream's batches are charged
+    their ``spent_rho`` increments, multiples of this cost (no plan is split there)."""
+    return mechanism.gaussian(ZCDP(rho / tree_levels(horizon)), sensitivity)
 
 
 def spent_rho(t: int, rho: float, horizon: int) -> float:
@@ -136,7 +145,7 @@ def release_node(rng: np.random.Generator, exact: np.ndarray, sigma: float) -> n
     Cost: ρ/L-zCDP per node for ``sigma = node_sigma(ρ, T)`` (sensitivity √2, see the
     module docstring); called once per node, on its exact sum, when the node closes.
     """
-    return noise.add_symmetric_gaussian(rng, exact, sigma, REPLACE_ONE_SENSITIVITY)
+    return mechanism.Gaussian(REPLACE_ONE_SENSITIVITY, sigma).release_symmetric(rng, exact)
 
 
 @dataclass

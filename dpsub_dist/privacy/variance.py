@@ -31,14 +31,15 @@ private there.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from dpsub_dist.privacy import noise
-from dpsub_dist.privacy.accountant import Budget, gaussian_sigma
+from dpsub_dist.privacy import mechanism
+from dpsub_dist.privacy.accountant import Budget
 from dpsub_dist.privacy.covariance import Neighbours
 
 SENSITIVITY = math.sqrt(2.0)
@@ -68,6 +69,12 @@ class VarianceRelease:
     sensitivity: float
 
 
+def variance_mechanism(grant: Budget) -> mechanism.Gaussian:
+    """Step ``explained_variance``: the Gaussian on the unscaled sums (Δ = :data:`SENSITIVITY`)
+    calibrated to ``grant``."""
+    return mechanism.gaussian(grant, SENSITIVITY)
+
+
 def private_variances(
     sums: np.ndarray, n_rows: int, bound: float, grant: Budget, rng: np.random.Generator
 ) -> VarianceRelease:
@@ -81,8 +88,12 @@ def private_variances(
     sums = np.asarray(sums, dtype=np.float64)
     rank = int(round((math.sqrt(8 * (sums.size - 1) + 1) - 1) / 2))
     factor = bound**2 / n_rows
-    sigma = gaussian_sigma(grant, SENSITIVITY)
-    noisy = noise.add_gaussian(rng, sums * factor, sigma * factor, SENSITIVITY * factor)
+    release = variance_mechanism(grant)  # step explained_variance
+    scaled = dataclasses.replace(  # same σ/Δ, so the same privacy map
+        release, sensitivity=SENSITIVITY * factor, sigma=release.sigma * factor
+    )
+    noisy = scaled.release(rng, sums * factor)
+    sigma = release.sigma
     matrix = np.zeros((rank, rank))
     rows, cols = np.triu_indices(rank)
     matrix[rows, cols] = noisy[:-1]
