@@ -47,8 +47,11 @@ def plan_budget(config: EstimateConfig | ClusterConfig) -> tuple[Accountant, dic
 
 
 def with_defaults(config: EstimateConfig) -> EstimateConfig:
-    """``config`` with the defaults that depend on other options filled in (centring)."""
-    return replace(config, center=resolve_center(config))
+    """``config`` with the defaults that depend on other options filled in (centring); the
+    budget parsed at the edge goes with it."""
+    resolved = replace(config, center=resolve_center(config))
+    resolved.use_budget(config.budget())
+    return resolved
 
 
 def run_estimate(

@@ -240,8 +240,8 @@ def _cluster(method: str, *args: str) -> Case:
 
 
 CASES = {
-    "friendly": _estimate("friendly", *BUDGET),
-    "friendly zcdp": _estimate("friendly", *RHO),
+    "friendly": _estimate("friendly", *BUDGET, "--method", "friendly"),
+    "friendly zcdp": _estimate("friendly", *RHO, "--method", "friendly"),
     "friendly fixed radius": _estimate("friendly", *BUDGET, "--radius", "0.1"),
     "histogram": _estimate("histogram", *BUDGET, "--method", "histogram"),
     "histogram zcdp": _estimate("histogram", *RHO, "--method", "histogram"),
@@ -254,7 +254,7 @@ CASES = {
     "auto": _estimate("auto", *BUDGET, "--method", "auto"),  # gauss, private norm, centred
     "exact": Case("exact", "api", "exact", (*BUDGET, "--method", "exact")),
     "exact zcdp": Case("exact", "api", "exact", (*RHO, "--method", "exact")),
-    "boost": _estimate("boost", *BUDGET, "--boost", "2"),
+    "boost": _estimate("boost", *BUDGET, "--method", "friendly", "--boost", "2"),
     "cluster sample-aggregate": _cluster("sample-aggregate"),
     "cluster sample-aggregate histogram": _cluster(
         "sample-aggregate", "--aggregator", "histogram", "--epsilon", "12"

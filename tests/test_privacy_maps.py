@@ -20,8 +20,8 @@ def _rows() -> np.ndarray:
 @pytest.mark.parametrize(
     ("kind", "options"),
     [
-        ("laplace", {"method": "friendly", "scale": 0.5}),  # core_test: Laplace
-        ("gaussian", {"method": "gauss", "row_norm": 50.0}),  # gram_noise: Gaussian
+        ("laplace", {"method": "friendly", "scale": 0.5, "center": False}),  # core_test
+        ("gaussian", {"method": "gauss", "row_norm": 50.0, "center": False}),  # gram_noise
     ],
 )
 def test_an_understated_noise_scale_is_refused_before_any_draw(kind, options, monkeypatch):

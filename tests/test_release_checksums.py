@@ -44,10 +44,10 @@ def _exact(seed: int) -> np.ndarray:
 EPS = {"epsilon": 4.0, "delta": 1e-6}
 RHO = {"rho": 1.0, "delta": 1e-6}
 ESTIMATES: dict[str, tuple[str, dict[str, Any]]] = {
-    "friendly": ("rows", {**EPS}),
+    "friendly": ("rows", {**EPS, "method": "friendly"}),
     "friendly zcdp radius contiguous": (
         "rows",
-        {**RHO, "scale": 0.5, "assign": "contiguous", "ref_points": 4},
+        {**RHO, "method": "friendly", "scale": 0.5, "assign": "contiguous", "ref_points": 4},
     ),
     "histogram": ("rows", {**EPS, "method": "histogram"}),
     "histogram zcdp cell": ("rows", {**RHO, "method": "histogram", "scale": 0.05}),
@@ -57,7 +57,8 @@ ESTIMATES: dict[str, tuple[str, dict[str, Any]]] = {
     "gap-perturb zcdp private norm": ("rows", {**RHO, "method": "gap-perturb"}),
     "exact": ("exact", {**EPS, "method": "exact", "outliers": 1}),
     "exact zcdp": ("exact", {**RHO, "method": "exact", "tolerance": 1e-8}),
-    "boost friendly": ("rows", {**EPS, "boost": 2}),
+    "boost friendly": ("rows", {**EPS, "method": "friendly", "boost": 2}),
+    "auto": ("rows", {**EPS}),
     "boost gauss": ("rows", {**EPS, "method": "gauss", "row_norm": 5.0, "boost": 3}),
 }
 CLUSTERS: dict[str, dict[str, Any]] = {
@@ -111,6 +112,7 @@ EXPECTED: dict[str, str] = {
     "exact": "72659b9868315131",  # ok
     "exact zcdp": "662b39da18f419b7",  # ok
     "boost friendly": "fb34a757d5ace62f",  # ok
+        "auto": "7f9583bef8ea0397",  # ok (the default: gauss here)
     "boost gauss": "2455523508e7874e",  # ok
     "cluster sample-aggregate": "beab9cbba1f0f47c",  # ok
     "cluster sample-aggregate histogram": "dd30f2466d28e1c0",  # ok

@@ -32,6 +32,7 @@ def run_auto(
     dataset = open_checked(config, open_dataset, client)
     name, reason = rule.choose(config, dataset.dim)
     chosen = dataclasses.replace(config, method=name)
+    chosen.use_budget(config.budget())  # parsed once, at the edge
     chosen.validate()
     result = CHOICES[name].run(chosen, lambda _client: dataset, client, progress, noise_seed)
     result.manifest["method_choice"] = {
