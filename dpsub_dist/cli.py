@@ -100,7 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--dim", type=int, required=True)
     synth.add_argument("--rank", type=int, required=True)
     synth.add_argument("--gamma", type=float, default=0.01)
-    synth.add_argument("--model", choices=["gaussian", "sphere", "exact"], default="gaussian")
+    synth.add_argument(
+        "--model", choices=["gaussian", "sphere", "exact", "polynomial"], default="gaussian"
+    )
+    synth.add_argument(
+        "--decay",
+        type=float,
+        default=1.0,
+        help="polynomial: eigenvalues λ_i = i^(−DECAY), no gap (default 1)",
+    )
     synth.add_argument("--order", choices=["random", "adversarial"], default="random")
     synth.add_argument("--outlier-fraction", type=float, default=0.0)
     synth.add_argument("--partitions", type=int)
@@ -125,19 +133,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--method",
         default="friendly",
         help="friendly (default), histogram, gauss or gap-perturb (covariance perturbation), "
-        "or exact (SS21 GAP-MAX, small inputs only)",
+        "exact (SS21 GAP-MAX, small inputs only) or power (noisy power method, wide data)",
     )
+    est.add_argument("--iterations", type=int, help="power: T passes over the rows (default 6)")
+    est.add_argument("--oversample", type=int, help="power: k' − k extra columns (default 8)")
     add_subset_arguments(est)
     est.add_argument("--radius", type=float, help="public friendly radius (skips its search)")
     est.add_argument("--cell-side", type=float, help="public histogram cell side (skips search)")
     est.add_argument(
         "--row-norm",
         type=float,
-        help="gauss/gap-perturb: public bound B, longer rows are scaled down to B (default: "
+        help="gauss/gap-perturb/power: public bound B, longer rows are scaled down to B (default: "
         "chosen privately from the data with 10%% of the budget; required with --unit-column)",
     )
     est.add_argument(
-        "--center", action="store_true", help="gauss/gap-perturb: centre with a private mean"
+        "--center", action="store_true", help="gauss/gap-perturb/power: centre with a private mean"
     )
     est.add_argument("--outliers", type=int, help="exact: ℓ, outliers tolerated (default 0)")
     est.add_argument("--tolerance", type=float, help="exact: relative membership tolerance")
@@ -214,6 +224,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             progress=report,
             vector_column=args.vector_column,
+            decay=args.decay,
         )
     except (ValueError, FileExistsError) as err:
         raise InputError(str(err)) from None
@@ -252,6 +263,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         tolerance=args.tolerance,
         boost=args.boost,
         boost_alpha=args.boost_alpha,
+        iterations=args.iterations,
+        oversample=args.oversample,
         storage_options=storage_options,
     )
     return run_to_output(args, config, run_estimate, storage_options)

@@ -24,7 +24,7 @@ from dpsub_dist.engine.subsets import (
     compute_subset_summaries_from_grams,
 )
 from dpsub_dist.errors import InputError
-from dpsub_dist.estimators import boost, exact
+from dpsub_dist.estimators import boost, exact, power
 from dpsub_dist.estimators import covariance as cov
 from dpsub_dist.estimators import sample_aggregate as sa
 from dpsub_dist.privacy.accountant import Accountant, Budget, parse_budget
@@ -58,6 +58,8 @@ class EstimateConfig:
     tolerance: float | None = None  # exact: relative membership tolerance
     boost: int | None = None  # B disjoint groups (SS21 Alg. 3)
     boost_alpha: float | None = None  # boosting: estimates agree within 2α
+    iterations: int | None = None  # power: T, public
+    oversample: int | None = None  # power: k' − k, public
     storage_options: dict[str, Any] = field(default_factory=dict)
 
     def budget(self) -> Budget:
@@ -96,6 +98,7 @@ class EstimateConfig:
                 "positive --radius/--cell-side, or omit it to have it chosen privately"
             )
         cov.check_options(self)
+        power.check_options(self)
         exact.check_options(self)
         boost.check_options(self)
         self.budget()
@@ -356,6 +359,7 @@ METHODS: dict[str, Runner] = {
     "gauss": cov.run_gauss,
     "gap-perturb": cov.run_gap_perturb,
     "exact": exact.run_exact,
+    "power": power.run_power,
 }
 """Estimation methods by name; other estimator families register their runner here."""
 

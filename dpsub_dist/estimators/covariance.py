@@ -45,6 +45,8 @@ if TYPE_CHECKING:  # job imports this module to register the runners
     from dpsub_dist.job import EstimateConfig, EstimateResult
 
 COVARIANCE_METHODS = ("gauss", "gap-perturb")
+ROW_NORM_METHODS = (*COVARIANCE_METHODS, "power")
+"""Methods that clip rows to --row-norm and may --center (power: estimators/power.py)."""
 
 MEAN_SHARE = 0.2
 """Share of the budget spent on the mean when centring (its error enters only as n‖μ̂ − μ‖²)."""
@@ -69,15 +71,15 @@ NO_GAP_REASON = (
 
 def check_options(config: EstimateConfig) -> None:
     """Parameter checks of this family, and refusal of its options on other methods."""
-    if config.method not in COVARIANCE_METHODS:
+    if config.method not in ROW_NORM_METHODS:
         if config.row_norm is not None:
             raise InputError(
-                f"--row-norm applies to --method gauss or gap-perturb only: "
+                f"--row-norm applies to --method gauss, gap-perturb or power only: "
                 f"drop it for --method {config.method}"
             )
         if config.center:
             raise InputError(
-                f"--center applies to --method gauss or gap-perturb only: "
+                f"--center applies to --method gauss, gap-perturb or power only: "
                 f"drop it for --method {config.method}"
             )
         return
