@@ -36,7 +36,14 @@ from dpsub_dist.cli import main
 from dpsub_dist.estimators.clustering import CLUSTER_METHODS
 from dpsub_dist.job import METHODS
 from dpsub_dist.privacy import noise
-from dpsub_dist.privacy.accountant import ZCDP, ApproxDP, Budget, gaussian_sigma, laplace_epsilon
+from dpsub_dist.privacy.accountant import (
+    ZCDP,
+    ApproxDP,
+    Budget,
+    gaussian_sigma,
+    laplace_epsilon,
+    zcdp_epsilon,
+)
 from dpsub_dist.synth import generate
 
 NOISE_SEED = 0xD15EA5E
@@ -55,6 +62,7 @@ GAP_MAX_SCORE_GAP = 2.0  # §5: each span score moves by ≤ 1, their gap by ≤
 SULQ_GRAM = 2.0  # §9: one unit-norm row moves between clusters' Grams
 TREE_NODE = math.sqrt(2.0)  # §8: Σ aaᵀ with ‖a‖ ≤ 1, replace one row
 NORM_COUNT = 1.0  # norm_bound: a replaced row moves each count #{‖x‖ ≤ grid_j} by ≤ 1
+POWER_PRODUCT = {"replace": math.sqrt(2.0), "add_remove": 1.0}  # ‖EV‖_F ≤ ‖E‖_F, V orthonormal
 
 
 def _grant(step: dict[str, Any]) -> Budget:
@@ -109,6 +117,15 @@ def _tree_node(run: Run, step: dict[str, Any]) -> list[float]:
     return [gaussian_sigma(ZCDP(total / levels), TREE_NODE)]
 
 
+def _power_iterations(run: Run, step: dict[str, Any]) -> list[float]:
+    """(ε, δ) total: T Gaussians at ρ_it each, valid only if T·ρ_it-zCDP implies the grant."""
+    grant, release = _grant(step), run.manifest["release"]
+    rho, steps = release["rho_per_iteration"], run.manifest["parameters"]["iterations"]
+    if zcdp_epsilon(steps * rho, grant.delta) > grant.epsilon:
+        return []  # the T iterations together would overspend the charged grant
+    return [POWER_PRODUCT[release["neighbours"]] / math.sqrt(2 * rho)]
+
+
 Formula = Callable[["Run", dict[str, Any]], list[float]]
 
 STEP_SCALES: dict[str, Formula] = {
@@ -127,6 +144,10 @@ STEP_SCALES: dict[str, Formula] = {
     "gap_max": lambda run, step: [GAP_MAX_SCORE_GAP / laplace_epsilon(_grant(step))],
     r"iteration_\d+": lambda run, step: [gaussian_sigma(_grant(step), SULQ_GRAM)],
     r"batch \d+": _tree_node,
+    r"power_iteration_\d+": lambda run, step: [
+        gaussian_sigma(_grant(step), POWER_PRODUCT[run.manifest["release"]["neighbours"]])
+    ],
+    "power_iterations": _power_iterations,
 }
 """Step name (a regular expression) → the noise scales that step's charged budget buys."""
 
@@ -223,6 +244,8 @@ CASES = {
     "gap-perturb zcdp": _estimate("gap-perturb", *RHO, "--method", "gap-perturb", *COV),
     "gauss private norm": _estimate("gauss", *BUDGET, "--method", "gauss", "--center"),
     "gap-perturb private norm zcdp": _estimate("gap-perturb", *RHO, "--method", "gap-perturb"),
+    "power private norm centred": _estimate("power", *BUDGET, "--method", "power", "--center"),
+    "power zcdp": _estimate("power", *RHO, "--method", "power", *COV, "--iterations", "3"),
     "exact": Case("exact", "api", "exact", (*BUDGET, "--method", "exact")),
     "exact zcdp": Case("exact", "api", "exact", (*RHO, "--method", "exact")),
     "boost": _estimate("boost", *BUDGET, "--boost", "2"),
