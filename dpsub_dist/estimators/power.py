@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # job imports this module to register the runner
     from dpsub_dist.engine.sources import Dataset
     from dpsub_dist.job import EstimateConfig, EstimateResult
 
-CACHE_FRACTION = 0.5
+CACHE_FRACTION = 0.25
 """Cache the clipped rows on the workers when they take at most this share of their memory."""
 
 IN_PROCESS_CACHE_BYTES = 2**30
