@@ -26,7 +26,8 @@ class PrivateSubspace:
     ``method``, ``subsets``, ``ref_points``, ``assign``, ``unit_column``, ``columns``,
     ``seed`` (public randomness only), ``scale`` (public radius / cell side),
     ``row_norm``/``center`` (gauss, gap-perturb), ``outliers``/``tolerance`` (exact),
-    ``boost``/``boost_alpha`` (SS21 Alg. 3 around any method), and ``client`` (a
+    ``boost``/``boost_alpha`` (SS21 Alg. 3 around any method), ``iterations``/``oversample``
+    (power), and ``client`` (a
     ``distributed.Client``; without one, NumPy input runs in-process and Dask input on
     Dask's default scheduler).
 
@@ -67,6 +68,8 @@ class PrivateSubspace:
         tolerance: float | None = None,
         boost: int | None = None,
         boost_alpha: float | None = None,
+        iterations: int | None = None,
+        oversample: int | None = None,
         storage_options: dict[str, Any] | None = None,
         client: Any | None = None,
     ) -> None:

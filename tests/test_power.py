@@ -400,3 +400,13 @@ def test_synth_polynomial_truth(tmp_path) -> None:
     assert np.array_equal(_rows(again.path), rows)
     with pytest.raises(InputError, match="polynomial"):
         synth.generate(tmp_path / "x", rows=10, dim=4, rank=1, model="polynomial", clusters=2)
+
+
+def test_python_api_takes_the_power_parameters() -> None:
+    from dpsub_dist import PrivateSubspace
+
+    rows = np.random.default_rng(0).standard_normal((5000, 20)) * np.arange(1, 21) ** -1.0
+    est = PrivateSubspace(2, epsilon=1, delta=1e-6, method="power", iterations=4, oversample=2)
+    est.fit(rows)
+    assert est.basis_.shape == (20, 2) and len(est.explained_variance_) == 2
+    assert (est.manifest_["parameters"]["passes"], est.manifest_["parameters"]["width"]) == (5, 4)
