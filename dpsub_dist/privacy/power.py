@@ -1,7 +1,7 @@
 """Private noisy power method (Hardt & Price 2014; Balcan, Du, Wang & Yu 2016): ``--method power``.
 
-The algorithm (Hardt & Price 2014, "The noisy power method", Alg. 1; its private instance,
-§1.2 and Cor. 1.3): start from a public random ``D × k'`` matrix ``V₀`` with orthonormal
+The algorithm (Hardt & Price 2014, "The noisy power method", Alg. 1, and its private instance
+in §1.2): start from a public random ``D × k'`` matrix ``V₀`` with orthonormal
 columns (``k' ≥ k``, the oversampled width); for ``t = 1 … T``
 
 1. ``Y_t = C V_{t−1}`` with ``C = AᵀA`` the Gram matrix of the rows clipped to norm ≤ ``B`` and
@@ -36,14 +36,14 @@ Canonne–Kamath–Steinke conversion at ``δ_p`` is at most ``ε_p`` (:func:`rh
 drawn on the power-of-two grid by :func:`dpsub_dist.privacy.noise.add_gaussian`
 (floating-point safe).
 
-**Utility** (Hardt & Price 2014 Thm 1.1/Cor. 1.3, sharpened by Balcan et al. 2016 Thm 3.1 to
-the gap between ``λ_k`` and ``λ_{q+1}`` for any ``k ≤ q ≤ k'``). Write ``λ_i`` for the
-eigenvalues of the centred covariance of the clipped rows (input units) and ``σ_it`` the
-per-entry noise std. If ``T = O(λ_k/(λ_k − λ_{q+1}) · log(D/α))`` and the noise satisfies
-``‖G_t‖₂ ≲ α·n(λ_k − λ_{q+1})/B²`` and ``‖U_kᵀG_t‖₂ ≲ n(λ_k − λ_{q+1})/B² ·
-(√k' − √(q−1))/√D`` — with high probability ``‖G_t‖₂ ≈ σ_it(√D + √k')`` — then
-``‖sin Θ(U_k, V_T)‖₂ ≤ α``. With ``σ_it = Δ√(T/(2ρ))`` this reads (up to constants and
-log factors)
+**Utility** (Hardt & Price 2014, Thm 1.1 and its private-PCA corollary, sharpened by
+Balcan et al. 2016 to the gap between ``λ_k`` and ``λ_{q+1}`` for any ``k ≤ q ≤ k'``).
+Write ``λ_i`` for the eigenvalues of the centred covariance of the clipped rows (input
+units) and ``σ_it`` the per-entry noise std. If ``T = O(λ_k/(λ_k − λ_{q+1})·log(D/α))``
+and the noise satisfies ``‖G_t‖₂ ≲ α·n(λ_k − λ_{q+1})/B²`` and ``‖U_kᵀG_t‖₂ ≲
+n(λ_k − λ_{q+1})/B²·(√k' − √(q−1))/√D`` — with high probability
+``‖G_t‖₂ ≈ σ_it(√D + √k')`` — then ``‖sin Θ(U_k, V_T)‖₂ ≤ α``. With
+``σ_it = Δ√(T/(2ρ))`` this reads (up to constants and log factors)
 
     α ≈ B²·Δ·√(D·T/ρ) / (n·(λ_k − λ_{q+1})),   ρ ≈ ε²/(4 ln(1/δ)) for small ε,
 
