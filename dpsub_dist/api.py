@@ -265,6 +265,8 @@ class PrivateSubspace(_PrivateEstimator):
         tolerance: float | None = None,
         boost: int | None = None,
         boost_alpha: float | None = None,
+        iterations: int | None = None,
+        oversample: int | None = None,
         storage_options: dict[str, Any] | None = None,
         client: Any | None = None,
     ) -> None:

@@ -103,7 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--dim", type=int, required=True)
     synth.add_argument("--rank", type=int, required=True)
     synth.add_argument("--gamma", type=float, default=0.01)
-    synth.add_argument("--model", choices=["gaussian", "sphere", "exact"], default="gaussian")
+    synth.add_argument(
+        "--model", choices=["gaussian", "sphere", "exact", "polynomial"], default="gaussian"
+    )
+    synth.add_argument(
+        "--decay",
+        type=float,
+        default=1.0,
+        help="polynomial: eigenvalues λ_i = i^(−DECAY), no gap (default 1)",
+    )
     synth.add_argument("--order", choices=["random", "adversarial"], default="random")
     synth.add_argument("--outlier-fraction", type=float, default=0.0)
     synth.add_argument("--partitions", type=int)
@@ -210,6 +218,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             progress=report,
             vector_column=args.vector_column,
+            decay=args.decay,
         )
     except (ValueError, FileExistsError) as err:
         raise InputError(str(err)) from None

@@ -24,6 +24,13 @@ Models (row ``x ∈ R^dim``, ``U`` the true basis, ``k = rank``):
 - ``sphere`` (T24 §6): ``x = U u/‖u‖ + e``, ``u ~ N(0, I_k)``, ``e ~ N(0, γ² I)`` isotropic.
 - ``exact``: ``x = U z``, ``z ~ N(0, I_k)`` (``γ`` is ignored): rank exactly ``k``, points in
   general position on the subspace (with ``order="random"``).
+- ``polynomial`` (wide data without a gap, docs/power.md): ``x ~ N(0, Σ)`` with
+  ``Σ = W diag(λ) Wᵀ``, ``λ_i = i^(−decay)`` for ``i = 1 … dim`` (no multiplicative gap;
+  ``γ`` is ignored). ``W = C S P`` with ``C`` the orthonormal DCT-II, ``S`` random signs and
+  ``P`` a random permutation (from the seed): orthogonal and applied in ``O(dim log dim)`` per
+  row, so ``dim = 10⁵`` needs no ``dim × dim`` matrix. The truth ``U`` is the top-``rank``
+  eigenvectors of ``Σ`` (the first ``rank`` columns of ``W``); ``_truth/spectrum.npy`` holds
+  ``λ``. Random order only, no clusters.
 
 ``order="adversarial"`` (T24 §2.1): with ``B = ceil(rows / (4·K·k))`` (``K = clusters`` or 1),
 global row ``r`` belongs to block ``b = r // B``; the block's cluster is ``c = b mod K`` and its
@@ -76,7 +83,7 @@ __all__ = [
     "read_truth",
 ]
 
-MODELS = ("gaussian", "sphere", "exact")
+MODELS = ("gaussian", "sphere", "exact", "polynomial")
 ORDERS = ("random", "adversarial")
 DTYPES = ("float32", "float64")
 FORMAT_VERSION = 1
@@ -181,6 +188,29 @@ class _Plan:
     chunk_rows: int
     outlier_scale: float
     bases: np.ndarray  # K × dim × rank in the generation dtype
+    scales: np.ndarray | None = None  # polynomial: s_j·√λ of coordinate j before the DCT
+
+
+def _polynomial_spectrum(dim: int, decay: float) -> np.ndarray:
+    """``λ_i = i^(−decay)``, i = 1 … dim (descending)."""
+    return np.arange(1, dim + 1, dtype=np.float64) ** -decay
+
+
+def _polynomial_basis(
+    rng: np.random.Generator, dim: int, rank: int, decay: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(U, scales)``: the top-``rank`` eigenvectors ``C S e_{π(i)}`` and the coefficients
+    ``s_j √λ_{π⁻¹(j)}`` that turn ``z ~ N(0, I)`` into ``x = C(scales ⊙ z) ~ N(0, Σ)``."""
+    from scipy.fft import dct
+
+    perm = rng.permutation(dim)  # eigenvalue i sits on coordinate perm[i]
+    signs = rng.choice(np.array([-1.0, 1.0]), size=dim)
+    scales = np.empty(dim)
+    scales[perm] = np.sqrt(_polynomial_spectrum(dim, decay))
+    scales *= signs
+    unit = np.zeros((dim, rank))
+    unit[perm[:rank], np.arange(rank)] = signs[perm[:rank]]
+    return dct(unit, type=2, norm="ortho", axis=0), scales
 
 
 def _random_basis(rng: np.random.Generator, dim: int, rank: int) -> np.ndarray:
@@ -197,6 +227,13 @@ def _chunk(plan: _Plan, rng: np.random.Generator, start: int, m: int, outliers: 
     ``outliers`` holds the global indices (sorted) of outlier rows inside this chunk.
     """
     k, d, dt = plan.rank, plan.dim, plan.dtype
+    if plan.scales is not None:  # polynomial: x = C (scales ⊙ z), one DCT per row
+        from scipy.fft import dct
+
+        xt = dct(rng.standard_normal((d, m)) * plan.scales[:, None], type=2, norm="ortho", axis=0)
+        xt = xt.astype(dt, copy=False)
+        labels = np.zeros(m, dtype=np.int32)
+        return _plant_outliers(plan, rng, xt, labels, start, outliers)
     rows_idx = np.arange(start, start + m, dtype=np.int64)
     if plan.adversarial:
         blocks = rows_idx // plan.block
@@ -230,6 +267,12 @@ def _chunk(plan: _Plan, rng: np.random.Generator, start: int, m: int, outliers: 
             z = z - u.T @ xt[:, cols]
         xt[:, cols] += u @ z
 
+    return _plant_outliers(plan, rng, xt, labels, start, outliers)
+
+
+def _plant_outliers(plan: _Plan, rng, xt: np.ndarray, labels: np.ndarray, start: int, outliers):
+    """Replace the chunk's outlier rows by ``outlier_scale·v``, ``v`` uniform on the sphere."""
+    d, dt = plan.dim, plan.dtype
     if outliers.size:
         pos = outliers - start
         v = rng.standard_normal((d, pos.size), dtype=dt)
@@ -303,7 +346,9 @@ class _NpyAppender:
             raise RuntimeError(f"npy writer: {self._left} values missing")
 
 
-def _typical_norm(model: str, dim: int, rank: int, gamma: float) -> float:
+def _typical_norm(model: str, dim: int, rank: int, gamma: float, decay: float = 1.0) -> float:
+    if model == "polynomial":
+        return math.sqrt(float(_polynomial_spectrum(dim, decay).sum()))
     if model == "gaussian":
         return math.sqrt(rank + gamma**2 * (dim - rank))
     if model == "sphere":
@@ -318,7 +363,7 @@ def generate(
     dim: int,
     rank: int,
     gamma: float = 0.01,
-    model: Literal["gaussian", "sphere", "exact"] = "gaussian",
+    model: Literal["gaussian", "sphere", "exact", "polynomial"] = "gaussian",
     order: Literal["random", "adversarial"] = "random",
     outlier_fraction: float = 0.0,
     partitions: int | None = None,
@@ -329,6 +374,7 @@ def generate(
     progress: Callable[[int, int], None] | None = None,
     overwrite: bool = False,
     vector_column: bool = False,
+    decay: float = 1.0,
 ) -> SynthResult:
     """Write a Parquet dataset with a known subspace (BENCHMARKS.md §1); see the module doc.
 
@@ -364,6 +410,9 @@ def generate(
     if not isinstance(vector_column, bool | np.bool_):
         raise _fail("vector_column", "True or False", vector_column)
     vector_column = bool(vector_column)
+    decay = _float("decay", decay, lambda a: a > 0, "a finite number > 0")
+    if model == "polynomial" and (clusters is not None or order != "random"):
+        raise _fail("model", "polynomial with order='random' and no clusters", model)
 
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -381,12 +430,17 @@ def generate(
     chunk_rows = max(1, min(row_group_rows, _MAX_CHUNK_BYTES // row_bytes))
     block = -(-rows // (4 * k_clusters * rank))
     n_outliers = int(round(outlier_fraction * rows))
-    typical = _typical_norm(model, dim, rank, gamma)
+    typical = _typical_norm(model, dim, rank, gamma, decay)
     base, extra = divmod(rows, partitions)
     part_rows = [base + (1 if i < extra else 0) for i in range(partitions)]
 
     basis_rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(0,))))
-    bases = np.stack([_random_basis(basis_rng, dim, rank) for _ in range(k_clusters)])
+    scales = None
+    if model == "polynomial":
+        top, scales = _polynomial_basis(basis_rng, dim, rank, decay)
+        bases = top[None]
+    else:
+        bases = np.stack([_random_basis(basis_rng, dim, rank) for _ in range(k_clusters)])
     split_rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(1,))))
     if n_outliers:
         part_outliers = split_rng.multivariate_hypergeometric(part_rows, n_outliers).tolist()
@@ -407,6 +461,7 @@ def generate(
         chunk_rows=chunk_rows,
         outlier_scale=OUTLIER_SCALE * typical,
         bases=bases.astype(np_dtype),
+        scales=scales,
     )
     params: dict[str, Any] = {
         "generator": "dpsub_dist.synth",
@@ -434,6 +489,7 @@ def generate(
         "typical_norm": typical,
         "noise_std": 0.0 if model == "exact" else gamma,
         "multiplicative_gap": gamma**2 if model == "gaussian" else None,
+        "decay": decay if model == "polynomial" else None,
         "numpy_version": np.__version__,
         "seed_derivation": "SeedSequence(seed, spawn_key=(0,)) basis, (1,) outlier split, "
         "(2, i) partition i",
@@ -446,6 +502,8 @@ def generate(
         truth.mkdir()
         if clusters is None:
             np.save(truth / "basis.npy", bases[0])
+            if model == "polynomial":
+                np.save(truth / "spectrum.npy", _polynomial_spectrum(dim, decay))
         else:
             for c in range(k_clusters):
                 np.save(truth / f"basis_{c}.npy", bases[c])

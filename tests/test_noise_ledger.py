@@ -42,6 +42,7 @@ from dpsub_dist.privacy.accountant import (
     Budget,
     gaussian_sigma,
     laplace_epsilon,
+    zcdp_epsilon,
 )
 from dpsub_dist.synth import generate
 
@@ -62,6 +63,7 @@ SULQ_GRAM = 2.0  # §9: one unit-norm row moves between clusters' Grams
 TREE_NODE = math.sqrt(2.0)  # §8: Σ aaᵀ with ‖a‖ ≤ 1, replace one row
 NORM_COUNT = 1.0  # norm_bound: a replaced row moves each count #{‖x‖ ≤ grid_j} by ≤ 1
 VARIANCE_SUMS = math.sqrt(2.0)  # Σ ((v_iᵀz)², ‖z‖²) of norm-≤1 rows z, replace one row
+POWER_PRODUCT = {"replace": math.sqrt(2.0), "add_remove": 1.0}  # ‖EV‖_F ≤ ‖E‖_F, V orthonormal
 
 
 def _grant(step: dict[str, Any]) -> Budget:
@@ -127,6 +129,19 @@ def _tree_node(run: Run, step: dict[str, Any]) -> list[float]:
     return [gaussian_sigma(ZCDP(total / levels), TREE_NODE)]
 
 
+def _power_iterations(run: Run, step: dict[str, Any]) -> list[float]:
+    """T Gaussians at ρ_it each: ρ_it = ρ/T for a zCDP grant; for (ε, δ) valid only if
+    T·ρ_it-zCDP implies the grant (CKS conversion)."""
+    grant, release = _grant(step), run.manifest["release"]
+    rho, steps = release["rho_per_iteration"], run.manifest["parameters"]["iterations"]
+    if isinstance(grant, ZCDP):
+        if steps * rho > grant.rho * (1 + 1e-9):
+            return []  # the T iterations together would overspend the charged grant
+    elif zcdp_epsilon(steps * rho, grant.delta) > grant.epsilon:
+        return []
+    return [POWER_PRODUCT[release["neighbours"]] / math.sqrt(2 * rho)]
+
+
 Formula = Callable[["Run", dict[str, Any]], list[float]]
 
 STEP_SCALES: dict[str, Formula] = {
@@ -148,6 +163,7 @@ STEP_SCALES: dict[str, Formula] = {
     "gap_max": lambda run, step: [GAP_MAX_SCORE_GAP / laplace_epsilon(_grant(step))],
     r"iteration_\d+": lambda run, step: [gaussian_sigma(_grant(step), SULQ_GRAM)],
     r"batch \d+": _tree_node,
+    "power": _power_iterations,
 }
 """Step name (a regular expression) → the noise scales that step's charged budget buys."""
 
@@ -252,6 +268,8 @@ CASES = {
     "gauss private norm": _estimate("gauss", *BUDGET, "--method", "gauss", "--center"),
     "gap-perturb private norm zcdp": _estimate("gap-perturb", *RHO, "--method", "gap-perturb"),
     "auto": _estimate("auto", *BUDGET, "--method", "auto"),  # gauss, private norm, centred
+    "power private norm centred": _estimate("power", *BUDGET, "--method", "power", "--center"),
+    "power zcdp": _estimate("power", *RHO, "--method", "power", *COV, "--iterations", "3"),
     "exact": Case("exact", "api", "exact", (*BUDGET, "--method", "exact")),
     "exact zcdp": Case("exact", "api", "exact", (*RHO, "--method", "exact")),
     "boost": _estimate("boost", *BUDGET, "--method", "friendly", "--boost", "2"),

@@ -24,6 +24,7 @@ from dpsub_dist.methods import (
     gauss,
     gibbs,
     histogram,
+    power,
     sulq,
 )
 from dpsub_dist.methods.spec import Method, Modifier, Param
@@ -37,6 +38,7 @@ REGISTRY: dict[str, dict[str, Method]] = {
             gauss.METHOD,
             gap_perturb.METHOD,
             exact.METHOD,
+            power.METHOD,
             auto.METHOD,
         )
     },

@@ -74,6 +74,8 @@ class EstimateConfig(_Run):
     tolerance: float | None = None
     boost: int | None = None
     boost_alpha: float | None = None
+    iterations: int | None = None  # power: T, public
+    oversample: int | None = None  # power: k′ − k, public
     storage_options: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:

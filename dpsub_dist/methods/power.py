@@ -1,0 +1,33 @@
+"""``--method power``: the private noisy power method on the workers, nothing D×D anywhere
+(Hardt & Price 2014; :mod:`dpsub_dist.privacy.power`, docs/power.md)."""
+
+from dpsub_dist.estimators import power
+from dpsub_dist.methods._centring import CENTRING_PARAMS
+from dpsub_dist.methods.spec import Method, Param
+
+ITERATIONS = Param(
+    "iterations",
+    int,
+    "T, passes over the rows (default 6)",
+    need="an integer ≥ 1",
+    valid=lambda t: t >= 1,
+    example=3,
+)
+OVERSAMPLE = Param(
+    "oversample",
+    int,
+    "k′ − k, extra columns of the iterate (default 8)",
+    need="an integer ≥ 0",
+    valid=lambda extra: extra >= 0,
+    example=4,
+)
+
+METHOD = Method(
+    name="power",
+    command="estimate",
+    summary="noisy power method on the workers (wide data without a gap, nothing D×D)",
+    params=(ITERATIONS, OVERSAMPLE, *CENTRING_PARAMS),
+    run=power.run_power,
+    plan=power.plan_shares,
+    row_level_only="its per-user scaling is not implemented; use --method gauss",
+)

@@ -1,0 +1,221 @@
+"""Private noisy power method (Hardt & Price 2014; Balcan, Du, Wang & Yu 2016): ``--method power``.
+
+The algorithm (Hardt & Price 2014, "The noisy power method", Alg. 1, and its private instance
+in §1.2): start from a public random ``D × k'`` matrix ``V₀`` with orthonormal
+columns (``k' ≥ k``, the oversampled width); for ``t = 1 … T``
+
+1. ``Y_t = C V_{t−1}`` with ``C = AᵀA`` the Gram matrix of the rows clipped to norm ≤ ``B`` and
+   scaled by ``1/B`` (every row has norm ≤ 1; :func:`dpsub_dist.engine.gram.clip_rows`),
+   computed on the workers (:mod:`dpsub_dist.estimators.power`): ``D × k'`` numbers, never
+   ``D × D``;
+2. release ``Ŷ_t = Y_t + G_t``, ``G_t`` i.i.d. Gaussian (:func:`noisy_product`);
+3. ``V_t = orth(Ŷ_t − n·μ̂(μ̂ᵀV_{t−1}))`` (QR; the centring term uses the released mean μ̂ only).
+
+The output is the top-``k`` left singular vectors of the last release ``Ŷ_T − n·μ̂(μ̂ᵀV_{T−1})``
+(a Rayleigh–Ritz step inside the span of ``V_T``), and their singular values estimate the top
+eigenvalues of the centred ``C``. Everything after the noise is post-processing of released
+values and of ``V_{t−1}`` (itself released), so it costs nothing.
+
+**Privacy (sensitivity of one iteration).** Neighbours change ``C`` by ``E = C′ − C``:
+replace one row ``a`` by ``b`` (row level) gives ``E = bbᵀ − aaᵀ`` with ``‖a‖, ‖b‖ ≤ 1``, so
+``‖E‖_F² = ‖a‖⁴ + ‖b‖⁴ − 2(a·b)² ≤ 2``; adding or removing one row gives ``E = ±aaᵀ``,
+``‖E‖_F ≤ 1``. The released quantity moves by ``EV`` and, ``V`` having orthonormal columns
+(``‖V‖₂ = 1``), ``‖EV‖_F ≤ ‖E‖_F‖V‖₂ = ‖E‖_F``. For one row this is exact arithmetic:
+``‖aaᵀV‖_F = ‖a‖·‖Vᵀa‖ ≤ ‖a‖² ≤ 1``. So the ℓ2 sensitivity of ``Y_t`` (all ``D·k'`` entries
+together) is the same constant as the Gram matrix's Frobenius bound of Analyze Gauss —
+:data:`dpsub_dist.privacy.covariance.SENSITIVITY` ``.gram``: √2 replace-one, 1 add/remove
+— whatever ``V_{t−1}`` is, because ``V_{t−1}`` is a function of earlier releases only
+(adaptive composition). ``V₀`` is public randomness (the run's public seed), not DP noise.
+
+**Composition.** Iteration ``t`` with ``σ = Δ/√(2ρ_it)`` is ``ρ_it``-zCDP (Bun & Steinke 2016,
+Prop. 1.6), and ``T`` adaptively chosen iterations are ``T·ρ_it``-zCDP (Lemma 2.3). A zCDP run
+gives each iteration ``ρ_it = ρ_power/T`` and charges the accountant once per iteration. An
+(ε, δ) run converts its power share ``(ε_p, δ_p)`` to the largest ``ρ_p`` whose
+Canonne–Kamath–Steinke conversion at ``δ_p`` is at most ``ε_p`` (:func:`rho_for`), so the
+``T`` iterations together are ``(ε_p, δ_p)``-DP, and charges that grant once. The noise is
+drawn on the power-of-two grid by :func:`dpsub_dist.privacy.noise.add_gaussian`
+(floating-point safe).
+
+**Utility** (Hardt & Price 2014, Thm 1.1 and its private-PCA corollary, sharpened by
+Balcan et al. 2016 to the gap between ``λ_k`` and ``λ_{q+1}`` for any ``k ≤ q ≤ k'``).
+Write ``λ_i`` for the eigenvalues of the centred covariance of the clipped rows (input
+units) and ``σ_it`` the per-entry noise std. If ``T = O(λ_k/(λ_k − λ_{q+1})·log(D/α))``
+and the noise satisfies ``‖G_t‖₂ ≲ α·n(λ_k − λ_{q+1})/B²`` and ``‖U_kᵀG_t‖₂ ≲
+n(λ_k − λ_{q+1})/B²·(√k' − √(q−1))/√D`` — with high probability
+``‖G_t‖₂ ≈ σ_it(√D + √k')`` — then ``‖sin Θ(U_k, V_T)‖₂ ≤ α``. With
+``σ_it = Δ√(T/(2ρ))`` this reads (up to constants and log factors)
+
+    α ≈ B²·Δ·√(D·T/ρ) / (n·(λ_k − λ_{q+1})),   ρ ≈ ε²/(4 ln(1/δ)) for small ε,
+
+that is: error growing like √D (not D as for Analyze Gauss' ``D × D`` noise), shrinking like
+1/n and 1/ε, and governed by the *additive* gap ``λ_k − λ_{q+1}`` to an oversampled index:
+a polynomially decaying spectrum has no multiplicative gap but ``λ_k − λ_{2k}`` is a constant
+fraction of ``λ_k``. The captured variance ``tr(V̂ᵀΣV̂)`` loses at most ``α²·Σ_{i≤k}λ_i``
+plus the tail mass inside the span (Balcan et al. 2016 §4).
+
+Pure NumPy; DP noise only from :mod:`dpsub_dist.privacy.noise`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpsub_dist.privacy import mechanism, noise
+from dpsub_dist.privacy.accountant import ZCDP, ApproxDP, Budget, gaussian_sigma, zcdp_epsilon
+from dpsub_dist.privacy.covariance import SENSITIVITY, Neighbours
+
+DEFAULT_ITERATIONS = 6
+"""T: iterations (passes over the rows) when --iterations is not given (docs/power.md)."""
+
+DEFAULT_OVERSAMPLE = 8
+"""k' − k: extra columns of the iterate when --oversample is not given (docs/power.md)."""
+
+
+def product_sensitivity(relation: Neighbours) -> float:
+    """ℓ2 sensitivity of ``C V`` for orthonormal ``V``: ``‖EV‖_F ≤ ‖E‖_F`` (module doc)."""
+    return SENSITIVITY[relation].gram
+
+
+def rho_for(grant: Budget) -> float:
+    """zCDP ρ that the whole power step may spend under ``grant``.
+
+    ZCDP → its ρ. (ε, δ) → the largest ρ (bisection to 1e-9 relative) with
+    ``zcdp_epsilon(ρ, δ) ≤ ε`` (Canonne–Kamath–Steinke conversion): ρ-zCDP then implies the
+    grant, so charging the grant covers all T iterations.
+    """
+    if isinstance(grant, ZCDP):
+        return grant.rho
+    if not isinstance(grant, ApproxDP) or not 0 < grant.delta < 1 or grant.epsilon <= 0:
+        raise ValueError("the power method needs an (epsilon, delta) grant with delta in (0, 1)")
+    low, high = 0.0, max(grant.epsilon, 1.0)
+    while zcdp_epsilon(high, grant.delta) <= grant.epsilon:
+        high *= 2.0
+    while high - low > 1e-9 * high:
+        mid = 0.5 * (low + high)
+        if zcdp_epsilon(mid, grant.delta) <= grant.epsilon:
+            low = mid
+        else:
+            high = mid
+    if low <= 0.0:
+        raise ValueError(f"no zCDP ρ > 0 fits {grant}: raise the budget")
+    return low
+
+
+def iteration_grant(grant: Budget, iterations: int) -> ZCDP:
+    """The zCDP budget of one iteration: ``ρ_power / T`` (composition, module doc)."""
+    if iterations < 1:
+        raise ValueError(f"iterations must be ≥ 1 (got {iterations})")
+    return ZCDP(rho_for(grant) / iterations)
+
+
+@dataclass(frozen=True)
+class PowerIterations(mechanism.Mechanism):
+    """The T Gaussian releases of ``C V`` (σ each, ℓ2 sensitivity Δ): its privacy map is zCDP
+    composition, ρ = T·Δ²/(2σ²) (Bun & Steinke 2016, Prop 1.6 and Lemma 2.3), stated as
+    (ε, δ) by the CKS conversion at ``delta`` when the grant is (ε, δ)."""
+
+    sensitivity: float
+    sigma: float
+    iterations: int
+    delta: float | None = None
+
+    def cost(self) -> Budget:
+        rho = self.iterations * self.sensitivity**2 / (2.0 * self.sigma**2)
+        if self.delta is None:
+            return ZCDP(rho, 0.0)
+        return ApproxDP(zcdp_epsilon(rho, self.delta), self.delta)
+
+    def release(self, rng: np.random.Generator, product: np.ndarray) -> np.ndarray:
+        """One iteration's ``Y + G``, ``G`` i.i.d. ``N_Z(0, σ²)`` on the grid."""
+        return noise.add_gaussian(rng, product, self.sigma, self.sensitivity)
+
+
+def power_mechanism(grant: Budget, iterations: int, relation: Neighbours) -> PowerIterations:
+    """Step ``power``: T iterations at ``ρ_power/T`` each (:func:`iteration_grant`)."""
+    sensitivity = product_sensitivity(relation)
+    sigma = gaussian_sigma(iteration_grant(grant, iterations), sensitivity)
+    delta = None if isinstance(grant, ZCDP) else grant.delta
+    return PowerIterations(sensitivity, sigma, iterations, delta)
+
+
+def start_basis(dim: int, width: int, seed: int) -> np.ndarray:
+    """Public ``V₀``: Haar-random orthonormal ``dim × width`` from the run's public seed."""
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(17,)))
+    return orthonormalise(rng.standard_normal((dim, width)))
+
+
+def orthonormalise(matrix: np.ndarray) -> np.ndarray:
+    """Orthonormal basis of the columns (thin QR, signs fixed by R's diagonal): post-processing."""
+    q, r = np.linalg.qr(np.asarray(matrix, dtype=np.float64))
+    signs = np.sign(np.diag(r))
+    signs[signs == 0] = 1.0
+    return q * signs
+
+
+def noisy_product(
+    product: np.ndarray, grant: ZCDP, sensitivity: float, rng: np.random.Generator
+) -> np.ndarray:
+    """Step 2 of one iteration: ``Y + G``, ``G`` i.i.d. ``N_Z(0, σ²)`` on the grid.
+
+    Cost: ``grant`` (ρ-zCDP) with ``σ = Δ/√(2ρ)`` for ``Δ = sensitivity`` (module doc).
+    """
+    one = PowerIterations(sensitivity, gaussian_sigma(grant, sensitivity), 1)  # cost: grant.rho
+    return one.release(rng, np.asarray(product, dtype=np.float64))
+
+
+@dataclass(frozen=True)
+class PowerRelease:
+    """The released basis (``D × k``), its eigenvalue estimates (scaled units) and the noise."""
+
+    basis: np.ndarray
+    values: np.ndarray
+    sigma: float
+    sensitivity: float
+    rho_per_iteration: float
+
+
+def noisy_power_method(
+    multiply: Callable[[np.ndarray, int], np.ndarray],
+    start: np.ndarray,
+    rank: int,
+    iterations: int,
+    grant: Budget,
+    relation: Neighbours,
+    rng: np.random.Generator,
+    charge: Callable[[int], None] = lambda t: None,
+    shift: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> PowerRelease:
+    """Hardt & Price Alg. 1 with private releases (module doc), ``T = iterations``.
+
+    ``multiply(V, t)`` returns ``C V`` (exact, from the workers); ``charge(t)`` is called
+    before iteration ``t``'s noise is drawn (the caller charges its accountant there);
+    ``shift(V)`` (centring) returns ``n·μ̂(μ̂ᵀV)`` from the released mean, subtracted after
+    the noise. ``grant`` covers all iterations together.
+    """
+    width = start.shape[1]
+    if not 1 <= rank <= width:
+        raise ValueError(f"rank must be in [1, {width}] (got {rank})")
+    steps = power_mechanism(grant, iterations, relation)  # its cost: the whole grant
+    per_iteration = iteration_grant(grant, iterations)
+    sensitivity = steps.sensitivity
+    basis = start
+    released = start
+    for t in range(1, iterations + 1):
+        product = multiply(basis, t)
+        charge(t)
+        released = steps.release(rng, np.asarray(product, dtype=np.float64))
+        if shift is not None:
+            released = released - shift(basis)
+        if t < iterations:
+            basis = orthonormalise(released)
+    left, values, _ = np.linalg.svd(released, full_matrices=False)  # Rayleigh–Ritz in span
+    return PowerRelease(
+        left[:, :rank],
+        values[:rank],
+        steps.sigma,
+        sensitivity,
+        per_iteration.rho,
+    )

@@ -1,0 +1,416 @@
+"""``--method power``: the private noisy power method (dpsub_dist/privacy/power.py, docs/power.md).
+
+Calibration of one iteration's noise, an empirical audit of one iteration with a planted
+under-noised twin, composition across iterations against dp-accounting, utility on the
+polynomial-spectrum model with a known answer, memory (nothing D×D), the CLI end to end and
+the ``dpsub synth --model polynomial`` truth.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+from privacy_audit import epsilon_lower_bound
+
+from dpsub_dist import synth
+from dpsub_dist.cli import main
+from dpsub_dist.engine.gram import clip_rows
+from dpsub_dist.engine.sources import parquet_dataset
+from dpsub_dist.errors import InputError
+from dpsub_dist.estimators import power as runner
+from dpsub_dist.job import EstimateConfig, run_estimate
+from dpsub_dist.linalg import subspace_error
+from dpsub_dist.privacy import noise, power
+from dpsub_dist.privacy.accountant import ZCDP, ApproxDP, gaussian_sigma, zcdp_epsilon
+
+SQRT2 = math.sqrt(2.0)  # ‖aaᵀV − bbᵀV‖_F ≤ ‖aaᵀ − bbᵀ‖_F ≤ √2 for unit a, b (replace one row)
+
+
+def _zero_product(dim: int, width: int):
+    return lambda basis, t: np.zeros((dim, width))
+
+
+# --- calibration ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("relation,delta_y", [("replace", SQRT2), ("add_remove", 1.0)])
+def test_each_iteration_draws_sigma_for_rho_over_t(relation, delta_y) -> None:
+    """T iterations of a ρ-zCDP grant: T draws of D·k' values, each σ = Δ/√(2ρ/T)."""
+    dim, width, steps, rho = 30, 4, 5, 0.2
+    start = power.start_basis(dim, width, seed=1)
+    charged: list[int] = []
+    with noise.draw_log() as log:
+        release = power.noisy_power_method(
+            _zero_product(dim, width),
+            start,
+            2,
+            steps,
+            ZCDP(rho),
+            relation,
+            np.random.default_rng(0),
+            charged.append,
+        )
+    sigma = delta_y / math.sqrt(2 * rho / steps)
+    assert charged == [1, 2, 3, 4, 5]
+    assert [(d.kind, d.size, d.sensitivity) for d in log] == [
+        ("gaussian", dim * width, delta_y)
+    ] * 5
+    assert all(d.scale == pytest.approx(sigma, rel=1e-12) for d in log)
+    assert release.sigma == pytest.approx(sigma) and release.rho_per_iteration == rho / steps
+    assert release.basis.shape == (dim, 2)
+    assert np.allclose(release.basis.T @ release.basis, np.eye(2))
+
+
+def test_one_iteration_noise_has_the_calibrated_spread() -> None:
+    """The released noise (on the grid) has standard deviation σ, mean 0."""
+    grant = ZCDP(0.05)
+    released = power.noisy_product(np.zeros((400, 50)), grant, SQRT2, np.random.default_rng(2))
+    sigma = SQRT2 / math.sqrt(0.1)
+    assert abs(released.mean()) < 5 * sigma / math.sqrt(released.size)
+    assert released.std() == pytest.approx(sigma, rel=0.01)
+
+
+@pytest.mark.parametrize("epsilon,delta", [(0.5, 1e-6), (1.0, 1e-6), (4.0, 1e-9)])
+def test_approx_dp_grant_converts_to_the_largest_rho_that_fits(epsilon, delta) -> None:
+    rho = power.rho_for(ApproxDP(epsilon, delta))
+    assert zcdp_epsilon(rho, delta) <= epsilon
+    assert zcdp_epsilon(rho * (1 + 1e-6), delta) > epsilon
+
+
+def test_sensitivity_of_one_row_contribution_is_the_frobenius_bound() -> None:
+    """‖aaᵀV − bbᵀV‖_F ≤ √2 over random unit rows and orthonormal V, and √2 is reached."""
+    rng = np.random.default_rng(3)
+    worst = 0.0
+    for _ in range(2000):
+        basis = power.orthonormalise(rng.standard_normal((6, 3)))
+        a, b = (v / np.linalg.norm(v) for v in rng.standard_normal((2, 6)))
+        worst = max(worst, np.linalg.norm(np.outer(a, a @ basis) - np.outer(b, b @ basis)))
+    assert worst <= SQRT2 + 1e-12
+    basis = np.eye(6)[:, :3]
+    e1, e2 = basis[:, 0], basis[:, 1]
+    reached = np.linalg.norm(np.outer(e1, e1 @ basis) - np.outer(e2, e2 @ basis))
+    assert reached == pytest.approx(power.product_sensitivity("replace")) == pytest.approx(SQRT2)
+    assert power.product_sensitivity("add_remove") == 1.0
+
+
+# --- audit ------------------------------------------------------------------------------------
+
+AUDIT_EPSILON, AUDIT_DELTA = 2.0, 1e-5
+AUDIT_RUNS = 200_000
+"""One iteration at (ε, δ) = (2, 1e-5); planned with the Gaussian tails: honest bound ≈ 1.2,
+half-noise twin ≈ 2.6 at a threshold 3.5 twin-σ out, over 2·10⁵ runs per input."""
+
+
+def test_one_iteration_audit_catches_half_noise(monkeypatch) -> None:
+    """Replace row e₁ by e₂ with V = I₂: C·V moves by diag(−1, 1), norm √2 = Δ.
+
+    The mechanism is the run's own chain for one iteration: the rows clipped as on a worker,
+    ``Xᵀ(XV)`` (estimators.power) and the noise of an (ε, δ) grant converted to ρ
+    (privacy.power). The runs are drawn as one stack of independent copies of the
+    ``2 × 2`` release (the noise is i.i.d. per entry), so 2·10⁵ runs take a second.
+    """
+    grant = power.iteration_grant(ApproxDP(AUDIT_EPSILON, AUDIT_DELTA), 1)
+    factor = {"value": 1.0}
+    real = gaussian_sigma
+    monkeypatch.setattr(power, "gaussian_sigma", lambda g, s: factor["value"] * real(g, s))
+    rng = np.random.default_rng(12345)
+    basis = np.eye(2)
+
+    def hits(rows: np.ndarray, threshold: float) -> int:
+        product = runner._product(clip_rows(rows, 1.0), basis)
+        stack = np.broadcast_to(product, (AUDIT_RUNS, 2, 2))
+        released = power.noisy_product(stack, grant, power.product_sensitivity("replace"), rng)
+        return int(np.count_nonzero(released[:, 0, 0] - released[:, 1, 1] > threshold))
+
+    def bound(value: float) -> float:
+        factor["value"] = value
+        threshold = -1.0 + 3.5 * SQRT2 * real(grant, SQRT2) / 2  # 3.5 σ of the twin's Y₁₁ − Y₂₂
+        a, b = hits(np.array([[1.0, 0.0]]), threshold), hits(np.array([[0.0, 1.0]]), threshold)
+        return epsilon_lower_bound(a, b, AUDIT_RUNS, AUDIT_DELTA, 0.95)
+
+    honest, twin = bound(1.0), bound(0.5)
+    assert honest < AUDIT_EPSILON < twin, (honest, twin)
+
+
+# --- runs -------------------------------------------------------------------------------------
+
+
+def _polynomial(tmp_path: Path, rows: int, dim: int, rank: int, decay: float, **kw):
+    return synth.generate(
+        tmp_path / f"poly-{rows}-{dim}",
+        rows=rows,
+        dim=dim,
+        rank=rank,
+        model="polynomial",
+        decay=decay,
+        seed=5,
+        **kw,
+    )
+
+
+def _rows(path: Path) -> np.ndarray:
+    dataset = parquet_dataset(str(path), None, None, None, None)
+    return np.vstack([dataset.loader(part)[0] for part in dataset.parts]).astype(np.float64)
+
+
+def _open(path: Path):
+    return lambda client: parquet_dataset(str(path), None, None, None, client)
+
+
+def test_composition_matches_dp_accounting(tmp_path) -> None:
+    """The T per-iteration charges compose (zCDP) to the (ε, δ) that dp-accounting's RDP
+    accountant gives for the T Gaussians actually drawn; under an (ε, δ) total the T drawn
+    Gaussians are within the power step's (ε_p, δ_p) by dp-accounting too."""
+    dp_accounting = pytest.importorskip("dp_accounting")
+    data = _polynomial(tmp_path, 2000, 12, 2, 1.0)
+
+    def run(**budget):
+        config = EstimateConfig(
+            rank=2, method="power", row_norm=2.0, iterations=7, oversample=2, **budget
+        )
+        with noise.draw_log() as log:
+            result = run_estimate(config, _open(data.path), None)
+        return result.manifest, [d.scale / d.sensitivity for d in log]
+
+    def rdp_epsilon(multipliers, delta):
+        acc = dp_accounting.rdp.RdpAccountant()
+        for z in multipliers:
+            acc.compose(dp_accounting.GaussianDpEvent(z))
+        return acc.get_epsilon(delta)
+
+    manifest, multipliers = run(rho=0.7, delta=1e-6)
+    budget = manifest["privacy"]["budget"]
+    (step,) = budget["steps"]  # one step: its mechanism states the T iterations' composition
+    assert step["step"] == "power" and step["rho"] == pytest.approx(0.7)
+    assert manifest["release"]["rho_per_iteration"] == pytest.approx(0.1)
+    assert len(multipliers) == 7 and manifest["parameters"]["passes"] == 7
+    ours = budget["spent_as_approx_dp"]["epsilon"]
+    theirs = rdp_epsilon(multipliers, budget["conversion_delta"])
+    assert ours <= theirs * (1 + 1e-6) and ours >= theirs / 1.1
+
+    manifest, multipliers = run(epsilon=1.0, delta=1e-6)
+    (step,) = manifest["privacy"]["budget"]["steps"]
+    assert step["step"] == "power" and step["epsilon"] == pytest.approx(1.0)
+    assert len(multipliers) == 7
+    assert rdp_epsilon(multipliers, step["delta"]) <= 1.0 * 1.1  # RDP grid is a bit looser
+    assert zcdp_epsilon(7 * manifest["release"]["rho_per_iteration"], step["delta"]) <= 1.0
+
+
+def test_huge_budget_recovers_the_exact_top_k(tmp_path) -> None:
+    """Known answer: with negligible noise the method returns the non-private top-k
+    eigenvectors of the centred rows' Gram matrix: rows centred by the mean of the rows clipped
+    to the bound, then clipped to it themselves (docs/centring.md)."""
+    data = _polynomial(tmp_path, 3000, 40, 3, 1.5)
+    raw = _rows(data.path)
+    mean = (clip_rows(raw, 3.0) * 3.0).mean(axis=0)
+    rows = clip_rows(raw - mean, 3.0) * 3.0
+    centred = rows
+    exact = np.linalg.eigh(centred.T @ centred)[1][:, ::-1][:, :3]
+    config = EstimateConfig(
+        rank=3,
+        method="power",
+        rho=1e18,
+        delta=1e-6,
+        row_norm=3.0,
+        center=True,
+        iterations=30,
+    )
+    result = run_estimate(config, _open(data.path), None)
+    assert subspace_error(result.basis, exact) < 1e-6
+    values = np.linalg.eigvalsh(centred.T @ centred / len(rows))[::-1][:3]
+    assert np.allclose(result.manifest["release"]["explained_variance"], values, rtol=1e-6)
+
+
+def captured_variance(basis: np.ndarray, truth: np.ndarray, spectrum: np.ndarray) -> float:
+    """tr(V̂ᵀΣV̂)/Σ_{i≤k}λᵢ with Σ the population covariance: Σ's top-k part from the truth
+    and the tail bounded by λ_{k+1} (a lower bound on the true ratio)."""
+    k = truth.shape[1]
+    top = np.sum(spectrum[:k] * np.sum((truth.T @ basis) ** 2, axis=1))
+    return float(top / spectrum[:k].sum())
+
+
+def test_utility_on_a_polynomial_spectrum(tmp_path) -> None:
+    """λᵢ = i⁻², D = 300, n = 40 000, ε = 1: ≥ 90% of the top-3 variance captured (measured
+    ≈ 0.97), where the spectrum has no multiplicative gap (λ₄/λ₃ = 0.56)."""
+    data = _polynomial(tmp_path, 40_000, 300, 3, 2.0)
+    spectrum = np.load(data.truth_dir / "spectrum.npy")
+    config = EstimateConfig(rank=3, method="power", epsilon=1.0, delta=1e-6)
+    result = run_estimate(config, _open(data.path), None)
+    assert captured_variance(result.basis, data.load_basis(), spectrum) >= 0.9
+    assert result.manifest["parameters"]["passes"] == power.DEFAULT_ITERATIONS  # C·V passes
+
+
+def test_nothing_d_by_d_is_formed(tmp_path, monkeypatch) -> None:
+    """D = 20 000 (a D×D float64 matrix is 3.2 GB): only D×k' arrays are gathered, and the
+    whole run's peak traced memory stays far below one D×D matrix."""
+    dim, width = 20_000, 5
+    data = _polynomial(tmp_path, 200, dim, 2, 1.0, vector_column=True)
+    shapes: list[tuple[int, ...]] = []
+    real = runner.RowPasses.__call__
+
+    def gathered(self, basis):
+        shapes.append(basis.shape)  # what the workers get…
+        product = real(self, basis)
+        shapes.append(product.shape)  # … and what reaches the driver
+        return product
+
+    monkeypatch.setattr(runner.RowPasses, "__call__", gathered)
+    config = EstimateConfig(
+        rank=2, method="power", rho=1.0, delta=1e-6, row_norm=5.0, iterations=3, oversample=3
+    )
+    tracemalloc.start()
+    try:
+        result = run_estimate(config, _open(data.path), None)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert shapes == [(dim, width)] * 6
+    assert result.manifest["summary_bytes_gathered"] == 3 * dim * width * 8
+    assert peak < 0.1 * dim * dim * 8, peak
+
+
+def test_cached_and_streamed_passes_release_the_same_basis(tmp_path, dask_client, monkeypatch):
+    """On the cluster: rows cached on the workers, or re-read every pass, same release."""
+    data = _polynomial(tmp_path, 4000, 30, 2, 1.0, partitions=3)
+    config = EstimateConfig(rank=2, method="power", rho=0.5, delta=1e-6, row_norm=3.0, seed=3)
+    cached = run_estimate(config, _open(data.path), dask_client, noise_seed=11)
+    monkeypatch.setattr(runner, "CACHE_FRACTION", 0.0)
+    streamed = run_estimate(config, _open(data.path), dask_client, noise_seed=11)
+    assert cached.timings["cached_rows"] and not streamed.timings["cached_rows"]
+    assert np.allclose(cached.basis, streamed.basis, atol=1e-9)
+
+
+def test_cli_end_to_end(tmp_path, scheduler_address, capsys) -> None:
+    data = tmp_path / "poly"
+    assert (
+        main(
+            [
+                "synth",
+                str(data),
+                "--rows",
+                "5000",
+                "--dim",
+                "60",
+                "--rank",
+                "2",
+                "--model",
+                "polynomial",
+                "--decay",
+                "2",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    out = tmp_path / "run"
+    argv = [
+        "estimate",
+        str(data),
+        "--out",
+        str(out),
+        "--rank",
+        "2",
+        "--method",
+        "power",
+        "--epsilon",
+        "2",
+        "--delta",
+        "1e-6",
+        "--iterations",
+        "4",
+        "--oversample",
+        "3",
+        "--center",
+        "--quiet",
+        "--scheduler",
+        scheduler_address,
+    ]
+    assert main(argv) == 0
+    basis = np.load(out / "basis.npy")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert basis.shape == (60, 2) and manifest["method"] == "power"
+    params = manifest["parameters"]
+    assert (params["iterations"], params["width"], params["passes"]) == (4, 5, 4)
+    steps = [s["step"] for s in manifest["privacy"]["budget"]["steps"]]
+    assert steps == ["norm_bound", "mean", "centred_norm_bound", "power"]
+    assert manifest["privacy"]["budget"]["spent"]["epsilon"] == pytest.approx(2.0)
+    spectrum = np.load(data / "_truth" / "spectrum.npy")
+    assert captured_variance(basis, synth.read_truth(data)[0], spectrum) > 0.6
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"iterations": 0}, "--iterations must be an integer ≥ 1"),
+        ({"oversample": -1}, "--oversample must be an integer ≥ 0"),
+        ({"unit_column": "user", "row_norm": 1.0}, "row-level only"),
+        ({"method": "gauss", "iterations": 3}, "--iterations does not apply to --method gauss"),
+        ({"subsets": 10}, "--subsets does not apply to --method power"),
+    ],
+)
+def test_bad_parameters_are_refused_before_reading(change, message) -> None:
+    config = EstimateConfig(**{"rank": 2, "method": "power", "epsilon": 1, "delta": 1e-6, **change})
+    with pytest.raises(InputError, match=message):
+        run_estimate(config, lambda client: pytest.fail("read before refusing"), None)
+
+
+def test_cli_refusal_is_exit_2(tmp_path, capsys) -> None:
+    """A refusal from public parameters: exit 2, nothing written."""
+    out = tmp_path / "run"
+    code = main(
+        [
+            "estimate",
+            str(tmp_path),
+            "--out",
+            str(out),
+            "--rank",
+            "1",
+            "--method",
+            "power",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-6",
+            "--iterations",
+            "0",
+        ]
+    )
+    assert code == 2 and not out.exists()
+    assert "--iterations must be an integer" in capsys.readouterr().err
+
+
+# --- synth ------------------------------------------------------------------------------------
+
+
+def test_synth_polynomial_truth(tmp_path) -> None:
+    """The rows' covariance has eigenvalues i^(−decay) along the recorded truth."""
+    data = _polynomial(tmp_path, 60_000, 16, 3, 1.0, dtype="float64")
+    rows = _rows(data.path)
+    spectrum = np.load(data.truth_dir / "spectrum.npy")
+    assert np.allclose(spectrum, np.arange(1, 17) ** -1.0)
+    truth = data.load_basis()
+    assert np.allclose(truth.T @ truth, np.eye(3), atol=1e-12)
+    covariance = rows.T @ rows / len(rows)
+    assert np.allclose(np.diag(truth.T @ covariance @ truth), spectrum[:3], rtol=0.03)
+    top = np.linalg.eigh(covariance)[1][:, ::-1][:, :1]
+    assert subspace_error(top, truth[:, :1]) < 0.05
+    assert data.params["decay"] == 1.0 and data.params["model"] == "polynomial"
+    again = _polynomial(tmp_path / "again", 60_000, 16, 3, 1.0, dtype="float64")
+    assert np.array_equal(_rows(again.path), rows)
+    with pytest.raises(InputError, match="polynomial"):
+        synth.generate(tmp_path / "x", rows=10, dim=4, rank=1, model="polynomial", clusters=2)
+
+
+def test_python_api_takes_the_power_parameters() -> None:
+    from dpsub_dist import PrivateSubspace
+
+    rows = np.random.default_rng(0).standard_normal((5000, 20)) * np.arange(1, 21) ** -1.0
+    est = PrivateSubspace(2, epsilon=1, delta=1e-6, method="power", iterations=4, oversample=2)
+    est.fit(rows)
+    assert est.basis_.shape == (20, 2) and len(est.explained_variance_) == 2
+    assert (est.manifest_["parameters"]["passes"], est.manifest_["parameters"]["width"]) == (4, 4)
