@@ -193,13 +193,19 @@ def _version() -> str:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
+    from dpsub_dist.engine.progress import Progress
     from dpsub_dist.synth import generate
 
+    shown: list[Progress] = []  # a live bar on a terminal, plain periodic lines in a log
+
     def report(done: int, total: int) -> None:
-        if not args.quiet:
-            print(
-                f"\rwrote {done}/{total} files", end="\n" if done == total else "", file=sys.stderr
-            )
+        if args.quiet:
+            return
+        if not shown:
+            shown.append(Progress(total, f"writing {args.out}", rows=args.rows).__enter__())
+        shown[0].update(done)
+        if done == total:
+            shown[0].__exit__(None, None, None)
 
     try:
         result = generate(

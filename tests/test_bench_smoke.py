@@ -77,7 +77,7 @@ def test_speed_runs_every_tool_side_by_side(dirs, scheduler_address):
     floor_bytes = row["tools"]["floor"]["bytes_gathered"]
     assert floor_bytes > 0 and floor_bytes % (6 * 6 * 8) == 0  # one d×d block per file
     profile = document["summary"]["profiles"]["dpsub n=8000 d=6"]
-    assert {"partition_grams", "bucket_summaries"} & set(profile)  # the engine's local tasks
+    assert {"group_grams", "bucket_summaries"} & set(profile)  # the engine's local tasks
 
 
 def test_speed_skips_default_dpsub_when_its_driver_matrix_is_too_big(dirs, scheduler_address):
