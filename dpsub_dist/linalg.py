@@ -123,3 +123,19 @@ def subspace_error(basis_hat: np.ndarray, basis_true: np.ndarray) -> float:
         raise ValueError(f"basis shapes differ: {basis_hat.shape} vs {basis_true.shape}")
     cosines = np.linalg.svd(basis_hat.T @ basis_true, compute_uv=False)
     return float(np.sqrt(max(0.0, 1.0 - float(np.min(cosines)) ** 2)))
+
+
+def row_norms(rows: np.ndarray) -> np.ndarray:
+    """Euclidean norm of each row, without overflow or underflow: rows whose squared norm
+    leaves the float64 range (norms above ~1e154 or below ~1e-154) are rescaled by their
+    largest entry first."""
+    rows = np.asarray(rows, dtype=np.float64)
+    norms = np.sqrt(np.einsum("ij,ij->i", rows, rows))
+    extreme = ~np.isfinite(norms) | ((norms < 1e-150) & (norms > 0))
+    extreme |= (norms == 0) & np.any(rows != 0, axis=1)
+    if extreme.any():
+        part = rows[extreme]
+        scale = np.max(np.abs(part), axis=1)
+        unit = part / scale[:, None]
+        norms[extreme] = scale * np.sqrt(np.einsum("ij,ij->i", unit, unit))
+    return norms

@@ -125,7 +125,10 @@ def test_friendly_bottom_names_the_step_and_what_to_try(
     rows = np.random.default_rng(4).standard_normal((ROWS, DIM))
     source = write(tmp_path / "iso.parquet", rows)
     code, manifest = estimate(
-        source, tmp_path / "out", scheduler_address, "--epsilon", "0.3", "--delta", "1e-6"
+        source,
+        tmp_path / "out",
+        scheduler_address,
+        *("--epsilon", "0.3", "--delta", "1e-6", "--method", "friendly"),
     )
     err = capsys.readouterr().err
     assert code == 3, err

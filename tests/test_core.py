@@ -28,7 +28,7 @@ def dpsub(*args: str) -> subprocess.CompletedProcess:
 
 
 def estimate_parquet(path, client, **config) -> tuple[np.ndarray | None, dict]:
-    cfg = EstimateConfig(**{"epsilon": 1.0, "delta": 1e-6, **config})
+    cfg = EstimateConfig(**{"epsilon": 1.0, "delta": 1e-6, "method": "friendly", **config})
     result = run_estimate(
         cfg, lambda c: parquet_dataset(str(path), None, cfg.unit_column, None, c), client
     )
@@ -52,6 +52,8 @@ def test_cli_estimate_and_evaluate_on_cluster(small_dataset, scheduler_address, 
         scheduler_address,
         "--seed",
         "3",
+        "--method",
+        "friendly",
     )
     assert done.returncode == 0, done.stderr
     assert "partitions" in done.stderr  # the progress bar
@@ -289,7 +291,7 @@ def test_default_subsets_are_capped_and_large_t_refused():
     from dpsub_dist.estimators import sample_aggregate as sa
     from dpsub_dist.job import plan_budget
 
-    config = EstimateConfig(rank=4, epsilon=1.0, delta=1e-6)
+    config = EstimateConfig(rank=4, epsilon=1.0, delta=1e-6, method="friendly")
     _, grants = plan_budget(config)
     assert sa.default_subsets("friendly", grants, 10**7, 32, 4) == sa.DEFAULT_MAX_SUBSETS
     assert sa.default_subsets("friendly", grants, 10**4, 32, 4) == sa.minimum_subsets(
@@ -303,7 +305,8 @@ def test_friendly_default_subsets_stay_clear_of_the_minimum_when_rows_allow():
     from dpsub_dist.estimators import sample_aggregate as sa
     from dpsub_dist.job import plan_budget
 
-    _, grants = plan_budget(EstimateConfig(rank=2, epsilon=1.0, delta=1e-6, center=False))
+    config = EstimateConfig(rank=2, epsilon=1.0, delta=1e-6, method="friendly", center=False)
+    _, grants = plan_budget(config)
     minimum = sa.minimum_subsets("friendly", grants)
     robust = sa.ROBUST_SUBSETS_FACTOR * minimum
     assert sa.default_subsets("friendly", grants, 20_000, 10, 2) == robust  # 14 rows each

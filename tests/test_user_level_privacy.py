@@ -162,7 +162,8 @@ def published_manifest(manifest: dict) -> dict:
 
 
 NEIGHBOUR_RUNS = {
-    "friendly": EstimateConfig(rank=1, epsilon=1.0, delta=1e-6, seed=4),
+    "friendly": EstimateConfig(rank=1, method="friendly", epsilon=1.0, delta=1e-6, seed=4),
+    "auto (the default)": EstimateConfig(rank=1, epsilon=1.0, delta=1e-6, seed=4),
     "histogram": EstimateConfig(rank=1, method="histogram", epsilon=1.0, delta=1e-6, seed=4),
     "gauss": EstimateConfig(rank=1, method="gauss", epsilon=1.0, delta=1e-6, row_norm=3.0),
     "boosted gauss": EstimateConfig(
@@ -245,7 +246,7 @@ def test_cli_neighbours_get_the_same_exit_code_and_lines(tmp_path, scheduler_add
             capfd,
             "estimate", str(folder), "--out", str(out), "--overwrite", "--rank", "1",
             "--epsilon", "1", "--delta", "1e-6", "--unit-column", "user", "--seed", "3",
-            "--scheduler", scheduler_address,
+            "--scheduler", scheduler_address, "--method", "friendly",
         )  # fmt: skip
         results.append((code, stdout, stderr))
     assert results[0][0] == results[1][0] == 3  # ⊥ both times: isotropic rows

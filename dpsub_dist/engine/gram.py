@@ -30,6 +30,7 @@ from scipy.linalg.blas import dsyrk
 from dpsub_dist.engine.compute import compute_in_process, compute_on_cluster, tree_sum
 from dpsub_dist.engine.sources import Loader
 from dpsub_dist.errors import InputError
+from dpsub_dist.linalg import row_norms
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,7 @@ def clip_rows(rows: np.ndarray, bound: float) -> np.ndarray:
     Never modifies ``rows``: an in-memory loader may hand out the caller's own array.
     """
     rows = np.asarray(rows, dtype=np.float64)
-    norms = np.sqrt(np.einsum("ij,ij->i", rows, rows))
-    return rows * (1.0 / np.maximum(norms, bound))[:, None]
+    return rows * (1.0 / np.maximum(row_norms(rows), bound))[:, None]
 
 
 def user_squared_norms(loader: Loader, bound: float | None, part: Any) -> pd.Series:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dpsub_dist.linalg import row_norms
 from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import ApproxDP, Budget, laplace_epsilon
 from dpsub_dist.privacy.sparse_vector import above_threshold
@@ -82,8 +83,7 @@ class NormBound:
 
 def norm_counts(rows: np.ndarray, grid: np.ndarray = GRID) -> np.ndarray:
     """Per-bin row counts: bin j holds norms in (grid_{j-1}, grid_j]; bin len(grid) overflows."""
-    rows = np.asarray(rows, dtype=np.float64)
-    return norm_histogram(np.sqrt(np.einsum("ij,ij->i", rows, rows)), grid)
+    return norm_histogram(row_norms(rows), grid)
 
 
 def norm_histogram(norms: np.ndarray, grid: np.ndarray = GRID) -> np.ndarray:
