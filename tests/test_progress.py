@@ -40,8 +40,14 @@ def test_progress_in_a_log_is_plain_periodic_lines(many_files, tmp_path, schedul
     lines = [m for line in text.splitlines() if (m := LINE.match(line))]
     assert lines, text
     passes: dict[str, list[re.Match]] = {}
-    for match in lines:  # one pass over the data per label (centring adds its own passes)
-        passes.setdefault(match["label"], []).append(match)
+    for number, match in enumerate(lines):  # one pass starts at 0/total (centring adds passes;
+        key = match["label"]  # two may share a label, e.g. the raw and the centred rows' norms)
+        if int(match["done"]) == 0:
+            key = f"{key} #{number}"
+            passes[key] = []
+        else:
+            key = next(k for k in reversed(passes) if k.startswith(match["label"] + " #"))
+        passes[key].append(match)
     local = next(ms for label, ms in passes.items() if "subsets in place" in label)
     assert int(local[0]["total"]) >= FILES  # one task per partition, and more
     assert "rows/s" in local[-1][0] and "ETA 0:00:00" in local[-1][0]
