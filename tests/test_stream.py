@@ -16,8 +16,9 @@ from privacy_audit import epsilon_lower_bound
 from dpsub_dist.cli import main
 from dpsub_dist.engine.gram import clip_rows
 from dpsub_dist.errors import BudgetRefused, InputError
-from dpsub_dist.estimators.online import init_stream, open_stream
+from dpsub_dist.estimators.online import open_stream
 from dpsub_dist.io.output import read_run
+from dpsub_dist.job import StreamConfig
 from dpsub_dist.linalg import subspace_error, top_eigenvectors
 from dpsub_dist.privacy.accountant import zcdp_epsilon
 from dpsub_dist.privacy.tree_aggregation import (
@@ -31,6 +32,16 @@ from dpsub_dist.privacy.tree_aggregation import (
     spent_rho,
     tree_levels,
 )
+
+
+def init_stream(path: str, **options):
+    """A stream made through the API (the config checked against the method's table); the
+    tree's tests read the uncentred second moment unless they ask for centring."""
+    from dpsub_dist import job
+
+    options.setdefault("center", False)
+    return job.init_stream(path, StreamConfig(**options))
+
 
 # ----------------------------------------------------------------------- tree structure
 
@@ -273,7 +284,7 @@ def test_bad_inputs_and_corrupt_state(tmp_path, batches, dask_client):
     files, _ = batches
     with pytest.raises(InputError, match="horizon must be an integer"):
         init_stream(str(tmp_path / "a.db"), horizon=0, rank=2, clip_norm=1.0, rho=1, delta=1e-6)
-    with pytest.raises(InputError, match="clip norm must be a positive number"):
+    with pytest.raises(InputError, match="--clip-norm must be a positive finite number"):
         init_stream(str(tmp_path / "a.db"), horizon=3, rank=2, clip_norm=-1.0, rho=1, delta=1e-6)
     with pytest.raises(InputError, match="epsilon must be > 0"):
         init_stream(str(tmp_path / "a.db"), horizon=3, rank=2, clip_norm=1.0, epsilon=0, delta=1e-6)
@@ -439,7 +450,8 @@ def test_one_file_under_other_names_is_refused_and_charges_nothing(
         assert "already in this stream" in err, err
     with open_stream(state) as stream:
         assert stream.status()["step"] == 1
-        assert stream.accountant().spent.rho == pytest.approx(spent_rho(1, 1.0, 4))
+        # centred with a public bound: the first batch's mean (20%) and one of the 3 levels
+        assert stream.accountant().spent.rho == pytest.approx(0.2 + 0.8 / 3)
 
 
 def test_a_file_twice_in_one_batch_is_refused(tmp_path, batches, dask_client):
@@ -551,7 +563,7 @@ def test_stream_messages_describe_the_horizon_and_each_charge(
     capsys.readouterr()
     assert main(["stream", "append", state, files[0], *common]) == 0
     out = capsys.readouterr().out
-    charged = spent_rho(1, 1.0, 4)
+    charged = 0.2 + 0.8 / 3  # the first batch's mean (20% of ρ) and the tree's level 0 of 3
     assert f"charged rho={charged:.6g}" in out and f"rho={1 - charged:.6g} of 1 remains" in out
 
 
