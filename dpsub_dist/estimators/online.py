@@ -868,6 +868,8 @@ def first_batch(
     fixed = {"row_norm": bound, "row_norm_source": source, **centred, **mean_release}
     if settings.center:
         fixed["mean_n_rows"] = int(dataset.n_rows)
+        if not private_norm:
+            fixed["mean_row_norm_source"] = PUBLIC_BOUND
     return fixed
 
 
