@@ -464,7 +464,7 @@ def add_scheduled_commands(sub) -> None:
         "--dataset", help="dataset URI as granted (dpsub budget init); batches must lie under it"
     )
     add_budget_arguments(s_init, "for the stream's whole horizon (all T batches together)")
-    add_arguments(s_init, "stream")  # --horizon, --clip-norm, --center (methods/stream.py)
+    add_arguments(s_init, "stream", "stream options")  # methods/stream.py
     s_init.set_defaults(method=DEFAULTS["stream"])
     s_append = stream_sub.add_parser("append", help="add one batch and release the new basis")
     s_append.add_argument("state", help="stream state file")
@@ -597,10 +597,16 @@ def cmd_stream(args: argparse.Namespace) -> int:
             **given_arguments(args, "stream"),
         )
         settings = init_stream(args.state, config)
+        bound = (
+            f"row norms clipped to {settings.clip_norm:g}"
+            if settings.clip_norm is not None
+            else "row-norm bound chosen privately from the first batch"
+        )
+        centred = "centred at the first batch's private mean" if settings.center else "uncentred"
         print(
             f"created stream {args.state}: horizon {settings.horizon} batches, "
             f"{settings.levels} tree levels, rho={settings.rho:.6g} for the whole horizon, "
-            f"node noise sigma={settings.node_sigma:.6g}"
+            f"node noise sigma={settings.node_sigma:.6g}; {centred}, {bound}"
         )
         if settings.ledger is None:
             print(f"warning: stream {args.state} is {UNTRACKED}", file=sys.stderr)

@@ -146,9 +146,11 @@ def check_config(config: Any, command: str) -> None:
             check(config)
 
 
-def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+def add_arguments(
+    parser: argparse.ArgumentParser, command: str, title: str = "method options (see --method)"
+) -> None:
     """One CLI flag per declared parameter (default None: "not given")."""
-    group = parser.add_argument_group("method options (see --method)")
+    group = parser.add_argument_group(title)
     for param in declared(command).values():
         text = f"{param.help} [--method {'/'.join(users(command, param))}]"
         if param.kind is bool:
