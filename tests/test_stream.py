@@ -1,5 +1,6 @@
 """Online private PCA (ALGORITHMS.md §8): tree aggregation's structure, calibration and audit;
-the stream state file; ``dpsub stream`` end to end on data with a known subspace."""
+the stream state file; ``dpsub stream`` end to end on data with a known subspace; the first
+batch's private bound and mean (plan shares, calibration, audit, known answer, old files)."""
 
 from __future__ import annotations
 
