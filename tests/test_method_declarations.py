@@ -194,12 +194,12 @@ def test_stream_refuses_what_its_table_does_not_declare(tmp_path, capsys):
         StreamConfig(rank=2, rho=1.0, delta=1e-6).validate()
     with pytest.raises(InputError, match="row-level only .*drop --unit-column"):
         StreamConfig(rank=2, horizon=4, rho=1.0, delta=1e-6, unit_column="user").validate()
-    with pytest.raises(SystemExit) as raised:  # an estimate option is no stream flag
-        main(["stream", "init", str(tmp_path / "s.db"), "--rank", "2", "--horizon", "4",
-              "--rho", "1", "--delta", "1e-6", "--row-norm", "3"])  # fmt: skip
-    assert (
-        raised.value.code == 2 and "unrecognized arguments: --row-norm" in capsys.readouterr().err
-    )
+    init = ["stream", "init", str(tmp_path / "s.db"), "--rank", "2", "--horizon", "4"]
+    for extra in (["--row-norm", "3"], ["--no-center", "--unit-column", "user"]):
+        with pytest.raises(SystemExit) as raised:  # no stream flag: argparse's exit 2
+            main([*init, "--rho", "1", "--delta", "1e-6", *extra])
+        err = capsys.readouterr().err
+        assert raised.value.code == 2 and f"unrecognized arguments: {extra[-2]}" in err
     code, err = _stream_cli(tmp_path, capsys, {"dataset": "/d"})
     assert code == 2 and "--dataset needs --ledger" in err
     assert not list(tmp_path.glob("s.db*"))
