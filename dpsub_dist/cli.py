@@ -411,6 +411,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def add_scheduled_commands(sub) -> None:
     """``dpsub run``, ``dpsub budget …`` and ``dpsub stream …`` (scheduled, ledgered runs)."""
+    from dpsub_dist.methods import DEFAULTS, add_arguments
+
     run = sub.add_parser("run", help="run a job file under the privacy-budget ledger")
     run.add_argument("job", help="job file (.yaml; see pipelines/)")
     run.add_argument(
@@ -453,9 +455,7 @@ def add_scheduled_commands(sub) -> None:
     )
     s_init.add_argument("state", help="stream file to create (SQLite, 0600; beside it the "
                         "operator-only STATE.private)")  # fmt: skip
-    s_init.add_argument("--horizon", type=int, required=True, help="T, batches the stream takes")
     s_init.add_argument("--rank", type=int, required=True, help="K, the subspace dimension")
-    s_init.add_argument("--clip-norm", type=float, required=True, help="public row norm bound B")
     s_init.add_argument("--columns", type=_columns, help="feature columns (default: numeric)")
     s_init.add_argument(
         "--ledger", help="ledger file or postgresql:// URL: charge the whole budget to --dataset"
@@ -464,6 +464,8 @@ def add_scheduled_commands(sub) -> None:
         "--dataset", help="dataset URI as granted (dpsub budget init); batches must lie under it"
     )
     add_budget_arguments(s_init, "for the stream's whole horizon (all T batches together)")
+    add_arguments(s_init, "stream", "stream options")  # methods/stream.py
+    s_init.set_defaults(method=DEFAULTS["stream"])
     s_append = stream_sub.add_parser("append", help="add one batch and release the new basis")
     s_append.add_argument("state", help="stream state file")
     s_append.add_argument("batch", help="the batch: Parquet file, folder or glob")
@@ -576,27 +578,35 @@ def _status_json(status) -> dict:
 def cmd_stream(args: argparse.Namespace) -> int:
     import json
 
-    from dpsub_dist.estimators.online import UNTRACKED, init_stream, ledger_charge, open_stream
+    from dpsub_dist.estimators.online import UNTRACKED, ledger_charge, open_stream
     from dpsub_dist.io.output import check_output_dir, write_run
     from dpsub_dist.io.storage import StorageOptions
 
     if args.stream_command == "init":
-        settings = init_stream(
-            args.state,
-            args.horizon,
-            args.rank,
-            args.clip_norm,
+        from dpsub_dist.job import StreamConfig, init_stream
+        from dpsub_dist.methods import given_arguments
+
+        config = StreamConfig(
+            rank=args.rank,
             epsilon=args.epsilon,
             delta=args.delta,
             rho=args.rho,
             columns=args.columns,
             ledger=args.ledger,
             dataset=args.dataset,
+            **given_arguments(args, "stream"),
         )
+        settings = init_stream(args.state, config)
+        bound = (
+            f"row norms clipped to {settings.clip_norm:g}"
+            if settings.clip_norm is not None
+            else "row-norm bound chosen privately from the first batch"
+        )
+        centred = "centred at the first batch's private mean" if settings.center else "uncentred"
         print(
             f"created stream {args.state}: horizon {settings.horizon} batches, "
             f"{settings.levels} tree levels, rho={settings.rho:.6g} for the whole horizon, "
-            f"node noise sigma={settings.node_sigma:.6g}"
+            f"node noise sigma={settings.node_sigma:.6g}; {centred}, {bound}"
         )
         if settings.ledger is None:
             print(f"warning: stream {args.state} is {UNTRACKED}", file=sys.stderr)

@@ -18,7 +18,7 @@ from dpsub_dist.estimators.centring import resolve_center
 from dpsub_dist.estimators.clustering import run_clustering
 from dpsub_dist.estimators.common import EstimateResult, plan, progress_shown, versions
 from dpsub_dist.methods import REGISTRY, method_named
-from dpsub_dist.methods.config import ClusterConfig, EstimateConfig
+from dpsub_dist.methods.config import ClusterConfig, EstimateConfig, StreamConfig
 from dpsub_dist.privacy.accountant import Accountant, Budget
 
 __all__ = [
@@ -27,6 +27,8 @@ __all__ = [
     "ClusterConfig",
     "EstimateConfig",
     "EstimateResult",
+    "StreamConfig",
+    "init_stream",
     "run_cluster",
     "run_estimate",
     "versions",
@@ -87,3 +89,12 @@ def run_cluster(
     method = method_named("cluster", config.method)
     shares = method.plan(config)
     return run_clustering(config, method.run, shares, open_dataset, client, progress, noise_seed)
+
+
+def init_stream(path: str, config: StreamConfig) -> Any:
+    """Create a stream at ``path`` (``dpsub stream init``): the config is checked against the
+    stream method's table first (InputError, exit 2, nothing made or charged), then its
+    runner creates the stream files for the whole horizon's budget
+    (:func:`dpsub_dist.estimators.online.init_stream`); returns its settings."""
+    config.validate()
+    return method_named("stream", config.method).run(path, config)

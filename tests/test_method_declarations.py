@@ -14,19 +14,21 @@ import pytest
 
 from dpsub_dist.cli import build_parser, main
 from dpsub_dist.errors import InputError
-from dpsub_dist.job import ClusterConfig, EstimateConfig
+from dpsub_dist.job import ClusterConfig, EstimateConfig, StreamConfig, init_stream
 from dpsub_dist.jobfile import load_job
 from dpsub_dist.methods import REGISTRY, declared, own_params
 
 COMMON = {
     "estimate": {"--rank", "--epsilon", "--delta", "--rho", "--method"},
     "cluster": {"--rank", "--epsilon", "--delta", "--rho", "--method", "--clusters"},
+    "stream": {"--rank", "--epsilon", "--delta", "--rho", "--ledger", "--dataset"},
 }
+PARSERS = {"estimate": ("estimate",), "cluster": ("cluster",), "stream": ("stream", "init")}
 INPUT = {"--out", "--overwrite", "--columns", "--unit-column", "--scheduler", "--workers"}
 INPUT |= {"--exclude-columns", "--seed", "--storage-option", "--quiet", "-h", "--help"}
 CONFIG_COMMON = {"rank", "epsilon", "delta", "rho", "method", "unit_column", "columns", "seed"}
-CONFIG_COMMON |= {"storage_options", "clusters", "exclude_columns"}
-CONFIGS = {"estimate": EstimateConfig, "cluster": ClusterConfig}
+CONFIG_COMMON |= {"storage_options", "clusters", "exclude_columns", "ledger", "dataset"}
+CONFIGS = {"estimate": EstimateConfig, "cluster": ClusterConfig, "stream": StreamConfig}
 JOB = """dataset: {data}
 rank: 2
 method: {method}
@@ -38,8 +40,10 @@ ledger: {out}/ledger.db
 
 def _flags(command: str) -> set[str]:
     parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    flags = {f for action in sub.choices[command]._actions for f in action.option_strings}
+    for name in PARSERS[command]:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[name]
+    flags = {f for action in parser._actions for f in action.option_strings}
     return flags - COMMON[command] - INPUT
 
 
@@ -143,3 +147,59 @@ def test_histogram_refuses_a_radius_in_a_job_file_as_on_the_command_line(tmp_pat
     with pytest.raises(InputError, match="parameters.radius does not apply to --method histogram"):
         load_job(_job(tmp_path, "histogram", {"radius": 0.5}))
     assert load_job(_job(tmp_path, "histogram", {"cell_side": 0.5})).config().scale == 0.5
+
+
+STREAM_REFUSALS = [
+    ({"horizon": 0}, "--horizon must be an integer in 1..1048576 (got 0)"),
+    ({"horizon": 2**21}, "--horizon must be an integer in 1..1048576"),
+    ({"clip_norm": 0.0}, "--clip-norm must be a positive finite number (got 0.0)"),
+    ({"clip_norm": float("nan")}, "--clip-norm must be a positive finite number (got nan)"),
+    ({"clip_norm": -3.0}, "--clip-norm must be a positive finite number (got -3.0)"),
+]
+
+
+def _stream_cli(tmp_path: Path, capsys, options: dict[str, Any]) -> tuple[int, str]:
+    state = tmp_path / "s.db"
+    argv = ["stream", "init", str(state), "--rank", "2", "--rho", "1", "--delta", "1e-6"]
+    options = {"horizon": 4, **options}
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if value is not None:
+            argv += [flag, str(value)]
+    capsys.readouterr()
+    code = main(argv)
+    assert not list(tmp_path.glob("s.db*")), "a refused stream made a file"
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("options", "message"), STREAM_REFUSALS)
+def test_stream_options_are_refused_alike_by_cli_and_api(options, message, tmp_path, capsys):
+    """The stream's table checks its options on the command line and in the API the same
+    way: one line, exit 2, no stream file made (nothing charged: no ledger touched)."""
+    code, err = _stream_cli(tmp_path, capsys, options)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    config = StreamConfig(rank=2, rho=1.0, delta=1e-6, **{"horizon": 4, **options})
+    with pytest.raises(InputError) as raised:
+        init_stream(str(tmp_path / "s.db"), config)
+    assert raised.value.exit_code == 2 and err.split("error: ", 1)[1].strip() == str(raised.value)
+    assert not list(tmp_path.glob("s.db*"))
+
+
+def test_stream_refuses_what_its_table_does_not_declare(tmp_path, capsys):
+    """No horizon, a user-level unit, an estimate option, a ledger without its dataset: exit 2
+    before anything is made."""
+    code, err = _stream_cli(tmp_path, capsys, {"horizon": None})
+    assert code == 2 and "--horizon must be an integer in 1..1048576 (got None)" in err
+    with pytest.raises(InputError, match="--horizon must be an integer"):
+        StreamConfig(rank=2, rho=1.0, delta=1e-6).validate()
+    with pytest.raises(InputError, match="row-level only .*drop --unit-column"):
+        StreamConfig(rank=2, horizon=4, rho=1.0, delta=1e-6, unit_column="user").validate()
+    init = ["stream", "init", str(tmp_path / "s.db"), "--rank", "2", "--horizon", "4"]
+    for extra in (["--row-norm", "3"], ["--no-center", "--unit-column", "user"]):
+        with pytest.raises(SystemExit) as raised:  # no stream flag: argparse's exit 2
+            main([*init, "--rho", "1", "--delta", "1e-6", *extra])
+        err = capsys.readouterr().err
+        assert raised.value.code == 2 and f"unrecognized arguments: {extra[-2]}" in err
+    code, err = _stream_cli(tmp_path, capsys, {"dataset": "/d"})
+    assert code == 2 and "--dataset needs --ledger" in err
+    assert not list(tmp_path.glob("s.db*"))

@@ -106,9 +106,12 @@ def _projector_noise(run: Run, step: dict[str, Any]) -> list[float]:
 
 
 def _mean(run: Run, step: dict[str, Any]) -> list[float]:
-    """§7: σ for the row sum, drawn on the mean: scaled by mean_row_norm/n (n public);
-    one per boosting group (each centres its own rows)."""
-    units = [p["mean_row_norm"] / n for p, n in run.parameters if p.get("center")]
+    """§7: σ for the row sum, drawn on the mean: scaled by mean_row_norm/n (n public; a
+    stream's mean is its first batch's, mean_n_rows); one per boosting group (each centres
+    its own rows)."""
+    units = [
+        p["mean_row_norm"] / p.get("mean_n_rows", n) for p, n in run.parameters if p.get("center")
+    ]
     return [gaussian_sigma(_grant(step), ROW_SUM) * unit for unit in units]
 
 
@@ -123,10 +126,12 @@ def _explained_variance(run: Run, step: dict[str, Any]) -> list[float]:
 
 
 def _tree_node(run: Run, step: dict[str, Any]) -> list[float]:
-    """§8: every node gets ρ/L of the stream's total ρ (each row is in ≤ L released nodes)."""
-    total = run.manifest["privacy"]["budget"]["total_granted"]["rho"]
+    """§8: every node gets ρ_tree/L (each row is in ≤ L released nodes), ρ_tree the tree's
+    share of the stream's ρ; step ``batch 2^h`` is charged one node's ρ_tree/L."""
+    tree = run.manifest["parameters"]["tree_rho"]
     levels = run.manifest["parameters"]["levels"]
-    return [gaussian_sigma(ZCDP(total / levels), TREE_NODE)]
+    assert math.isclose(step["rho"], tree / levels, rel_tol=1e-12), step
+    return [gaussian_sigma(ZCDP(tree / levels), TREE_NODE)]
 
 
 def _power_iterations(run: Run, step: dict[str, Any]) -> list[float]:
@@ -278,7 +283,9 @@ CASES = {
         "sample-aggregate", "--aggregator", "histogram", "--epsilon", "12"
     ),  # at ε = 4 the histogram aggregator ends in ⊥ for about half the noise seeds
     "cluster sulq": _cluster("sulq", "--method", "sulq"),
-    "stream": Case("stream", "stream", "rows", tuple(RHO)),
+    "stream": Case("stream online", "stream", "rows", tuple(RHO)),  # private bound, centred
+    "stream public bound": Case("stream online", "stream", "rows", (*RHO, "--clip-norm", "5")),
+    "stream uncentred": Case("stream online", "stream", "rows", (*BUDGET, "--no-center")),
     "run": Case("run", "run", "rows"),
 }
 """Every way to run a method, under (ε, δ) and ρ-zCDP where it has both paths."""
@@ -291,8 +298,9 @@ NOT_DP = {
 
 def test_every_method_has_a_noise_ledger_case() -> None:
     """Registered methods, boosting, every clustering method, streams and ledgered runs."""
-    estimate, cluster = REGISTRY["estimate"], REGISTRY["cluster"]
-    registered = {*estimate, "boost", "stream", "run", *(f"cluster {m}" for m in cluster)}
+    estimate, cluster, stream = REGISTRY["estimate"], REGISTRY["cluster"], REGISTRY["stream"]
+    registered = {*estimate, "boost", "run", *(f"cluster {m}" for m in cluster)}
+    registered |= {f"stream {m}" for m in stream}
     assert {case.method for case in CASES.values()} == registered - set(NOT_DP)
 
 
@@ -322,8 +330,8 @@ def _cli_run(case: Case, source: Path, tmp: Path, scheduler: str) -> Path:
     common = ["--scheduler", scheduler, "--quiet"]
     if case.command == "stream":
         state = tmp / "stream.db"
-        init = ["stream", "init", str(state), "--horizon", "4", "--rank", "2", "--clip-norm"]
-        assert main([*init, "5", *case.args]) == 0
+        init = ["stream", "init", str(state), "--horizon", "4", "--rank", "2"]
+        assert main([*init, *case.args]) == 0
         for i, part in enumerate(sorted(source.glob("*.parquet"))):
             out = tmp / f"step{i}"
             assert (
@@ -360,15 +368,15 @@ def test_every_draw_has_the_scale_its_charged_budget_buys(
         manifest, _ = run_case(case, data[case.source], tmp_path, scheduler_address)
     assert manifest["outcome"] == "ok", manifest["release"]
     check_noise_ledger(Run(manifest, list(draws)))
-    check_privacy_maps([a for a in accountants if a._plan is not None], case.method != "stream")
+    check_privacy_maps([a for a in accountants if a._plan is not None])
 
 
-def check_privacy_maps(planned: list[Accountant], has_plan: bool) -> None:
+def check_privacy_maps(planned: list[Accountant]) -> None:
     """Every planned step was charged with a mechanism whose cost, computed from its own
     noise, is its grant: the same ε or ρ (to float rounding), a δ no larger (docs/methods.md,
-    "Privacy maps"). Accountants without a plan (ledger, stream, boosting's groups) charge
-    budgets, not mechanisms."""
-    assert bool(planned) == has_plan, "a method's run charged no budget plan"
+    "Privacy maps"). Accountants without a plan (ledger, boosting's groups) charge budgets,
+    not mechanisms; every method's run, streams included, charges a plan."""
+    assert planned, "a method's run charged no budget plan"
     for accountant in planned:
         charged = dict(accountant._steps)
         assert set(accountant.stated) == set(charged), "a planned step was charged by name"

@@ -1,5 +1,6 @@
 """Online private PCA (ALGORITHMS.md §8): tree aggregation's structure, calibration and audit;
-the stream state file; ``dpsub stream`` end to end on data with a known subspace."""
+the stream state file; ``dpsub stream`` end to end on data with a known subspace; the first
+batch's private bound and mean (plan shares, calibration, audit, known answer, old files)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from privacy_audit import epsilon_lower_bound
 from dpsub_dist.cli import main
 from dpsub_dist.engine.gram import clip_rows
 from dpsub_dist.errors import BudgetRefused, InputError
-from dpsub_dist.estimators.online import init_stream, open_stream
+from dpsub_dist.estimators.online import open_stream
 from dpsub_dist.io.output import read_run
+from dpsub_dist.job import StreamConfig
 from dpsub_dist.linalg import subspace_error, top_eigenvectors
 from dpsub_dist.privacy.accountant import zcdp_epsilon
 from dpsub_dist.privacy.tree_aggregation import (
@@ -31,6 +33,16 @@ from dpsub_dist.privacy.tree_aggregation import (
     spent_rho,
     tree_levels,
 )
+
+
+def init_stream(path: str, **options):
+    """A stream made through the API (the config checked against the method's table); the
+    tree's tests read the uncentred second moment unless they ask for centring."""
+    from dpsub_dist import job
+
+    options.setdefault("center", False)
+    return job.init_stream(path, StreamConfig(**options))
+
 
 # ----------------------------------------------------------------------- tree structure
 
@@ -273,7 +285,7 @@ def test_bad_inputs_and_corrupt_state(tmp_path, batches, dask_client):
     files, _ = batches
     with pytest.raises(InputError, match="horizon must be an integer"):
         init_stream(str(tmp_path / "a.db"), horizon=0, rank=2, clip_norm=1.0, rho=1, delta=1e-6)
-    with pytest.raises(InputError, match="clip norm must be a positive number"):
+    with pytest.raises(InputError, match="--clip-norm must be a positive finite number"):
         init_stream(str(tmp_path / "a.db"), horizon=3, rank=2, clip_norm=-1.0, rho=1, delta=1e-6)
     with pytest.raises(InputError, match="epsilon must be > 0"):
         init_stream(str(tmp_path / "a.db"), horizon=3, rank=2, clip_norm=1.0, epsilon=0, delta=1e-6)
@@ -439,7 +451,8 @@ def test_one_file_under_other_names_is_refused_and_charges_nothing(
         assert "already in this stream" in err, err
     with open_stream(state) as stream:
         assert stream.status()["step"] == 1
-        assert stream.accountant().spent.rho == pytest.approx(spent_rho(1, 1.0, 4))
+        # centred with a public bound: the first batch's mean (20%) and one of the 3 levels
+        assert stream.accountant().spent.rho == pytest.approx(0.2 + 0.8 / 3)
 
 
 def test_a_file_twice_in_one_batch_is_refused(tmp_path, batches, dask_client):
@@ -551,7 +564,7 @@ def test_stream_messages_describe_the_horizon_and_each_charge(
     capsys.readouterr()
     assert main(["stream", "append", state, files[0], *common]) == 0
     out = capsys.readouterr().out
-    charged = spent_rho(1, 1.0, 4)
+    charged = 0.2 + 0.8 / 3  # the first batch's mean (20% of ρ) and the tree's level 0 of 3
     assert f"charged rho={charged:.6g}" in out and f"rho={1 - charged:.6g} of 1 remains" in out
 
 
@@ -572,3 +585,256 @@ def test_a_stream_without_its_private_file_takes_no_batch(tmp_path, batches, das
     Path(other + ".private").rename(state + ".private")
     with open_stream(state) as stream, pytest.raises(InputError, match="not the private file"):
         stream.append(files[1], client=dask_client)
+
+
+# ---------------------------------- the first batch: private bound and centring (#14, #15)
+
+
+def _write(path: Path, rows: np.ndarray) -> str:
+    import pyarrow as pa
+
+    pq.write_table(pa.table({f"x{j}": rows[:, j] for j in range(rows.shape[1])}), path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def offset_batches(tmp_path_factory) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Four batches of 4,000 rows: a rank-2 signal (std 3 and 2) in R^8 plus small noise,
+    around a mean of norm 20 orthogonal to it; the signal's basis and the mean."""
+    rng = np.random.default_rng(5)
+    basis, _ = np.linalg.qr(rng.normal(size=(8, 3)))
+    signal, mean = basis[:, :2], 20.0 * basis[:, 2]
+    root = tmp_path_factory.mktemp("offset")
+    files = []
+    for i in range(4):
+        z = rng.normal(size=(4_000, 2)) * [3.0, 2.0]
+        rows = mean + z @ signal.T + 0.05 * rng.normal(size=(4_000, 8))
+        files.append(_write(root / f"b{i}.parquet", rows))
+    return files, signal, mean
+
+
+def test_a_centred_stream_finds_the_principal_subspace_around_its_mean(
+    tmp_path, offset_batches, dask_client
+):
+    """Known answer: with a mean far from 0 the centred stream (the default, private bound
+    and mean from batch 1) releases the principal subspace; --no-center releases the raw
+    second moment's, which holds the mean's direction."""
+    files, signal, mean = offset_batches
+    centred = str(tmp_path / "centred.db")
+    raw = str(tmp_path / "raw.db")
+    init_stream(centred, horizon=4, rank=2, rho=2.0, delta=1e-6, center=None)
+    init_stream(raw, horizon=4, rank=2, rho=2.0, delta=1e-6, center=False)
+    with open_stream(centred) as stream:
+        releases = [stream.append(path, client=dask_client) for path in files]
+    first, last = releases[0].manifest, releases[-1].manifest
+    assert subspace_error(releases[-1].basis, signal) < 0.05
+    assert np.linalg.norm(np.array(last["release"]["mean"]) - mean) < 0.5
+    # fixed at the first batch and published in every manifest: the same values each time
+    for release in releases:
+        manifest = release.manifest
+        assert manifest["release"]["mean"] == first["release"]["mean"]
+        assert manifest["parameters"]["row_norm"] == first["parameters"]["row_norm"]
+        assert (
+            manifest["parameters"]["center"] is True
+            and manifest["parameters"]["mean_n_rows"] == 4_000
+        )
+    # the centred rows' bound (their norms: ~3.6 typical), not the raw rows' (≥ 20)
+    assert first["parameters"]["row_norm"] < 12
+    assert "centred_norm_bound" in first["parameters"]["row_norm_source"]
+    with open_stream(raw) as stream:
+        for path in files:
+            release = stream.append(path, client=dask_client)
+    assert release.manifest["parameters"]["center"] is False
+    assert "mean" not in release.manifest["release"]
+    direction = mean / np.linalg.norm(mean)
+    assert np.linalg.norm(release.basis.T @ direction) > 0.99  # the mean's direction
+    assert subspace_error(release.basis, signal) > 0.5
+
+
+def test_first_batch_steps_are_calibrated_to_their_shares(tmp_path, batches, dask_client):
+    """The first append charges norm_bound, mean and centred_norm_bound with the shares of the
+    plan (5%, 18%, 5%; the tree 72% over L levels), and every draw has the σ or scale those
+    shares buy: the sparse vectors at ε = √(2ρ_step), the mean at Δ = 2 scaled by B/n, the
+    nodes at √2/√(2ρ_tree/L). Later batches charge only the tree's levels."""
+    from dpsub_dist.privacy import noise
+
+    files, _ = batches
+    rho, horizon = 0.5, 4
+    state = str(tmp_path / "s.db")
+    settings = init_stream(state, horizon=horizon, rank=2, rho=rho, delta=1e-6, center=None)
+    levels = tree_levels(horizon)
+    expected = {"norm_bound": 0.05, "mean": 0.18, "centred_norm_bound": 0.05}
+    expected |= {f"batch {2**h}": 0.72 / levels for h in range(levels)}
+    assert settings.plan.keys() == expected.keys()
+    assert [p for p, _ in settings.plan.values()] == pytest.approx(list(expected.values()))
+    assert settings.node_sigma == pytest.approx(math.sqrt(2) / math.sqrt(2 * 0.72 * rho / levels))
+    with open_stream(state) as stream, noise.draw_log() as draws:
+        release = stream.append(files[0], client=dask_client)
+    steps = {s["step"]: s["rho"] for s in release.manifest["privacy"]["budget"]["steps"]}
+    assert list(steps) == ["norm_bound", "mean", "centred_norm_bound", "batch 1"]
+    assert list(steps.values()) == pytest.approx([expected[s] * rho for s in steps])
+    assert release.charged_rho == pytest.approx(sum(steps.values()))
+    parameters = release.manifest["parameters"]
+    n = release.manifest["n_rows"]
+    mean_sigma = 2 / math.sqrt(2 * 0.18 * rho)
+    assert release.manifest["release"]["mean_noise_sigma"] == pytest.approx(mean_sigma)
+    scales = sorted(d.scale for d in draws)
+    eps = [math.sqrt(2 * 0.05 * rho)] * 2
+    wanted = [4 / e for e in eps]  # the two sparse vectors' query noise
+    wanted += [mean_sigma * parameters["mean_row_norm"] / n, settings.node_sigma]
+    for scale in wanted:
+        assert any(math.isclose(scale, s, rel_tol=1e-12) for s in scales), (scale, scales)
+    assert {d.kind for d in draws if d.scale == settings.node_sigma} == {"symmetric_gaussian"}
+    with open_stream(state) as stream:
+        second = stream.append(files[1], client=dask_client)
+        third = stream.append(files[2], client=dask_client)
+    assert second.charged_rho == pytest.approx(0.72 * rho / levels)
+    assert third.charged_rho == 0.0  # batch 3 enters no new level for batch 1's rows
+
+
+def _as_before_the_plan(state: str) -> None:
+    """Rewrite a stream file as streams were made before the budget plan: schema 2, no
+    centring, no plan, no first-batch values in its settings."""
+    with sqlite3.connect(state) as conn:
+        (text,) = conn.execute(
+            "SELECT value FROM dpsub_stream_meta WHERE key = 'settings'"
+        ).fetchone()
+        settings = json.loads(text)
+        for key in ("center", "shares", "tree_rho", "first_batch"):
+            settings.pop(key)
+        conn.execute(
+            "UPDATE dpsub_stream_meta SET value = ? WHERE key = 'settings'", (json.dumps(settings),)
+        )
+        conn.execute("UPDATE dpsub_stream_meta SET value = '2' WHERE key = 'schema_version'")
+
+
+def test_a_stream_made_before_centring_opens_and_appends_as_before(tmp_path, batches, dask_client):
+    """Old stream files (no centring or plan in their settings) keep the public bound and the
+    uncentred second moment, with and without batches already appended."""
+    files, _ = batches
+    fresh, started = str(tmp_path / "fresh.db"), str(tmp_path / "started.db")
+    for state in (fresh, started):
+        init_stream(state, horizon=2, rank=2, clip_norm=1.5, rho=1e9, delta=1e-6, center=False)
+    with open_stream(started) as stream:
+        stream.append(files[0], client=dask_client)
+    for state in (fresh, started):
+        _as_before_the_plan(state)
+    with open_stream(fresh) as stream:
+        assert stream.settings.center is False and stream.settings.shares is None
+        first = stream.append(files[0], client=dask_client)
+        assert first.charged_rho == pytest.approx(1e9 / 2)  # ρ/L, as before
+    with open_stream(started) as stream:
+        assert stream.settings.first_batch is None
+        last = stream.append(files[1], client=dask_client)
+        assert stream.accountant().spent.rho == pytest.approx(1e9)
+    gram = exact_gram(files[0], 1.5) + exact_gram(files[1], 1.5)
+    _, exact = top_eigenvectors(gram, 2)
+    assert subspace_error(last.basis, exact) < 1e-4
+    assert last.manifest["parameters"]["center"] is False
+    assert last.manifest["parameters"]["row_norm"] == 1.5
+    assert first.manifest["parameters"]["row_norm_source"] == "public (--clip-norm)"
+
+
+def test_bad_stream_input_is_refused_with_nothing_made_or_charged(tmp_path, batches, capsys):
+    """--clip-norm 0 with a ledger: exit 2, no stream file, the grant untouched; an empty
+    first batch of a centred stream: exit 2 before anything is charged."""
+    import pyarrow as pa
+
+    files, _ = batches
+    dataset = str(Path(files[0]).parent)
+    ledger = str(tmp_path / "ledger.db")
+    grant = ["budget", "init", "--ledger", ledger, "--dataset", dataset]
+    assert main([*grant, "--rho", "1", "--delta", "1e-6"]) == 0
+    state = str(tmp_path / "s.db")
+    init = ["stream", "init", state, "--horizon", "4", "--rank", "2", "--rho", "0.5"]
+    init += ["--delta", "1e-6", "--ledger", ledger, "--dataset", dataset]
+    for bad in (["--clip-norm", "0"], ["--clip-norm", "inf"], ["--horizon", "-1"]):
+        capsys.readouterr()
+        assert main([*init, *bad]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "must be" in err, err
+        assert not list(tmp_path.glob("s.db*"))
+    assert main(["budget", "show", "--ledger", ledger, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["remaining"]["rho"] == pytest.approx(1.0)
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({f"x{j}": pa.array([], pa.float64()) for j in range(10)}), empty)
+    plain = str(tmp_path / "plain.db")
+    init_stream(plain, horizon=2, rank=2, rho=1.0, delta=1e-6, center=None)
+    with open_stream(plain) as stream:
+        with pytest.raises(InputError, match="has no rows: the first batch fixes"):
+            stream.append(str(empty))
+        assert stream.status()["step"] == 0 and stream.accountant().spent.rho == 0
+
+
+# ------------------------------------------ audit of the first release (the released mean)
+
+MEAN_AUDIT_DELTA = 1e-2
+
+
+def first_release_means(settings, rows: np.ndarray, runs: int, seed: int) -> tuple:
+    """The stream's first-batch driver (:func:`online.first_batch`, what ``stream append``
+    runs and publishes) on ``rows``, ``runs`` times: the released mean's first coordinate
+    in units of unit-norm rows' sums (× n/B), and the ``mean`` step's charge."""
+    from dpsub_dist.engine.sources import array_dataset
+    from dpsub_dist.estimators import online
+
+    dataset = array_dataset(rows)
+    out = np.empty(runs)
+    rng = np.random.default_rng(seed)  # the audit's own, reproducible generator
+    for i in range(runs):
+        accountant, grants = online._accountant(settings, 0)
+        fixed = online.first_batch(settings, dataset, accountant, grants, rng)
+        out[i] = fixed["mean"][0] * len(rows) / fixed["mean_row_norm"]
+    return out, dict(accountant._steps)["mean"]
+
+
+def _audit_first_release(
+    tmp_path, monkeypatch, twin_factor: float, runs: int, threshold: float
+) -> dict:
+    """Neighbouring first batches: one row +e₁ or −e₁ (the sum moves by 2 = Δ, tight), the
+    other rows 0. The event "mean₀ above threshold·σ" (σ: the charged grant's, for Δ = 2)
+    bounds ε from below; the claim is the ε of
+    the ``mean`` step's published charge (the mean is released by that step alone). The twin
+    draws the mean at a grant ``1/twin_factor²`` larger than the one charged."""
+    from dpsub_dist.estimators import centring
+    from dpsub_dist.privacy.accountant import ZCDP, gaussian_sigma
+
+    state = str(tmp_path / f"audit-{twin_factor}.db")
+    settings = init_stream(
+        state, horizon=4, rank=1, clip_norm=1.0, rho=1.0, delta=1e-6, center=True
+    )
+    rows = np.zeros((20, 2))
+    bounds = {}
+    for name, factor in (("real", 1.0), ("twin", twin_factor)):
+        real = centring.gaussian_mean
+        if factor != 1.0:
+            monkeypatch.setattr(
+                centring,
+                "gaussian_mean",
+                lambda s, n, grant, *a, real=real, f=factor, **k: real(
+                    s, n, ZCDP(grant.rho / f**2), *a, **k
+                ),
+            )
+        hits = []
+        for sign, seed in ((1.0, 1), (-1.0, 2)):
+            rows[0, 0] = sign
+            means, charged = first_release_means(settings, rows, runs, seed)
+            hits.append(int((means > threshold * gaussian_sigma(charged, 2.0)).sum()))
+        monkeypatch.setattr(centring, "gaussian_mean", real)
+        bounds[name] = epsilon_lower_bound(*hits, runs, MEAN_AUDIT_DELTA, 0.95)
+    assert charged.rho == pytest.approx(0.2)  # the mean's share of ρ = 1, public bound
+    bounds["claimed"] = zcdp_epsilon(charged.rho, MEAN_AUDIT_DELTA)
+    return bounds
+
+
+def test_audit_the_first_releases_mean_and_catch_an_under_noised_twin(tmp_path, monkeypatch):
+    """600 runs per neighbour: a twin with a third of the mean's noise is caught."""
+    bounds = _audit_first_release(tmp_path, monkeypatch, 1 / 3, 600, 0.5)
+    assert bounds["real"] <= bounds["claimed"] < bounds["twin"], bounds
+
+
+@pytest.mark.slow
+def test_audit_the_first_releases_mean_catches_a_half_noise_twin(tmp_path, monkeypatch):
+    """3,000 runs per neighbour (about 2 minutes): half the mean's noise is caught."""
+    bounds = _audit_first_release(tmp_path, monkeypatch, 1 / 2, 3_000, 0.75)
+    assert bounds["real"] <= bounds["claimed"] < bounds["twin"], bounds

@@ -313,10 +313,12 @@ def test_cli_synth_vector_column_then_estimate(tmp_path, scheduler_address, caps
 
 
 def test_stream_appends_vector_batches_and_refuses_a_width_change(tmp_path, dask_client):
-    from dpsub_dist.estimators.online import init_stream, open_stream
+    from dpsub_dist.estimators.online import open_stream
+    from dpsub_dist.job import StreamConfig, init_stream
 
     state = str(tmp_path / "stream.db")
-    init_stream(state, horizon=3, rank=2, clip_norm=5.0, rho=1.0, delta=1e-6, columns=["x"])
+    options = {"horizon": 3, "rank": 2, "clip_norm": 5.0, "rho": 1.0, "delta": 1e-6}
+    init_stream(state, StreamConfig(**options, columns=["x"]))
     for i, width in enumerate((6, 6)):
         pq.write_table(pa.table({"x": fixed(matrix(300, width, i))}), tmp_path / f"b{i}.parquet")
     pq.write_table(pa.table({"x": fixed(matrix(300, 7, 9))}), tmp_path / "wide.parquet")

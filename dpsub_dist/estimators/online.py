@@ -1,25 +1,61 @@
 """Online private PCA (DTTZ14 §4; ALGORITHMS.md §8): a stream of batches, a basis after each.
 
 A stream is created for a horizon of ``T`` batches with its whole privacy budget
-(``dpsub stream init``). Each append (``dpsub stream append``, e.g. one day's
-partition) reads one batch on the workers, clips every row to the public norm
-bound ``B`` and scales it by ``1/B`` (:func:`dpsub_dist.engine.gram.clip_rows`),
+(``dpsub stream init``; declared in :mod:`dpsub_dist.methods.stream`). Each append
+(``dpsub stream append``, e.g. one day's partition) reads one batch on the workers,
+subtracts the stream's mean ``μ̂`` (centred streams), clips every row to the stream's
+norm bound ``B`` and scales it by ``1/B`` (:func:`dpsub_dist.engine.gram.clip_rows`),
 reduces ``G_t = Σ aaᵀ`` to one d×d matrix on the workers
-(:func:`dpsub_dist.engine.gram.compute_gram`), adds it to the tree of noisy node
-sums (:class:`dpsub_dist.privacy.tree_aggregation.TreeAggregator`) and releases the
-top-k eigenvectors of the noisy prefix sum (uncentred second moment, as DTTZ14).
+(:func:`dpsub_dist.engine.gram.compute_gram`), adds it to the tree of noisy node sums
+(:class:`dpsub_dist.privacy.tree_aggregation.TreeAggregator`) and releases the top-k
+eigenvectors of the noisy prefix sum: the principal subspace around ``μ̂`` (centred, the
+default) or of the uncentred second moment (``--no-center``, as DTTZ14).
 
-Privacy unit: a row, with neighbours that replace one row's values in one batch
-(batch sizes are public). User-level privacy is not offered: a user's rows in
-different batches could not be scaled jointly without keeping per-user state.
+Privacy unit: a row, with neighbours that replace one row's values in one batch (batch
+sizes are public). User-level privacy is not offered: a user's rows in different batches
+could not be scaled jointly without keeping per-user state.
+
+Budget plan (:func:`plan_shares`, fixed at init, published in every manifest): the shares
+of gauss's plan (:func:`dpsub_dist.estimators.covariance.budget_plan`), with gauss's
+``gram_noise`` share split evenly into one step ``batch 2^h`` per tree level ``h < L``:
+
+1. ``norm_bound`` (no ``--clip-norm``): at the first append, a private bound on the first
+   batch's raw rows (sparse vector over the public norm grid,
+   :mod:`dpsub_dist.privacy.norm_bound`; quantile 0.99 when it only bounds the mean's rows,
+   the noise-matched quantile of ``n₁``, D and the node σ when it is the tree's bound).
+2. ``mean`` (centred): the Gaussian mean of the first batch's rows clipped to that bound
+   (or to ``--clip-norm``), :func:`dpsub_dist.estimators.centring.centre` — gauss's step.
+3. ``centred_norm_bound`` (centred, no ``--clip-norm``): the private bound of the first
+   batch's rows minus ``μ̂``, the bound every batch's centred rows are clipped to.
+4. ``batch t`` for t = 1, 2, 4, …, 2^{L−1}: the tree's nodes (each ``ρ_tree/L``-zCDP,
+   :func:`~dpsub_dist.privacy.tree_aggregation.node_mechanism`), charged when the
+   worst-placed row (one of batch 1) enters its next released node; other appends
+   charge nothing.
+
+Privacy argument. Steps 1–3 read the first batch's rows only, once, at its append; their
+outputs ``B`` and ``μ̂`` are then stored in the stream file and published in every manifest,
+fixed: for every later batch they are public constants, and the map ``x ↦ clip(x − μ̂, B)/B``
+is applied row by row, so replacing one row of any batch moves one ``G_t`` by at most
+``√2`` (upper triangle) exactly as with a public bound, and the tree's argument holds
+unchanged. Under the stream's neighbour relation a row of batch 1 is read by steps 1–3 and
+by at most L tree nodes; a row of a later batch by at most L tree nodes and by nothing
+else. Adaptive basic composition (Bun & Steinke 2016, Lemma 2.3; the pure-ε sparse
+vector counts as ε²/2-zCDP, Prop 1.4) gives the worst row ``ρ_norm + ρ_mean + ρ_centred +
+ρ_tree = ρ``, the stream's whole budget: later batches' rows pay nothing for ``B`` and
+``μ̂``, which never read them. Every step is charged with the mechanism that adds its noise
+before drawing it (:meth:`Accountant.charge`), under the plan.
+
+Streams created before the plan (no ``center`` or ``shares`` in their settings) keep a
+public bound and the uncentred second moment; their plan is the tree's steps alone.
 
 Two files hold a stream, both created owner-only (0600):
 
-- the **stream file** (SQLite, one transaction per append) holds the settings, the
-  noisy d×d sums of *closed* tree nodes that later releases still need, the appended
-  batches (id, URI, row count, charge) and every released basis with its manifest. It
-  is covered by the stream's (ε, δ) claim, like the releases: every node sum in it was
-  noised once, when the node closed, and is never changed again.
+- the **stream file** (SQLite, one transaction per append) holds the settings (with the
+  first batch's released ``B`` and ``μ̂`` once appended), the noisy d×d sums of *closed*
+  tree nodes that later releases still need, the appended batches (id, URI, row count,
+  charge) and every released basis with its manifest. It is covered by the stream's
+  (ε, δ) claim, like the releases: every node sum in it was noised once, when the node
+  closed, and is never changed again.
 - the **private file** (``<stream file>.private``, attached to the same transactions)
   holds operator-only state: the exact partial sums of open nodes, which their noise
   is added to when they close, and each batch's file identity (real path, size, ETag
@@ -33,19 +69,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import secrets
 from dataclasses import asdict, astuple, dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from dpsub_dist.engine.gram import compute_gram
-from dpsub_dist.engine.sources import parquet_dataset
+from dpsub_dist.engine.sources import Dataset, parquet_dataset
 from dpsub_dist.errors import BudgetRefused, InputError
+from dpsub_dist.estimators import centring
 from dpsub_dist.estimators.common import versions
+from dpsub_dist.estimators.covariance import budget_plan
+from dpsub_dist.estimators.norm_pass import NORM_SOURCE
 from dpsub_dist.io.parquet import list_parquet_files
 from dpsub_dist.io.storage import StorageOptions, filesystem, is_local, with_protocol
 from dpsub_dist.ledger.core import (
@@ -64,22 +103,25 @@ from dpsub_dist.ledger.core import (
 )
 from dpsub_dist.ledger.sqlite import connect_sqlite, sqlite_transaction
 from dpsub_dist.linalg import top_eigenvectors
-from dpsub_dist.privacy.accountant import ZCDP, Accountant, ApproxDP, parse_budget
+from dpsub_dist.privacy import mechanism
+from dpsub_dist.privacy.accountant import ZCDP, Accountant, ApproxDP, Budget, laplace_epsilon
+from dpsub_dist.privacy.covariance import SENSITIVITY
 from dpsub_dist.privacy.noise import noise_rng
+from dpsub_dist.privacy.norm_bound import noise_matched_quantile, norm_bound_mechanism
 from dpsub_dist.privacy.tree_aggregation import (
     REPLACE_ONE_SENSITIVITY,
     TreeAggregator,
     last_use,
-    node_sigma,
+    node_mechanism,
     nodes_containing,
     prefix_nodes,
     rho_for_approx_dp,
-    spent_rho,
     tree_levels,
 )
 
 APPLICATION = "dpsub_dist online PCA stream"
-SCHEMA_VERSION = 2  # 2: closed nodes only in the stream file, open ones in the private file
+SCHEMA_VERSION = 3  # 2: closed nodes only in the stream file; 3: the budget plan in the settings
+READABLE_SCHEMAS = ("2", "3")  # a version-2 stream opens and appends as before
 MAX_HORIZON = 2**20
 PRIVATE_SUFFIX = ".private"
 UNTRACKED = "not tracked by a ledger: this stream's budget is charged to no grant"
@@ -166,11 +208,12 @@ def _create_owner_only(path: Path) -> None:
 
 @dataclass(frozen=True)
 class StreamSettings:
-    """What is fixed when a stream is created (all public)."""
+    """What is fixed when a stream is created (all public), and what its first append fixes
+    (``first_batch``: the released bound and mean, paid from the plan)."""
 
     horizon: int
     rank: int
-    clip_norm: float
+    clip_norm: float | None  # public bound given at init; None: private, from batch 1
     budget: dict[str, float]  # as given: {epsilon, delta} or {rho, delta}
     rho: float  # the whole stream's zCDP budget
     conversion_delta: float  # δ of the reported (ε, δ)-DP guarantee
@@ -180,6 +223,62 @@ class StreamSettings:
     created_at: str
     columns: list[str] | None = None  # fixed by init or by the first batch
     ledger: dict[str, Any] | None = None  # where the whole budget was charged; None: untracked
+    center: bool = False  # streams made before centring: uncentred
+    shares: dict[str, list[float]] | None = None  # the plan; None: the tree's steps alone
+    tree_rho: float | None = None  # ρ of the tree's nodes together; None: the whole ρ
+    first_batch: dict[str, Any] | None = None  # B, μ̂ and their facts, released at append 1
+
+    @property
+    def plan(self) -> dict[str, tuple[float, float]]:
+        """The budget plan (older streams: the tree's ``batch 2^h`` steps alone)."""
+        if self.shares is None:
+            return tree_steps(1.0, self.levels)
+        return {step: (p, q) for step, (p, q) in self.shares.items()}
+
+    @property
+    def tree_total(self) -> float:
+        return self.rho if self.tree_rho is None else self.tree_rho
+
+    @property
+    def fixed(self) -> dict[str, Any]:
+        """The released bound and mean every batch after the first is read with."""
+        if self.first_batch is not None:
+            return self.first_batch
+        return {"row_norm": self.clip_norm, "row_norm_source": PUBLIC_BOUND, "center": False}
+
+
+PUBLIC_BOUND = "public (--clip-norm)"
+
+
+def tree_steps(share: float, levels: int) -> dict[str, tuple[float, float]]:
+    """The tree's steps: ``batch 2^h`` for each level h < L, ``share/L`` each (no δ)."""
+    return {f"batch {1 << h}": (share / levels, 0.0) for h in range(levels)}
+
+
+def plan_shares(config: Any) -> dict[str, tuple[float, float]]:
+    """The stream's plan (module docstring): gauss's shares for the first batch's private
+    bound and mean (a ρ total: no δ), its ``gram_noise`` share split over the tree levels."""
+    center = resolve_center(config)
+    steps = budget_plan("gauss", center, True, config.clip_norm is None)
+    tree, _ = steps.pop("gram_noise")
+    return {**steps, **tree_steps(tree, tree_levels(config.horizon))}
+
+
+def resolve_center(config: Any) -> bool:
+    """``--center``/``--no-center`` as given; on by default."""
+    return True if config.center is None else bool(config.center)
+
+
+FIRST_BATCH_STEPS = ("norm_bound", "mean", "centred_norm_bound")
+
+
+def step_mechanism(settings: StreamSettings, step: str, grant: Budget) -> mechanism.Mechanism:
+    """The mechanism each planned step is charged with (the same the append draws with)."""
+    if step in ("norm_bound", "centred_norm_bound"):
+        return norm_bound_mechanism(grant)
+    if step == "mean":
+        return mechanism.gaussian(grant, SENSITIVITY["replace"].row_sum)
+    return node_mechanism(settings.tree_total, settings.horizon)
 
 
 @dataclass(frozen=True)
@@ -203,35 +302,11 @@ class StreamRelease:
     charged_rho: float = 0.0  # what this append charged (0 for a re-release)
 
 
-def _check_settings(horizon: int, rank: int, clip_norm: float) -> None:
-    if isinstance(horizon, bool) or not isinstance(horizon, int) or not 1 <= horizon <= MAX_HORIZON:
-        raise InputError(
-            f"horizon must be an integer in 1..{MAX_HORIZON} (got {horizon!r}): pass --horizon T, "
-            "the number of batches the stream will take"
-        )
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise InputError(f"rank must be a positive integer (got {rank!r}): pass --rank K")
-    if not (isinstance(clip_norm, int | float) and math.isfinite(clip_norm) and clip_norm > 0):
-        raise InputError(
-            f"clip norm must be a positive number (got {clip_norm!r}): pass --clip-norm B, a "
-            "public bound on row norms (longer rows are scaled down to it)"
-        )
+def init_stream(path: str, config: Any) -> StreamSettings:
+    """Create a stream's two files (0600) for ``config.horizon`` batches and its whole budget.
 
-
-def init_stream(
-    path: str,
-    horizon: int,
-    rank: int,
-    clip_norm: float,
-    epsilon: float | None = None,
-    delta: float | None = None,
-    rho: float | None = None,
-    columns: list[str] | None = None,
-    ledger: str | None = None,
-    dataset: str | None = None,
-) -> StreamSettings:
-    """Create a stream's two files (0600) for ``horizon`` batches and its whole budget.
-
+    ``config`` is a checked :class:`~dpsub_dist.methods.config.StreamConfig` (read by
+    attribute; :func:`dpsub_dist.job.init_stream` checks it against the method's table).
     (ε, δ): the stream runs at the largest ρ whose CKS conversion at δ is within ε.
     (ρ, δ): ρ-zCDP, reported as (ε, δ)-DP with the CKS conversion at δ.
     ``ledger`` and ``dataset``: the whole budget — (ε, δ), or (ρ, δ₀ = 0) — is reserved
@@ -239,13 +314,8 @@ def init_stream(
     (LedgerError, exit 2: no grant; BudgetRefused, exit 4: not enough left). Without them
     the stream is not tracked by any ledger.
     """
-    _check_settings(horizon, rank, clip_norm)
-    parse_budget(epsilon, delta, rho)  # validates (InputError, exit 2)
-    if (ledger is None) != (dataset is None):
-        raise InputError(
-            "--dataset needs --ledger (and --ledger needs --dataset): pass both to charge the "
-            "stream's whole budget to the dataset's grant, or neither for an untracked stream"
-        )
+    epsilon, delta, rho = config.epsilon, config.delta, config.rho
+    horizon, ledger, dataset = int(config.horizon), config.ledger, config.dataset
     # rank < D is checked at each append, before any row is read: a named column may be a
     # vector column whose width only the footers tell.
     files = [Path(path), Path(private_path(path))]
@@ -258,18 +328,25 @@ def init_stream(
         raise InputError(f"cannot create files in {files[0].parent}: choose a writable folder")
     total_rho = rho if rho is not None else rho_for_approx_dp(float(epsilon), float(delta))
     values = {"epsilon": epsilon} if epsilon is not None else {"rho": rho}
+    shares = plan_shares(config)
+    grants = Accountant(ZCDP(float(total_rho), 0.0), conversion_delta=float(delta)).split(shares)
+    levels = tree_levels(horizon)
+    tree_rho = grants["batch 1"].rho * levels
     settings = StreamSettings(
         horizon=horizon,
-        rank=rank,
-        clip_norm=float(clip_norm),
+        rank=int(config.rank),
+        clip_norm=None if config.clip_norm is None else float(config.clip_norm),
         budget={**{k: float(v) for k, v in values.items()}, "delta": float(delta)},
         rho=float(total_rho),
         conversion_delta=float(delta),
-        levels=tree_levels(horizon),
-        node_sigma=node_sigma(float(total_rho), horizon, REPLACE_ONE_SENSITIVITY),
+        levels=levels,
+        node_sigma=node_mechanism(tree_rho, horizon, REPLACE_ONE_SENSITIVITY).sigma,
         sensitivity=REPLACE_ONE_SENSITIVITY,
         created_at=now_utc(),
-        columns=list(columns) if columns else None,
+        columns=list(config.columns) if config.columns else None,
+        center=resolve_center(config),
+        shares={step: [p, q] for step, (p, q) in shares.items()},
+        tree_rho=tree_rho,
     )
     if ledger is not None:
         settings = _charge_ledger(settings, ledger, str(dataset), str(files[0].resolve()))
@@ -399,7 +476,7 @@ class Stream:
             meta = dict(execute("SELECT key, value FROM dpsub_stream_meta"))
         if meta.get("application") != APPLICATION:
             raise LedgerError(f"{path} is not a dpsub stream: pass the file made by stream init")
-        if meta.get("schema_version") != str(SCHEMA_VERSION):
+        if meta.get("schema_version") not in READABLE_SCHEMAS:
             raise LedgerError(
                 f"stream {path} has schema version {meta.get('schema_version')!r}, this dpsub "
                 f"reads version {SCHEMA_VERSION}: use a matching dpsub release"
@@ -477,7 +554,7 @@ class Stream:
 
     def accountant(self) -> Accountant:
         """The stream's accountant, charged with every append so far."""
-        return _accountant(self.settings, self.batches())
+        return _accountant(self.settings, len(self.batches()))[0]
 
     def status(self) -> dict[str, Any]:
         """Public facts: settings, progress, budget report and the appended batches."""
@@ -508,12 +585,19 @@ class Stream:
     def _manifest(
         s: StreamSettings,
         batch: StreamBatch,
-        upto: list[StreamBatch],
+        accountant: Accountant,
         values: np.ndarray,
         dim: int,
+        rows_so_far: int,
     ) -> dict[str, Any]:
-        """The manifest of the release after ``batch`` (public facts only)."""
+        """The manifest of the release after ``batch`` (public facts and released values)."""
         columns = s.columns or []
+        fixed = s.fixed
+        released = {k: v for k, v in fixed.items() if k in MEAN_RELEASE}
+        centred = {k: v for k, v in fixed.items() if k not in MEAN_RELEASE}
+        scaling = "each row clipped to norm ≤ row_norm, then divided by row_norm"
+        if fixed.get("center"):
+            scaling = "the released mean subtracted from each row, then " + scaling
         return {
             "outcome": "ok",
             "method": "online",
@@ -528,23 +612,27 @@ class Stream:
                 "step": batch.step,
                 "horizon": s.horizon,
                 "batch_id": batch.batch_id,
-                "rows_so_far": sum(b.n_rows for b in upto),
+                "rows_so_far": rows_so_far,
                 "nodes_released": [list(n) for n in prefix_nodes(batch.step)],
             },
             "parameters": {
                 "clip_norm": s.clip_norm,
+                **centred,
+                "row_scaling": scaling,
+                "budget_shares": s.plan,
                 "levels": s.levels,
+                "tree_rho": s.tree_total,
                 "node_sigma": s.node_sigma,
-                "centred": False,
             },
-            "release": {"eigenvalues": [float(v) for v in values]},
+            "release": {"eigenvalues": [float(v) for v in values], **released},
             "privacy": {
                 "unit": "row",
                 "neighbours": "replace one row's values in one batch (batch sizes are public)",
-                "mechanism": "tree aggregation (binary mechanism) of clipped Σ aaᵀ, symmetric "
-                "Gaussian noise per node with rho/L (DTTZ14 §4)",
+                "mechanism": "the first batch's private norm bound and mean (when not given "
+                "or turned off), then tree aggregation (binary mechanism) of the clipped "
+                "Σ aaᵀ, symmetric Gaussian noise per node with tree_rho/L (DTTZ14 §4)",
                 "sensitivity": s.sensitivity,
-                "budget": _accountant(s, upto).report(),
+                "budget": accountant.report(),
                 "ledger": s.ledger or UNTRACKED,
             },
             "versions": versions(),
@@ -607,11 +695,23 @@ class Stream:
                     f"{uri} has {dataset.dim} features but the stream's earlier batches have "
                     f"{before}: vector columns must keep their width across batches"
                 )
-        summary = compute_gram(
-            dataset.parts, dataset.loader, s.clip_norm, client=client, progress=progress
-        )
-        charge = spent_rho(step + 1, s.rho, s.horizon) - spent_rho(step, s.rho, s.horizon)
+        accountant, grants = _accountant(s, step)
+        spent_before = accountant.spent.rho
+        rng = noise_rng()
         settings = s if s.columns is not None else replace(s, columns=list(dataset.columns))
+        if step == 0:
+            fixed = first_batch(s, dataset, accountant, grants, rng, client, progress)
+            settings = replace(settings, first_batch=fixed)
+        else:
+            fixed = s.fixed
+        loader = batch_loader(fixed, dataset)
+        summary = compute_gram(
+            dataset.parts, loader, fixed["row_norm"], client=client, progress=progress
+        )
+        for name in _steps_of(step + 1, grants):
+            if name not in FIRST_BATCH_STEPS:  # the tree's nodes, charged before they draw
+                accountant.charge(name, step_mechanism(s, name, grants[name]))
+        charge = accountant.spent.rho - spent_before
         batch = StreamBatch(step + 1, batch_id, uri, int(dataset.n_rows), charge, now_utc())
         with sqlite_transaction(self._conn, self.path, write=True) as execute:
             now = execute("SELECT COUNT(*) FROM dpsub_stream_batches")[0][0]
@@ -623,9 +723,10 @@ class Stream:
                     "nothing was added: run this append again"
                 )
             tree = self._aggregator(execute, step, dataset.dim)
-            closed = tree.add(summary.gram, noise_rng())
+            closed = tree.add(summary.gram, rng)
             values, basis = top_eigenvectors(tree.prefix(batch.step), s.rank)
-            manifest = self._manifest(settings, batch, [*batches, batch], values, dataset.dim)
+            rows = sum(b.n_rows for b in batches) + batch.n_rows
+            manifest = self._manifest(settings, batch, accountant, values, dataset.dim, rows)
             manifest["summary_bytes_gathered"] = summary.nbytes
             self._store_tree(execute, tree, closed)
             execute(
@@ -708,12 +809,75 @@ def _check_new_files(
             )
 
 
-def _accountant(settings: StreamSettings, batches: list[StreamBatch]) -> Accountant:
-    """Accountant of the whole stream's budget, charged with these appends (basic composition)."""
+def _accountant(settings: StreamSettings, steps: int) -> tuple[Accountant, dict[str, Budget]]:
+    """The stream's accountant under its plan (basic composition), charged with the steps of
+    its first ``steps`` appends, each with the mechanism that drew its noise; the grants."""
     accountant = Accountant(ZCDP(settings.rho, 0.0), conversion_delta=settings.conversion_delta)
-    for batch in batches:
-        accountant.charge(f"batch {batch.step}", ZCDP(batch.charged_rho, 0.0))
-    return accountant
+    grants = accountant.split(settings.plan)
+    for t in range(1, steps + 1):
+        for step in _steps_of(t, grants):
+            accountant.charge(step, step_mechanism(settings, step, grants[step]))
+    return accountant, grants
+
+
+def _steps_of(t: int, grants: dict[str, Budget]) -> list[str]:
+    """The planned steps append ``t`` charges: the first batch's private bound and mean
+    (append 1), then ``batch t`` when t = 2^h (a row of batch 1 enters its next node)."""
+    first = [step for step in FIRST_BATCH_STEPS if step in grants and t == 1]
+    return first + [step for step in (f"batch {t}",) if step in grants]
+
+
+MEAN_RELEASE = ("mean", "mean_note", "mean_sensitivity", "mean_noise_sigma")
+"""The first batch's released mean: published under ``release`` in every manifest."""
+
+
+def first_batch(
+    settings: StreamSettings,
+    dataset: Dataset,
+    accountant: Accountant,
+    grants: dict[str, Budget],
+    rng: np.random.Generator,
+    client: Any | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Steps ``norm_bound``, ``mean`` and ``centred_norm_bound`` on the first batch's rows
+    (module docstring): the bound ``B`` and the mean ``μ̂`` every batch is read with, each
+    charged to ``accountant`` before its noise is drawn. Public from then on (stream file,
+    manifests). Reads the first batch only; a stream with a public bound and no centring
+    reads nothing here."""
+    private_norm = settings.clip_norm is None
+    if dataset.n_rows < 1 and (settings.center or private_norm):
+        raise InputError(
+            f"{dataset.input} has no rows: the first batch fixes the stream's private mean and "
+            "norm bound from the public row count, so it needs at least one row"
+        )
+    options = SimpleNamespace(
+        center=settings.center, row_norm=settings.clip_norm, unit_column=None, method="online"
+    )
+    args = (dataset, accountant, grants, rng, client, progress)
+    loader, centred, mean_release = centring.centre(options, *args)
+    if private_norm:
+        step = "centred_norm_bound" if settings.center else "norm_bound"
+        epsilon = laplace_epsilon(grants[step])
+        quantile = noise_matched_quantile(dataset.n_rows, dataset.dim, settings.node_sigma, epsilon)
+        bound = centring.private_bound(step, dataset, loader, *args[1:], quantile=quantile)
+        source = NORM_SOURCE.format(q=quantile, step=step) + ", n of the first batch"
+        source += ", its rows centred at the mean" if settings.center else ""
+    else:
+        bound, source = float(settings.clip_norm), PUBLIC_BOUND
+    fixed = {"row_norm": bound, "row_norm_source": source, **centred, **mean_release}
+    if settings.center:
+        fixed["mean_n_rows"] = int(dataset.n_rows)
+        if not private_norm:
+            fixed["mean_row_norm_source"] = PUBLIC_BOUND
+    return fixed
+
+
+def batch_loader(fixed: dict[str, Any], dataset: Dataset) -> Any:
+    """The loader of a batch's rows as the tree reads them: minus ``μ̂`` when centred."""
+    if not fixed.get("center"):
+        return dataset.loader
+    return centring.CentredLoader(dataset.loader, np.asarray(fixed["mean"], dtype=np.float64))
 
 
 def open_stream(path: str) -> Stream:

@@ -1,4 +1,5 @@
-"""The method registry: every method of ``dpsub estimate`` and ``dpsub cluster``, declared once.
+"""The method registry: every method of ``dpsub estimate``, ``dpsub cluster`` and ``dpsub
+stream``, declared once.
 
 Each method is one module of this package exporting ``METHOD`` (a :class:`~.spec.Method`:
 its parameter table, its runner, its cross-checks); adding a method is one module plus one
@@ -25,6 +26,7 @@ from dpsub_dist.methods import (
     gibbs,
     histogram,
     power,
+    stream,
     sulq,
 )
 from dpsub_dist.methods.spec import Method, Modifier, Param
@@ -43,13 +45,18 @@ REGISTRY: dict[str, dict[str, Method]] = {
         )
     },
     "cluster": {m.name: m for m in (cluster_sample_aggregate.METHOD, sulq.METHOD, gibbs.METHOD)},
+    "stream": {m.name: m for m in (stream.METHOD,)},
 }
 """Methods by command and name: the one list a new method is added to."""
 
-DEFAULTS = {"estimate": "auto", "cluster": "sample-aggregate"}
+DEFAULTS = {"estimate": "auto", "cluster": "sample-aggregate", "stream": "online"}
 """Each command's method when none is given (estimate: chosen from public facts, docs/auto.md)."""
 
-MODIFIERS: dict[str, tuple[Modifier, ...]] = {"estimate": (boost.MODIFIER,), "cluster": ()}
+MODIFIERS: dict[str, tuple[Modifier, ...]] = {
+    "estimate": (boost.MODIFIER,),
+    "cluster": (),
+    "stream": (),
+}
 """Options that wrap every method of a command."""
 
 Label = Callable[[Param], str]
@@ -139,9 +146,11 @@ def check_config(config: Any, command: str) -> None:
             check(config)
 
 
-def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+def add_arguments(
+    parser: argparse.ArgumentParser, command: str, title: str = "method options (see --method)"
+) -> None:
     """One CLI flag per declared parameter (default None: "not given")."""
-    group = parser.add_argument_group("method options (see --method)")
+    group = parser.add_argument_group(title)
     for param in declared(command).values():
         text = f"{param.help} [--method {'/'.join(users(command, param))}]"
         if param.kind is bool:

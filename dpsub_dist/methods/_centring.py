@@ -17,7 +17,8 @@ CENTER = Param(
     "center",
     bool,
     "subtract a private mean first (default: on at row level for friendly, histogram, gauss, "
-    "gap-perturb and auto; --no-center estimates the uncentred subspace)",
+    "gap-perturb, auto and streams, whose mean is the first batch's; --no-center estimates "
+    "the uncentred subspace)",
     need="true or false",
     example=True,
 )

@@ -1,6 +1,7 @@
-"""The two configs of a run: :class:`EstimateConfig` (``dpsub estimate``, job files, the API)
-and :class:`ClusterConfig` (``dpsub cluster``). Their method options are checked against
-the method tables (:func:`dpsub_dist.methods.check_config`), never field by field here."""
+"""The configs of a run: :class:`EstimateConfig` (``dpsub estimate``, job files, the API),
+:class:`ClusterConfig` (``dpsub cluster``) and :class:`StreamConfig` (``dpsub stream init``).
+Their method options are checked against the method tables
+(:func:`dpsub_dist.methods.check_config`), never field by field here."""
 
 from __future__ import annotations
 
@@ -118,4 +119,31 @@ class ClusterConfig(_Run):
                 f"clusters must be a positive integer (got {self.clusters}): pass --clusters K"
             )
         check_config(self, "cluster")
+        self.budget()
+
+
+@dataclass
+class StreamConfig(_Run):
+    """Parameters of ``dpsub stream init`` / :func:`dpsub_dist.job.init_stream`: a stream of
+    ``horizon`` batches and its whole budget; the method options (``horizon``, ``clip_norm``,
+    ``center``) are declared in :mod:`dpsub_dist.methods.stream`. ``ledger`` and ``dataset``
+    (together): charge the whole budget to the dataset's grant at init."""
+
+    rank: int
+    horizon: int | None = None
+    epsilon: float | None = None
+    delta: float | None = None
+    rho: float | None = None
+    method: str = DEFAULTS["stream"]
+    clip_norm: float | None = None  # public row-norm bound; None: private, from batch 1
+    center: bool | None = None  # private mean of batch 1 first; None: on
+    columns: list[str] | None = None
+    ledger: str | None = None
+    dataset: str | None = None
+    unit_column: str | None = None  # refused: streams are row level only
+
+    def validate(self) -> None:
+        """Parameter checks that need no data."""
+        self._check_rank()
+        check_config(self, "stream")
         self.budget()

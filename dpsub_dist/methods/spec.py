@@ -86,7 +86,8 @@ class Method:
     """One method: its table, its runner, and the cross-parameter checks its table cannot say.
 
     ``run(config, open_dataset, client, progress, noise_seed)`` runs it end to end (the worker
-    and driver halves live in :mod:`dpsub_dist.estimators`). ``plan(config)`` is its budget
+    and driver halves live in :mod:`dpsub_dist.estimators`); a stream's ``run(path, config)``
+    creates the stream, whose appends then run its plan. ``plan(config)`` is its budget
     plan: each named private step's (share of ε or ρ, share of δ), fixed before data is read.
     ``check(config)`` raises InputError for combinations that need no data (e.g. user level
     without a public bound).
