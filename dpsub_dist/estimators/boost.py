@@ -195,6 +195,7 @@ def run_boosted(
     user_level = config.unit_column is not None
     sizes = None if user_level else group_sizes(_part_rows(dataset), seed_of_groups, groups)
     inner = dataclasses.replace(config, boost=None, boost_alpha=None, seed=seed)
+    inner.use_budget(config.budget())  # the groups' plans split the budget parsed at the edge
 
     results: list[EstimateResult] = []
     for g in range(groups):
