@@ -32,7 +32,8 @@ BARE_CLIENT_ENTRIES = {
     "engine/sources.py": ["parquet_dataset"],
 }
 """The engine functions that still accept a bare client (``Executor.of``), for the files
-above: each goes when no entry above reaches it any more."""
+above (and methods/auto.py, which hands its runner's client to open_checked): each goes when
+nothing reaches it with a bare client any more."""
 
 EDGES = {
     "api.py": "resolves the estimator's optional client= (Dask's default client for lazy input)",
