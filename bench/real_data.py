@@ -236,6 +236,7 @@ def time_evaluate(table: Table, repeats: int) -> list[dict[str, Any]]:
     from dask_ml.decomposition import PCA
 
     from dpsub_dist.engine.cluster import dask_client
+    from dpsub_dist.engine.compute import Executor
     from dpsub_dist.evaluate import captured_variance, data_moments
     from dpsub_dist.linalg import top_eigenvectors
 
@@ -252,7 +253,7 @@ def time_evaluate(table: Table, repeats: int) -> list[dict[str, Any]]:
                 started = time.monotonic()
                 if tool.startswith("dpsub"):
                     dataset = opener(table.layouts["pandas"], table.exclude)(client)
-                    moments = data_moments(dataset, client)
+                    moments = data_moments(dataset, Executor(client))
                     basis = top_eigenvectors(moments.covariance(True), table.rank)[1]
                 else:
                     solver = tool.rsplit(" ", 1)[1]

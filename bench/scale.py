@@ -85,11 +85,12 @@ def compare_shuffles(args: Any) -> list[dict[str, Any]]:
     import numpy as np
     from distributed import Client, LocalCluster
 
+    from dpsub_dist.engine.compute import Executor
     from dpsub_dist.engine.p2p import compute_subset_summaries_p2p
     from dpsub_dist.engine.sources import parquet_dataset
     from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
+    from dpsub_dist.estimators.common import choose_buckets
     from dpsub_dist.estimators.sample_aggregate import ProjectedReferenceStep
-    from dpsub_dist.job import choose_buckets
 
     n, dim = args.shuffle_compare
     path, _ = speed.speed_dataset(args, n, dim)
@@ -109,17 +110,18 @@ def compare_shuffles(args: Any) -> list[dict[str, Any]]:
             ) as cluster,
             Client(cluster) as client,
         ):
-            data = parquet_dataset(str(path), None, None, None, client)
+            executor = Executor(client)
+            data = parquet_dataset(str(path), None, None, None, executor)
             subsets = args.subsets or max(2, n // 2000)
             plan = SubsetPlan(
-                subsets, n, args.seed, buckets=choose_buckets(n, dim, subsets, client)
+                subsets, n, args.seed, buckets=choose_buckets(n, dim, subsets, executor)
             )
             step = ProjectedReferenceStep(rank=args.rank, dim=dim, ref_points=4, seed=args.seed)
             with common.PeakMemory(client, interval=0.05) as memory:
                 started = time.monotonic()
                 try:
                     results[name] = route(
-                        data.parts, data.offsets, data.loader, plan, step, client, False
+                        data.parts, data.offsets, data.loader, plan, step, executor, False
                     )
                     status = "ok"
                 except Exception as err:  # noqa: BLE001 - a failed route is a result here

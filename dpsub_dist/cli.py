@@ -353,11 +353,13 @@ def evaluate_on_data(args: argparse.Namespace, basis, columns, storage_options) 
     """The two lines of ``evaluate --data``: what was read, then the key=value metrics."""
     from dpsub_dist import evaluate
     from dpsub_dist.engine.cluster import dask_client
+    from dpsub_dist.engine.compute import Executor
     from dpsub_dist.engine.sources import parquet_dataset
 
     with dask_client(args.scheduler, args.quiet, args.workers) as client:
-        dataset = parquet_dataset(args.data, columns, None, storage_options, client)
-        moments = evaluate.data_moments(dataset, client, progress=not args.quiet)
+        executor = Executor(client)
+        dataset = parquet_dataset(args.data, columns, None, storage_options, executor)
+        moments = evaluate.data_moments(dataset, executor, progress=not args.quiet)
     check = evaluate.captured_variance(basis, moments, args.center)
     shown = ", ".join(dataset.columns[:SHOWN_COLUMNS])
     shown += ", …" if len(dataset.columns) > SHOWN_COLUMNS else ""

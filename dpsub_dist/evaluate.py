@@ -33,8 +33,8 @@ from typing import Any
 import dask
 import numpy as np
 
-from dpsub_dist.engine.gram import gram_of, tree_sum
-from dpsub_dist.engine.subsets import compute_in_process, compute_on_cluster
+from dpsub_dist.engine.compute import IN_PROCESS, Executor, tree_sum
+from dpsub_dist.engine.gram import gram_of
 from dpsub_dist.errors import InputError
 from dpsub_dist.linalg import subspace_error, top_eigenvectors
 
@@ -102,17 +102,14 @@ def merge_moments(a: Moments, b: Moments) -> Moments:
     return a + b
 
 
-def data_moments(dataset: Any, client: Any | None = None, progress: bool = False) -> Moments:
+def data_moments(dataset: Any, executor: Executor = IN_PROCESS, progress: bool = False) -> Moments:
     """The :class:`Moments` of every row of a Dataset, merged on the workers."""
     if not dataset.parts:
         raise InputError("the data has no rows: pass a dataset with at least one row")
     task = dask.delayed(partition_moments, pure=True)
     tasks = [task(dataset.loader, part) for part in dataset.parts]
     root = tree_sum(tasks, dask.delayed(merge_moments, pure=True), tasks)
-    if client is None:
-        return compute_in_process(root)[0]
-    others = [t for t in tasks if t is not root]
-    return compute_on_cluster(client, others, [root], "evaluate", progress)[0]
+    return executor.compute(root, tasks, "evaluate", progress)
 
 
 @dataclass(frozen=True)

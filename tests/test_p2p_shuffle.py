@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.p2p import compute_subset_summaries_p2p
 from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
 from dpsub_dist.estimators.sample_aggregate import ProjectedReferenceStep
@@ -21,5 +22,6 @@ def test_p2p_shuffle_gives_the_bucket_shuffles_summaries(dask_client):
     expected = compute_subset_summaries(*args)
     counts = np.bincount(plan.subset_of(np.arange(1_000), None), minlength=240)
     assert (counts == 0).any() and (counts >= 2).any()
-    np.testing.assert_array_equal(compute_subset_summaries_p2p(*args, dask_client), expected)
+    on_cluster = compute_subset_summaries_p2p(*args, Executor(dask_client))
+    np.testing.assert_array_equal(on_cluster, expected)
     np.testing.assert_array_equal(compute_subset_summaries_p2p(*args), expected)  # in process

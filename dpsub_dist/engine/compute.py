@@ -1,13 +1,15 @@
 """Running engine graphs: in-process or on a cluster, with only the outputs gathered.
 
-The lowest layer of the engine: :mod:`dpsub_dist.engine.gram`,
-:mod:`dpsub_dist.engine.subsets` and the subset routes import it, and it imports none
-of them (no import cycle by construction).
+:class:`Executor` is the one place that tells the two apart (tests/test_executor_only.py
+fails on a ``client is None`` branch anywhere else). The lowest layer of the engine:
+:mod:`dpsub_dist.engine.gram`, :mod:`dpsub_dist.engine.subsets` and the subset routes
+import it, and it imports none of them (no import cycle by construction).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import dask
@@ -33,7 +35,7 @@ def tree_sum(nodes: Sequence[Any], combine: Callable[[Any, Any], Any], built: li
 
 
 def gather_summaries(
-    client: Any | None,
+    executor: Executor,
     tasks: Sequence[Any],
     outputs: Sequence[Any],
     subsets: int,
@@ -56,13 +58,79 @@ def gather_summaries(
                 table = np.empty((subsets, block.shape[1]))
             table[ids] = block
 
-    if client is None:
-        for result in compute_in_process(*outputs):
-            place(result)
-    else:
-        compute_on_cluster(client, tasks, outputs, label, progress, on_output=place, rows=rows)
+    executor.run(tasks, outputs, label, progress, on_output=place, rows=rows)
     assert table is not None, "every subset has a summary"
     return table
+
+
+@dataclass(frozen=True)
+class Executor:
+    """Where a run's tasks execute: Dask's threads in this process (``client`` None) or the
+    cluster of a ``distributed.Client``. Every engine function takes one; the edges (CLI,
+    Python API, job files) hand the user's optional client to the runner, which wraps it.
+
+    Progress is shown on a cluster only (in process there is no scheduler to count tasks).
+    """
+
+    client: Any | None = None
+
+    @classmethod
+    def of(cls, where: Executor | Any | None) -> Executor:
+        """``where`` itself if it is an Executor, else the Executor of that client (None:
+        in process). Only for the entry points that estimators/power.py and
+        estimators/online.py still call with a bare client (their allow-list entry)."""
+        return where if isinstance(where, Executor) else cls(where)
+
+    @property
+    def workers(self) -> int:
+        """How many workers share the tasks (1 in process): the cluster's size, public."""
+        return 1 if self.client is None else len(self.client.scheduler_info()["workers"])
+
+    @property
+    def shuffle_method(self) -> str:
+        """Dask's shuffle for a DataFrame: P2P needs the distributed scheduler."""
+        return "tasks" if self.client is None else "p2p"
+
+    def map(self, function: Callable[..., Any], items: Sequence[Any], **kwargs: Any) -> list:
+        """``[function(item, **kwargs) for item in items]``, one task per item on a cluster."""
+        if self.client is None:
+            return [function(item, **kwargs) for item in items]
+        return self.client.gather(self.client.map(function, items, **kwargs))
+
+    def run(
+        self,
+        tasks: Sequence[Any],
+        outputs: Sequence[Any],
+        label: str,
+        progress: bool,
+        on_output: Callable[[Any], None] | None = None,
+        rows: int | None = None,
+    ) -> list:
+        """Compute the delayed ``outputs`` and bring only them to the driver (``tasks``: the
+        graph's other nodes, which progress counts); with ``on_output`` each is handed to it
+        (:func:`compute_on_cluster`) and the list returned is empty."""
+        if self.client is not None:
+            return compute_on_cluster(self.client, tasks, outputs, label, progress, on_output, rows)
+        results = list(compute_in_process(*outputs))
+        if on_output is None:
+            return results
+        for result in results:
+            on_output(result)
+        return []
+
+    def gather(self, tasks: Sequence[Any], label: str) -> list:
+        """Compute the delayed ``tasks`` and bring their results to the driver."""
+        return self.run([], tasks, label, False)
+
+    def compute(self, root: Any, tasks: Sequence[Any], label: str, progress: bool) -> Any:
+        """The value of the delayed ``root`` (the root of a reduction over ``tasks``): only
+        it reaches the driver."""
+        others = [t for t in tasks if t is not root]
+        return self.run(others, [root], label, progress)[0]
+
+
+IN_PROCESS = Executor()
+"""Dask's threads in this process: the engine's default."""
 
 
 def compute_in_process(*tasks: Any) -> tuple:

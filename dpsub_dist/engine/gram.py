@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from scipy.linalg.blas import dsyrk
 
-from dpsub_dist.engine.compute import compute_in_process, compute_on_cluster, tree_sum
+from dpsub_dist.engine.compute import IN_PROCESS, Executor, tree_sum
 from dpsub_dist.engine.sources import Loader
 from dpsub_dist.errors import InputError
 from dpsub_dist.linalg import row_norms
@@ -103,14 +103,11 @@ def gram_of(rows: np.ndarray) -> np.ndarray:
     return np.triu(upper) + np.triu(upper, 1).T
 
 
-def sum_on_workers(tasks: list, client: Any | None, label: str, progress: bool) -> Any:
+def sum_on_workers(tasks: list, executor: Executor, label: str, progress: bool) -> Any:
     """Σ of the delayed ``tasks`` (arrays), tree-summed on the workers; only the sum
-    reaches the driver. In-process without a client."""
+    reaches the driver."""
     root = tree_sum(tasks, dask.delayed(np.add, pure=True), tasks)
-    if client is None:
-        return compute_in_process(root)[0]
-    others = [t for t in tasks if t is not root]
-    return compute_on_cluster(client, others, [root], label, progress)[0]
+    return Executor.of(executor).compute(root, tasks, label, progress)  # of: power.py's client
 
 
 def compute_gram(
@@ -119,10 +116,13 @@ def compute_gram(
     bound: float,
     center: bool = False,
     user_level: bool = False,
-    client: Any | None = None,
+    client: Executor | Any | None = IN_PROCESS,
     progress: bool = False,
 ) -> GramSummary:
-    """The Gram matrix (and row sum) of all clipped, scaled rows, reduced on the workers."""
+    """The Gram matrix (and row sum) of all clipped, scaled rows, reduced on the workers.
+
+    ``client`` is the :class:`Executor` (a bare client is still accepted under that name:
+    estimators/online.py passes one until it is ported)."""
     if not parts:
         raise InputError("the input has no rows: pass a dataset with at least one row")
     if not (np.isfinite(bound) and bound > 0):
@@ -139,9 +139,5 @@ def compute_gram(
     blocks = [block(loader, bound, center, part, user_norms) for part in parts]
     tasks += blocks
     root = tree_sum(blocks, dask.delayed(GramSummary.__add__, pure=True), tasks)
-    if client is None:
-        (summary,) = compute_in_process(root)
-        return summary
-    others = [t for t in tasks if t is not root]
     label = f"{len(parts)} partitions → Gram"
-    return compute_on_cluster(client, others, [root], label, progress)[0]
+    return Executor.of(client).compute(root, tasks, label, progress)

@@ -16,7 +16,7 @@ from typing import Any
 import dask
 import numpy as np
 
-from dpsub_dist.engine.compute import gather_summaries
+from dpsub_dist.engine.compute import IN_PROCESS, Executor, gather_summaries
 from dpsub_dist.engine.sources import Loader
 from dpsub_dist.engine.subsets import LocalStep, SubsetPlan
 
@@ -63,7 +63,7 @@ def compute_subset_summaries_in_place(
     loader: Loader,
     plan: SubsetPlan,
     local_step: LocalStep,
-    client: Any | None = None,
+    executor: Executor = IN_PROCESS,
     progress: bool = False,
 ) -> np.ndarray:
     """Summaries of all ``t`` contiguous subsets as a t×out_dim array, without a shuffle."""
@@ -89,4 +89,4 @@ def compute_subset_summaries_in_place(
     ]
     outputs = [t[0] for t in tasks] + crossers
     label = f"{len(parts)} partitions → {plan.subsets} contiguous subsets in place"
-    return gather_summaries(client, [], outputs, plan.subsets, label, progress, plan.public_rows)
+    return gather_summaries(executor, [], outputs, plan.subsets, label, progress, plan.public_rows)

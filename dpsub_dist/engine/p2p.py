@@ -19,7 +19,7 @@ import dask
 import numpy as np
 import pandas as pd
 
-from dpsub_dist.engine.compute import compute_in_process, compute_on_cluster
+from dpsub_dist.engine.compute import IN_PROCESS, Executor
 from dpsub_dist.engine.sources import Loader
 from dpsub_dist.engine.subsets import LocalStep, SubsetPlan, shipping_rows
 
@@ -58,7 +58,7 @@ def compute_subset_summaries_p2p(
     loader: Loader,
     plan: SubsetPlan,
     local_step: LocalStep,
-    client: Any | None = None,
+    executor: Executor = IN_PROCESS,
     progress: bool = False,
 ) -> np.ndarray:
     """Summaries of all ``t`` subsets, rows moved by Dask's P2P shuffle (module docstring)."""
@@ -74,7 +74,7 @@ def compute_subset_summaries_p2p(
         meta=meta,
         verify_meta=False,
     )
-    method = "p2p" if client is not None else "tasks"  # P2P needs the distributed scheduler
+    method = executor.shuffle_method
     shuffled = frame.shuffle(on=SUBSET, npartitions=plan.buckets, shuffle_method=method)
     summarise = dask.delayed(frame_summaries, pure=True)
     outputs = [summarise(piece, local_step) for piece in shuffled.to_delayed()]
@@ -85,12 +85,8 @@ def compute_subset_summaries_p2p(
         ids, block = result
         table[ids], seen[ids] = block, True
 
-    if client is None:
-        for result in compute_in_process(*outputs):
-            place(result)
-    else:
-        label = f"{len(parts)} partitions → P2P shuffle → {plan.buckets} partitions"
-        compute_on_cluster(client, [], outputs, label, progress, place, plan.public_rows)
+    label = f"{len(parts)} partitions → P2P shuffle → {plan.buckets} partitions"
+    executor.run([], outputs, label, progress, place, plan.public_rows)
     for j in np.flatnonzero(~seen):  # no rows: the summary of an empty block
         table[j] = local_step(np.empty((0, dim)), int(j))
     return table

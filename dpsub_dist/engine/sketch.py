@@ -44,7 +44,7 @@ from typing import Any
 import dask
 import numpy as np
 
-from dpsub_dist.engine.compute import gather_summaries, tree_sum
+from dpsub_dist.engine.compute import IN_PROCESS, Executor, gather_summaries, tree_sum
 from dpsub_dist.engine.sources import Loader
 from dpsub_dist.engine.subsets import (
     GRAM_SUMMARY_TASKS,
@@ -107,7 +107,7 @@ def compute_subset_summaries_from_sketches(
     loader: Loader,
     plan: SubsetPlan,
     local_step: Any,
-    client: Any | None = None,
+    executor: Executor = IN_PROCESS,
     progress: bool = False,
 ) -> np.ndarray:
     """Summaries of all subsets from per-subset range finders (module docstring): one
@@ -115,7 +115,7 @@ def compute_subset_summaries_from_sketches(
     dim = local_step.dim
     width = sketch_width(local_step.rank, dim)
     sketch = dask.delayed(group_grams, pure=True)
-    groups = partition_groups(offsets, plan.n_rows, plan.subsets * dim * width, client)
+    groups = partition_groups(offsets, plan.n_rows, plan.subsets * dim * width, executor)
     add = dask.delayed(add_grams, pure=True)
     right = dask.delayed(test_matrix, pure=True)(plan.seed, dim, width)
     tasks: list = []
@@ -134,4 +134,4 @@ def compute_subset_summaries_from_sketches(
     outputs = [summarise(local_step, right, total, int(a), int(b)) for a, b in pairwise(cuts)]
     label = f"{len(parts)} partitions in {len(groups)} runs × {PASSES} passes → sketches"
     rows = None if plan.public_rows is None else PASSES * plan.public_rows
-    return gather_summaries(client, tasks, outputs, plan.subsets, label, progress, rows)
+    return gather_summaries(executor, tasks, outputs, plan.subsets, label, progress, rows)

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from dpsub_dist.engine.assign import unit_type_supported
+from dpsub_dist.engine.compute import Executor
 from dpsub_dist.errors import InputError
 from dpsub_dist.io.parquet import (
     FileInfo,
@@ -72,17 +73,17 @@ def parquet_dataset(
     columns: list[str] | None,
     unit_column: str | None,
     storage_options: dict[str, Any] | None,
-    client: Any | None,
+    executor: Executor | Any | None,
     exclude: list[str] | None = None,
 ) -> Dataset:
     """List the files (driver), read their footers (workers), validate the columns
-    (``exclude``: names or patterns removed from them, see :func:`select_columns`)."""
+    (``exclude``: names or patterns removed from them, see :func:`select_columns`).
+
+    ``executor``: a bare client (or None) is still accepted, from estimators/power.py and
+    estimators/online.py until they are ported (tests/test_executor_only.py)."""
     storage_options = StorageOptions.wrap(storage_options)  # redacted in reprs and task keys
     files = list_parquet_files(uri, storage_options)
-    if client is not None:
-        infos = client.gather(client.map(inspect_file, files, storage_options=storage_options))
-    else:
-        infos = [inspect_file(f, storage_options) for f in files]
+    infos = Executor.of(executor).map(inspect_file, files, storage_options=storage_options)
     selected = select_columns(infos, columns, unit_column, exclude)
     if unit_column is not None:
         check_unit_column(infos[0], unit_column)

@@ -23,12 +23,7 @@ from dask.sizeof import sizeof
 from scipy.linalg.blas import dsyrk
 
 from dpsub_dist.engine.assign import contiguous_row_subsets, random_row_subsets, unit_subsets
-from dpsub_dist.engine.compute import (  # compute_*: re-exported for estimators/clustering.py
-    compute_in_process,  # noqa: F401
-    compute_on_cluster,  # noqa: F401
-    gather_summaries,
-    tree_sum,
-)
+from dpsub_dist.engine.compute import IN_PROCESS, Executor, gather_summaries, tree_sum
 from dpsub_dist.engine.progress import progress_bar  # noqa: F401  (estimators/clustering.py)
 from dpsub_dist.engine.sources import Loader
 
@@ -273,7 +268,7 @@ scale, send, add) stays small beside reading the rows."""
 
 
 def partition_groups(
-    offsets: Sequence[int], n_rows: int, block_floats: int, client: Any | None
+    offsets: Sequence[int], n_rows: int, block_floats: int, executor: Executor
 ) -> list[slice]:
     """Runs of consecutive partitions, each summed by one task (:func:`group_grams`).
 
@@ -284,7 +279,7 @@ def partition_groups(
     parts = len(offsets)
     if parts == 0:
         return []
-    workers = len(client.scheduler_info()["workers"]) if client is not None else 1
+    workers = executor.workers
     by_rows = -(-n_rows // max(GROUP_ROWS_PER_FLOAT * block_floats, 1))
     groups = min(parts, max(2 * workers, by_rows))
     starts = np.searchsorted(np.asarray(offsets), np.arange(groups) * n_rows / groups)
@@ -328,7 +323,7 @@ def compute_subset_summaries_from_grams(
     loader: Loader,
     plan: SubsetPlan,
     local_step: Any,
-    client: Any | None = None,
+    executor: Executor = IN_PROCESS,
     progress: bool = False,
 ) -> np.ndarray:
     """Summaries of all subsets via per-subset Gram matrices: no shuffle, memory flat in n.
@@ -339,7 +334,7 @@ def compute_subset_summaries_from_grams(
     """
     grams = dask.delayed(group_grams, pure=True)
     dim = local_step.dim
-    groups = partition_groups(offsets, plan.n_rows, plan.subsets * dim * dim, client)
+    groups = partition_groups(offsets, plan.n_rows, plan.subsets * dim * dim, executor)
     leaves = [grams(plan, loader, parts[g], offsets[g]) for g in groups]
     if not leaves:  # no rows (refused at row level; at user level n is private): t empty subsets
         leaves = [dask.delayed(no_grams, pure=True)(plan.subsets, local_step.dim)]
@@ -349,7 +344,7 @@ def compute_subset_summaries_from_grams(
     outputs = [summarise(local_step, total, int(a), int(b)) for a, b in pairwise(cuts)]
     label = f"{len(parts)} partitions in {len(leaves)} runs → per-subset Grams"
     return gather_summaries(
-        client, leaves, outputs, plan.subsets, label, progress, plan.public_rows
+        executor, leaves, outputs, plan.subsets, label, progress, plan.public_rows
     )
 
 
@@ -359,7 +354,7 @@ def compute_subset_summaries(
     loader: Loader,
     plan: SubsetPlan,
     local_step: LocalStep,
-    client: Any | None = None,
+    executor: Executor = IN_PROCESS,
     progress: bool = False,
 ) -> np.ndarray:
     """Summaries of all ``t`` subsets as a t×out_dim array, computed where the data lives."""
@@ -371,5 +366,5 @@ def compute_subset_summaries(
     buckets = [summarise(plan, local_step, b, *[s[b] for s in shards]) for b in range(plan.buckets)]
     label = f"{len(shards)} partitions → {len(buckets)} buckets"
     return gather_summaries(
-        client, shards, buckets, plan.subsets, label, progress, plan.public_rows
+        executor, shards, buckets, plan.subsets, label, progress, plan.public_rows
     )

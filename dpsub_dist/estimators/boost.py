@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpsub_dist.engine.assign import random_row_subsets, unit_subsets
+from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.estimators.common import (
     EstimateResult,
@@ -189,12 +190,13 @@ def run_boosted(
     groups = int(config.boost)
     alpha = config.boost_alpha or DEFAULT_BOOST_ALPHA
     accountant = Accountant(config.budget())
-    dataset = open_checked(config, open_dataset, client)
+    dataset = open_checked(config, open_dataset, Executor(client))
     seed = public_seed(config)
     seed_of_groups = group_seed(seed)
     user_level = config.unit_column is not None
     sizes = None if user_level else group_sizes(_part_rows(dataset), seed_of_groups, groups)
     inner = dataclasses.replace(config, boost=None, boost_alpha=None, seed=seed)
+    inner.use_budget(config.budget())  # the groups' plans split the budget parsed at the edge
 
     results: list[EstimateResult] = []
     for g in range(groups):

@@ -41,6 +41,7 @@ from dpsub_dist.privacy.variance import (
 )
 
 if TYPE_CHECKING:
+    from dpsub_dist.engine.compute import Executor
     from dpsub_dist.engine.sources import Dataset
     from dpsub_dist.job import EstimateConfig
 
@@ -123,13 +124,13 @@ def private_bound(
     accountant: Accountant,
     grants: dict[str, Budget],
     rng: np.random.Generator,
-    client: Any | None,
+    executor: Executor,
     progress: bool,
     quantile: float = NORM_QUANTILE,
 ) -> float:
     """The private row-norm bound of ``loader``'s rows at ``quantile``, charged as ``step``
     (norm_bound.py)."""
-    counts = compute_norm_counts(dataset.parts, loader, client, progress)
+    counts = compute_norm_counts(dataset.parts, loader, executor, progress)
     accountant.charge(step, norm_bound_mechanism(grants[step]))
     return private_norm_bound(counts, dataset.n_rows, grants[step], rng, quantile=quantile).bound
 
@@ -140,14 +141,14 @@ def centre(
     accountant: Accountant,
     grants: dict[str, Budget],
     rng: np.random.Generator,
-    client: Any | None,
+    executor: Executor,
     progress: bool,
 ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """The loader the local step reads (centred or not), the parameters and the release."""
     if not resolve_center(config):
         return dataset.loader, {"center": False, "center_note": UNCENTRED_NOTE}, {}
     if config.row_norm is None:
-        args = (dataset, dataset.loader, accountant, grants, rng, client, progress)
+        args = (dataset, dataset.loader, accountant, grants, rng, executor, progress)
         bound = private_bound("norm_bound", *args)
         source = NORM_SOURCE.format(q=NORM_QUANTILE, step="norm_bound")
     else:
@@ -155,7 +156,7 @@ def centre(
     total = dask.delayed(_clipped_row_sum, pure=True)
     tasks = [total(dataset.loader, bound, part) for part in dataset.parts]
     label = f"{len(tasks)} partitions → clipped row sum"
-    row_sum = sum_on_workers(tasks, client, label, progress)
+    row_sum = sum_on_workers(tasks, executor, label, progress)
     sens = SENSITIVITY["replace"].row_sum
     accountant.charge("mean", mechanism.gaussian(grants["mean"], sens))
     mean = gaussian_mean(row_sum, dataset.n_rows, grants["mean"], sens, rng, unit=bound)
@@ -188,7 +189,7 @@ def explain(
     accountant: Accountant,
     grants: dict[str, Budget],
     rng: np.random.Generator,
-    client: Any | None,
+    executor: Executor,
     progress: bool,
 ) -> tuple[np.ndarray | None, dict[str, Any]]:
     """Private explained variance of a released basis; the basis re-ordered by it."""
@@ -201,12 +202,12 @@ def explain(
             "explained_variance_note": "not released at user level: the sums move by a user's "
             "row count and n is private",
         }
-    args = (dataset, loader, accountant, grants, rng, client, progress)
+    args = (dataset, loader, accountant, grants, rng, executor, progress)
     bound = private_bound("variance_norm_bound", *args)
     part_sums = dask.delayed(_projected_sums, pure=True)
     tasks = [part_sums(loader, basis, bound, part) for part in dataset.parts]
     label = f"{len(tasks)} partitions → projected variances"
-    sums = sum_on_workers(tasks, client, label, progress)
+    sums = sum_on_workers(tasks, executor, label, progress)
     accountant.charge("explained_variance", variance_mechanism(grants["explained_variance"]))
     release = private_variances(sums, dataset.n_rows, bound, grants["explained_variance"], rng)
     values, rotation = top_eigenvectors(release.matrix, basis.shape[1])  # descending

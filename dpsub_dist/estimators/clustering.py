@@ -47,18 +47,15 @@ import dask
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.gram import clip_rows, gram_of, sum_on_workers
+from dpsub_dist.engine.progress import progress_bar
 from dpsub_dist.engine.sources import Dataset
-from dpsub_dist.engine.subsets import (
-    SubsetPlan,
-    compute_subset_summaries,
-    progress_bar,
-)
+from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import sample_aggregate as sa
 from dpsub_dist.estimators.common import (
     EstimateResult,
-    Executor,
     build_manifest,
     choose_buckets,
     open_checked,
@@ -267,10 +264,10 @@ class PartitionGrams:
         return cluster_grams(unit_bounded(rows, self.row_norm), bases)
 
 
-def sum_over_partitions(task: PartitionGrams, parts: list, bases: np.ndarray, client: Any):
+def sum_over_partitions(task: PartitionGrams, parts: list, bases: np.ndarray, executor: Executor):
     """Σ over partitions of ``task(part, bases)``: mapped on the workers, tree-summed there."""
     mapped = dask.delayed(task, pure=True)
-    return sum_on_workers([mapped(part, bases) for part in parts], client, "cluster Grams", False)
+    return sum_on_workers([mapped(part, bases) for part in parts], executor, "cluster Grams", False)
 
 
 # --------------------------------------------------------------------------- Gibbs rows
@@ -281,11 +278,11 @@ def bounded_rows(loader: Any, part: Any, row_norm: float | None) -> np.ndarray:
     return unit_bounded(loader(part)[0], row_norm)
 
 
-def gather_bounded_rows(dataset: Dataset, row_norm: float | None, client: Any) -> np.ndarray:
+def gather_bounded_rows(dataset: Dataset, row_norm: float | None, executor: Executor) -> np.ndarray:
     """All rows, bounded on the workers and gathered on the driver (small inputs only)."""
     load = dask.delayed(bounded_rows, pure=False)
     tasks = [load(dataset.loader, part, row_norm) for part in dataset.parts]
-    return np.concatenate(Executor(client).gather(tasks, "gibbs rows"))
+    return np.concatenate(executor.gather(tasks, "gibbs rows"))
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -322,8 +319,8 @@ def budget_shares(config: Any) -> dict[str, tuple[float, float]]:
     return {"exponential_mechanism": (1.0, 0.0)}  # gibbs: sets the temperature, never charged
 
 
-def _open(config: Any, open_dataset, client) -> Dataset:
-    dataset = open_checked(config, open_dataset, client)
+def _open(config: Any, open_dataset, executor: Executor) -> Dataset:
+    dataset = open_checked(config, open_dataset, executor)
     k, q, d = config.clusters, config.rank, dataset.dim
     if k * q >= d:
         raise InputError(
@@ -347,11 +344,12 @@ def run_clustering(
     the manifest; the basis is K×d×q (None: ⊥). ``config`` is already validated."""
     progress = progress_shown(config, progress)
     started = time.monotonic()
+    executor = Executor(client)
     accountant, grants = plan(config, shares)
-    dataset = _open(config, open_dataset, client)
+    dataset = _open(config, open_dataset, executor)
     timings = {"inspect_s": time.monotonic() - started}
     bases, parameters, release, gathered = run_method(
-        config, dataset, accountant, grants, client, progress, noise_seed, timings
+        config, dataset, accountant, grants, executor, progress, noise_seed, timings
     )
     timings["total_s"] = time.monotonic() - started
     parameters = {"clusters": config.clusters, **parameters}
@@ -404,7 +402,7 @@ def split_release(
 
 
 def run_sample_aggregate(
-    config, dataset, accountant, grants, client, progress, noise_seed, timings
+    config, dataset, accountant, grants, executor, progress, noise_seed, timings
 ):
     """§9 a: local k-plane on each subset, the projected reference points aggregated."""
     dim, k, q, n = dataset.dim, config.clusters, config.rank, dataset.n_rows
@@ -424,12 +422,12 @@ def run_sample_aggregate(
         seed=seed,
         assign=config.assign,
         user_level=user_level,
-        buckets=choose_buckets(n, dim, t, client),
+        buckets=choose_buckets(n, dim, t, executor),
     )
     step = KPlaneStep(clusters=k, rank=q, dim=dim, ref_points=ref, seed=seed)
     mark = time.monotonic()
     summaries = compute_subset_summaries(
-        dataset.parts, dataset.offsets, dataset.loader, plan, step, client, progress
+        dataset.parts, dataset.offsets, dataset.loader, plan, step, executor, progress
     )
     timings["local_steps_s"] = time.monotonic() - mark
     mark = time.monotonic()
@@ -492,7 +490,7 @@ def merge_grams(grams: np.ndarray, clusters: int, rank: int) -> np.ndarray:
     return np.stack(groups)
 
 
-def run_sulq(config, dataset, accountant, grants, client, progress, noise_seed, timings):
+def run_sulq(config, dataset, accountant, grants, executor, progress, noise_seed, timings):
     dim, k, q = dataset.dim, config.clusters, config.rank
     seed = public_seed(config)
     planes = OVERCLUSTER * k
@@ -502,14 +500,14 @@ def run_sulq(config, dataset, accountant, grants, client, progress, noise_seed, 
     row_norm, norm_source = config.row_norm, "public (--row-norm)"
     if "norm_bound" in grants:
         mark = time.monotonic()
-        bound = sulq_norm_bound(dataset, accountant, grants, steps[0][1], rng, client, progress)
+        bound = sulq_norm_bound(dataset, accountant, grants, steps[0][1], rng, executor, progress)
         row_norm, norm_source = bound.bound, NORM_SOURCE.format(q=bound.quantile, step="norm_bound")
         timings["norm_bound_s"] = time.monotonic() - mark
     task = PartitionGrams(dataset.loader, row_norm)
     sigmas, gathered = [], 0
     mark = time.monotonic()
     for number, (step, grant) in enumerate(steps, start=1):
-        grams = sum_over_partitions(task, dataset.parts, bases, client)
+        grams = sum_over_partitions(task, dataset.parts, bases, executor)
         gathered += int(grams.nbytes)
         iteration = iteration_mechanism(grant)
         accountant.charge(step, iteration)
@@ -545,7 +543,7 @@ def sulq_norm_bound(
     grants: dict[str, Budget],
     iteration: Budget,
     rng: np.random.Generator,
-    client: Any,
+    executor: Executor,
     progress: bool,
 ) -> NormBound:
     """The private bound of privacy/norm_bound.py before the iterations (``--private-norm``).
@@ -556,14 +554,14 @@ def sulq_norm_bound(
     of a public --row-norm: each iteration's sensitivity is for rows of norm ≤ 1 after /B.
     """
     grant = grants["norm_bound"]
-    counts = compute_norm_counts(dataset.parts, dataset.loader, client, progress)
+    counts = compute_norm_counts(dataset.parts, dataset.loader, executor, progress)
     accountant.charge("norm_bound", norm_bound_mechanism(grant))
     sigma = iteration_mechanism(iteration).sigma
     quantile = noise_matched_quantile(dataset.n_rows, dataset.dim, sigma, laplace_epsilon(grant))
     return private_norm_bound(counts, dataset.n_rows, grant, rng, quantile=quantile)
 
 
-def run_gibbs(config, dataset, accountant, grants, client, progress, noise_seed, timings):
+def run_gibbs(config, dataset, accountant, grants, executor, progress, noise_seed, timings):
     n, dim = dataset.n_rows, dataset.dim
     if n > GIBBS_MAX_ROWS or dim > GIBBS_MAX_DIM:
         raise InputError(
@@ -574,7 +572,7 @@ def run_gibbs(config, dataset, accountant, grants, client, progress, noise_seed,
     epsilon = laplace_epsilon(grants["exponential_mechanism"])
     sweeps = config.sweeps or DEFAULT_SWEEPS
     mark = time.monotonic()
-    rows = gather_bounded_rows(dataset, config.row_norm, client)
+    rows = gather_bounded_rows(dataset, config.row_norm, executor)
     timings["gather_s"] = time.monotonic() - mark
     mark = time.monotonic()
     rng = noise_rng(noise_seed)  # on the driver: the seed never enters the task graph

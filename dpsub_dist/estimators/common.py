@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from dpsub_dist._version import __version__
+from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.sources import Dataset
-from dpsub_dist.engine.subsets import compute_in_process, compute_on_cluster
 from dpsub_dist.errors import InputError
 from dpsub_dist.privacy.accountant import Accountant, Budget
 from dpsub_dist.privacy.noise import new_noise_seed
@@ -67,29 +67,10 @@ def privacy_unit(config: Any) -> dict[str, str]:
     }
 
 
-@dataclass(frozen=True)
-class Executor:
-    """Where a run's tasks execute: Dask's threads in this process (``client`` None) or the
-    cluster of a ``distributed.Client``. The engine's routes take the client itself."""
-
-    client: Any | None = None
-
-    @property
-    def workers(self) -> int:
-        return 1 if self.client is None else len(self.client.scheduler_info()["workers"])
-
-    def gather(self, tasks: list[Any], label: str) -> list[Any]:
-        """Compute the delayed ``tasks`` and bring their results to the driver."""
-        if self.client is None:
-            return list(compute_in_process(*tasks))
-        return compute_on_cluster(self.client, [], tasks, label, False)
-
-
-def choose_buckets(n_rows: int, dim: int, subsets: int, client: Any | None) -> int:
+def choose_buckets(n_rows: int, dim: int, subsets: int, executor: Executor) -> int:
     """Enough shuffle buckets that each holds ≲256 MiB and every worker has work."""
-    workers = Executor(client).workers
     by_size = math.ceil(n_rows * dim * 8 / SHUFFLE_BUCKET_BYTES)
-    return int(min(subsets, max(2 * workers, by_size, 1)))
+    return int(min(subsets, max(2 * executor.workers, by_size, 1)))
 
 
 def progress_shown(config: Any, progress: bool) -> bool:
@@ -100,9 +81,10 @@ def progress_shown(config: Any, progress: bool) -> bool:
     return progress and config.unit_column is None
 
 
-def open_checked(config: Any, open_dataset, client) -> Dataset:
-    """Open the dataset (footers only) and check the rank against its width."""
-    dataset: Dataset = open_dataset(client)
+def open_checked(config: Any, open_dataset, executor: Executor) -> Dataset:
+    """Open the dataset (footers only, read where ``executor`` runs tasks) and check the rank
+    against its width."""
+    dataset: Dataset = open_dataset(executor)
     if config.rank >= dataset.dim:
         raise InputError(
             f"rank {config.rank} must be smaller than the number of features ({dataset.dim}): "

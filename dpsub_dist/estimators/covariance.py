@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.gram import GramSummary, compute_gram
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import centring
@@ -131,7 +132,6 @@ def plan_shares(config: EstimateConfig) -> dict[str, tuple[float, float]]:
     return shares
 
 
-
 def release_basis(
     summary: GramSummary,
     method: str,
@@ -209,9 +209,10 @@ def run_covariance(
 ) -> EstimateResult:
     """``gauss`` (DTTZ14 Alg. 1) or ``gap-perturb`` (Alg. 2) end to end (ALGORITHMS.md §7)."""
     started = time.monotonic()
+    executor = Executor(client)
     timings: dict[str, float] = {}
     accountant, grants = plan(config, plan_shares(config))
-    dataset = open_checked(config, open_dataset, client)
+    dataset = open_checked(config, open_dataset, executor)
     relation = neighbours(config)
     # No rows is bad input at row level (n is public); at user level n is private, so an
     # empty input is summarised as the zero matrix and released with noise like any other.
@@ -223,17 +224,15 @@ def run_covariance(
     # Centred: the private mean first, subtracted from every row on the workers; the Gram
     # then sums the centred rows, clipped to their own bound (docs/centring.md).
     loader, centred, mean_release = centring.centre(
-        config, dataset, accountant, grants, rng, client, progress
+        config, dataset, accountant, grants, rng, executor, progress
     )
     if config.row_norm is None and relation == "add_remove":
         counts = (
-            compute_user_norm_counts(dataset.parts, dataset.loader, client, progress)
+            compute_user_norm_counts(dataset.parts, dataset.loader, executor, progress)
             if dataset.parts
             else np.zeros(len(GRID) + 1, dtype=np.int64)
         )
-        accountant.charge(
-            "norm_bound", norm_bound.user_norm_bound_mechanism(grants["norm_bound"])
-        )
+        accountant.charge("norm_bound", norm_bound.user_norm_bound_mechanism(grants["norm_bound"]))
         released = private_user_norm_bound(
             counts,
             grants["norm_bound"],
@@ -253,7 +252,7 @@ def run_covariance(
             dataset.dim,
             laplace_epsilon(grants[step]),
         )
-        args = (dataset, loader, accountant, grants, rng, client, progress)
+        args = (dataset, loader, accountant, grants, rng, executor, progress)
         row_norm = centring.private_bound(step, *args, quantile=quantile)
         norm_source = NORM_SOURCE.format(q=quantile, step=step)
         norm_source += " of the centred rows" if config.center else ""
@@ -263,7 +262,7 @@ def run_covariance(
     mark = time.monotonic()
     if dataset.parts:
         summary = compute_gram(
-            dataset.parts, loader, row_norm, False, relation == "add_remove", client, progress
+            dataset.parts, loader, row_norm, False, relation == "add_remove", executor, progress
         )
     else:
         summary = GramSummary(np.zeros((dataset.dim, dataset.dim)))
@@ -284,7 +283,7 @@ def run_covariance(
     if config.method == "gap-perturb":  # a projector has no variances: pay for them
         mark = time.monotonic()
         basis, variance = centring.explain(
-            config, basis, dataset, loader, accountant, grants, rng, client, progress
+            config, basis, dataset, loader, accountant, grants, rng, executor, progress
         )
         release.update(variance)
         timings["explained_variance_s"] = time.monotonic() - mark

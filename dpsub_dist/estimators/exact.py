@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dpsub_dist.engine.compute import Executor
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators.common import (
     EstimateResult,
-    Executor,
     build_manifest,
     open_checked,
     plan,
@@ -122,7 +122,8 @@ def run_exact(
     epsilon, delta = gap_max_parameters(grants["gap_max"])
     outliers = config.outliers or 0
     tolerance = config.tolerance or DEFAULT_TOLERANCE
-    dataset = open_checked(config, open_dataset, client)
+    executor = Executor(client)
+    dataset = open_checked(config, open_dataset, executor)
     candidates = check_size(dataset.n_rows, config.rank)
     timings = {"inspect_s": time.monotonic() - started}
 
@@ -133,7 +134,7 @@ def run_exact(
         dataset.parts, dataset.loader, config.rank, tolerance
     )
     mark = time.monotonic()
-    spans: SpanScores = Executor(client).gather([task], "GAP-MAX scores")[0]
+    spans: SpanScores = executor.gather([task], "GAP-MAX scores")[0]
     release: GapMaxRelease = gap_max_release(spans, epsilon, delta, outliers, noise_rng(noise_seed))
     timings["gap_max_s"] = time.monotonic() - mark
     timings["total_s"] = time.monotonic() - started

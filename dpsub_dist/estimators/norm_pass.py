@@ -9,7 +9,7 @@ from typing import Any
 import dask
 import numpy as np
 
-from dpsub_dist.engine.compute import compute_in_process, compute_on_cluster, tree_sum
+from dpsub_dist.engine.compute import Executor, tree_sum
 from dpsub_dist.engine.gram import add_user_norms, sum_on_workers, user_squared_norms
 from dpsub_dist.engine.sources import Loader
 from dpsub_dist.privacy.norm_bound import norm_counts, norm_histogram
@@ -28,12 +28,12 @@ USER_NORM_SOURCE = (
 
 
 def compute_norm_counts(
-    parts: list[Any], loader: Loader, client: Any | None, progress: bool
+    parts: list[Any], loader: Loader, executor: Executor, progress: bool
 ) -> np.ndarray:
     """Row counts per bin of the public norm grid (:func:`norm_counts`), summed on the workers."""
     count = dask.delayed(_partition_norm_counts, pure=True)
     tasks = [count(loader, part) for part in parts]
-    return sum_on_workers(tasks, client, f"{len(parts)} partitions → row-norm counts", progress)
+    return sum_on_workers(tasks, executor, f"{len(parts)} partitions → row-norm counts", progress)
 
 
 def _partition_norm_counts(loader: Loader, part: Any) -> np.ndarray:
@@ -41,7 +41,7 @@ def _partition_norm_counts(loader: Loader, part: Any) -> np.ndarray:
 
 
 def compute_user_norm_counts(
-    parts: list[Any], loader: Loader, client: Any | None, progress: bool
+    parts: list[Any], loader: Loader, executor: Executor, progress: bool
 ) -> np.ndarray:
     """Counts of users per bin of the public grid by ``√Σ‖x‖²`` over their rows: the per-user
     tables are summed in a tree on the workers and binned there."""
@@ -49,10 +49,8 @@ def compute_user_norm_counts(
     tasks = [squares(loader, None, part) for part in parts]
     total = tree_sum(tasks, dask.delayed(add_user_norms, pure=True), tasks)
     root = dask.delayed(_user_histogram, pure=True)(total)
-    if client is None:
-        return compute_in_process(root)[0]
     label = f"{len(parts)} partitions → per-user norm counts"
-    return compute_on_cluster(client, tasks, [root], label, progress)[0]
+    return executor.compute(root, tasks, label, progress)
 
 
 def _user_histogram(totals: Any) -> np.ndarray:

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.routes import LOCAL_ROUTES, local_route
 from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.engine.subsets import SubsetPlan
@@ -94,9 +95,10 @@ def run_sample_aggregate(
 ) -> EstimateResult:
     """Sample and aggregate (ALGORITHMS.md §1–§4) with the friendly or histogram aggregator."""
     started = time.monotonic()
+    executor = Executor(client)
     timings: dict[str, float] = {}
     accountant, grants = plan(config, estimate_plan(config))
-    dataset = open_checked(config, open_dataset, client)
+    dataset = open_checked(config, open_dataset, executor)
     timings["inspect_s"] = time.monotonic() - started
     dim, k, n = dataset.dim, config.rank, dataset.n_rows
     user_level = config.unit_column is not None  # the row count is then private
@@ -121,19 +123,19 @@ def run_sample_aggregate(
         seed=seed,
         assign=config.assign,
         user_level=user_level,
-        buckets=choose_buckets(n, dim, t, client),
+        buckets=choose_buckets(n, dim, t, executor),
     )
     step = sa.ProjectedReferenceStep(rank=k, dim=dim, ref_points=q, seed=seed)
     rng = noise_rng(noise_seed)
     mark = time.monotonic()
     loader, centred, mean_release = centring.centre(
-        config, dataset, accountant, grants, rng, client, progress
+        config, dataset, accountant, grants, rng, executor, progress
     )
     timings["centre_s"] = time.monotonic() - mark
     mark = time.monotonic()
     route = local_route(subset_plan, dim, k)
     summaries = LOCAL_ROUTES[route](
-        dataset.parts, dataset.offsets, loader, subset_plan, step, client, progress
+        dataset.parts, dataset.offsets, loader, subset_plan, step, executor, progress
     )
     timings["local_steps_s"] = time.monotonic() - mark
 
@@ -155,7 +157,7 @@ def run_sample_aggregate(
     timings["aggregate_s"] = time.monotonic() - mark
     mark = time.monotonic()
     basis, variance = centring.explain(
-        config, basis, dataset, loader, accountant, grants, rng, client, progress
+        config, basis, dataset, loader, accountant, grants, rng, executor, progress
     )
     timings["explained_variance_s"] = time.monotonic() - mark
     timings["total_s"] = time.monotonic() - started
