@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dpsub_dist.cli import main
+from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.gram import GramSummary, clip_rows, compute_gram
 from dpsub_dist.engine.sources import array_dataset, parquet_dataset
 from dpsub_dist.errors import InputError
@@ -281,7 +282,9 @@ def test_gram_matches_numpy_and_the_driver_receives_only_a_d_by_d_summary(
 
     dask_client.gather = recording_gather
     try:
-        summary = compute_gram(dataset.parts, dataset.loader, 1.5, True, client=dask_client)
+        summary = compute_gram(
+            dataset.parts, dataset.loader, 1.5, True, executor=Executor(dask_client)
+        )
     finally:
         del dask_client.gather
     dim = dataset.dim
@@ -293,7 +296,7 @@ def test_gram_matches_numpy_and_the_driver_receives_only_a_d_by_d_summary(
     gram, row_sum = _reference_gram(_read_rows(dataset), 1.5)
     assert np.allclose(summary.gram, gram, rtol=1e-10, atol=1e-9)
     assert np.allclose(summary.row_sum, row_sum, rtol=1e-10, atol=1e-9)
-    local = compute_gram(dataset.parts, dataset.loader, 1.5, False, client=None)
+    local = compute_gram(dataset.parts, dataset.loader, 1.5, False)
     assert local.row_sum is None and np.allclose(local.gram, gram, rtol=1e-10, atol=1e-9)
 
 
@@ -319,7 +322,9 @@ def _user_table(tmp_path: Path) -> tuple[Path, pd.DataFrame]:
 def test_user_level_gram_scales_each_user_to_trace_at_most_one(tmp_path, dask_client) -> None:
     folder, frame = _user_table(tmp_path)
     dataset = parquet_dataset(str(folder), ["a", "b", "c"], "user", None, dask_client)
-    summary = compute_gram(dataset.parts, dataset.loader, 1.0, user_level=True, client=dask_client)
+    summary = compute_gram(
+        dataset.parts, dataset.loader, 1.0, user_level=True, executor=Executor(dask_client)
+    )
     frame = frame[frame["user"].notna()]  # rows with a null id belong to no user: ignored
     rows = frame[["a", "b", "c"]].to_numpy()
     scaled = rows / np.maximum(np.linalg.norm(rows, axis=1), 1.0)[:, None]

@@ -22,13 +22,11 @@ NOT_YET_PORTED = {
     "estimators/power.py": "the power method's owner, once RowPasses asks the Executor for the "
     "workers' memory and persists through it and run_power wraps its client; its bare client "
     "reaches sum_on_workers, and parquet_dataset through open_checked's opener",
-    "estimators/online.py": "the stream's owner, once batch_files maps through Executor.map; "
-    "its bare client reaches compute_gram and parquet_dataset",
 }
 """Files that still branch on a bare client, and who removes each entry (and how)."""
 
 BARE_CLIENT_ENTRIES = {
-    "engine/gram.py": ["compute_gram", "sum_on_workers"],
+    "engine/gram.py": ["sum_on_workers"],
     "engine/sources.py": ["parquet_dataset"],
 }
 """The engine functions that still accept a bare client (``Executor.of``), for the files

@@ -77,8 +77,8 @@ class Executor:
     @classmethod
     def of(cls, where: Executor | Any | None) -> Executor:
         """``where`` itself if it is an Executor, else the Executor of that client (None:
-        in process). Only for the entry points that estimators/power.py and
-        estimators/online.py still call with a bare client (their allow-list entry)."""
+        in process). Only for the entry points that estimators/power.py still calls with a
+        bare client (its allow-list entry)."""
         return where if isinstance(where, Executor) else cls(where)
 
     @property

@@ -116,13 +116,10 @@ def compute_gram(
     bound: float,
     center: bool = False,
     user_level: bool = False,
-    client: Executor | Any | None = IN_PROCESS,
+    executor: Executor = IN_PROCESS,
     progress: bool = False,
 ) -> GramSummary:
-    """The Gram matrix (and row sum) of all clipped, scaled rows, reduced on the workers.
-
-    ``client`` is the :class:`Executor` (a bare client is still accepted under that name:
-    estimators/online.py passes one until it is ported)."""
+    """The Gram matrix (and row sum) of all clipped, scaled rows, reduced on the workers."""
     if not parts:
         raise InputError("the input has no rows: pass a dataset with at least one row")
     if not (np.isfinite(bound) and bound > 0):
@@ -140,4 +137,4 @@ def compute_gram(
     tasks += blocks
     root = tree_sum(blocks, dask.delayed(GramSummary.__add__, pure=True), tasks)
     label = f"{len(parts)} partitions → Gram"
-    return Executor.of(client).compute(root, tasks, label, progress)
+    return executor.compute(root, tasks, label, progress)

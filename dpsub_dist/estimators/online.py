@@ -78,6 +78,7 @@ from typing import Any
 
 import numpy as np
 
+from dpsub_dist.engine.compute import IN_PROCESS, Executor
 from dpsub_dist.engine.gram import compute_gram
 from dpsub_dist.engine.sources import Dataset, parquet_dataset
 from dpsub_dist.errors import BudgetRefused, InputError
@@ -181,15 +182,12 @@ def file_identity(name: str, storage_options: dict[str, Any] | None = None) -> B
 
 
 def batch_files(
-    uri: str, storage_options: dict[str, Any] | None, client: Any | None
+    uri: str, storage_options: dict[str, Any] | None, executor: Executor
 ) -> list[BatchFile]:
     """The identities of a batch's files, listed on the driver and hashed on the workers."""
     storage_options = StorageOptions.wrap(storage_options)  # redacted in task keys and reprs
     names = list_parquet_files(uri, storage_options)
-    if client is None:
-        return sorted(file_identity(n, storage_options) for n in names)
-    futures = client.map(file_identity, names, storage_options=storage_options, pure=False)
-    return sorted(client.gather(futures))
+    return sorted(executor.map(file_identity, names, storage_options=storage_options))
 
 
 def _create_owner_only(path: Path) -> None:
@@ -657,13 +655,14 @@ class Stream:
         or twice in this batch; then the horizon (BudgetRefused, exit 4).
         """
         batch_id = check_run_id(batch_id) if batch_id else canonical_dataset(uri)
+        executor = Executor(client)
         s = self.settings
         self._check_in_dataset(uri)
         batches = self.batches()
         seen = next((b for b in batches if b.batch_id == batch_id), None)
         known = self._files()
         if seen is not None:
-            if known.get(seen.step) != batch_files(uri, storage_options, client):
+            if known.get(seen.step) != batch_files(uri, storage_options, executor):
                 raise InputError(
                     f"batch id {batch_id} was appended at step {seen.step} from other files (or "
                     "they changed since): give this batch its own --batch-id"
@@ -676,9 +675,9 @@ class Stream:
                 f"stream {self.path} has taken all {s.horizon} batches of its horizon and spent "
                 f"its whole budget (rho={s.rho:.6g}): start a new stream with dpsub stream init"
             )
-        files = batch_files(uri, storage_options, client)
+        files = batch_files(uri, storage_options, executor)
         _check_new_files(uri, files, known, {b.step: b.batch_id for b in batches})
-        dataset = parquet_dataset(uri, s.columns, None, storage_options or {}, client)
+        dataset = parquet_dataset(uri, s.columns, None, storage_options or {}, executor)
         if s.columns is not None and dataset.columns != s.columns:
             raise InputError(
                 f"{uri} has columns {dataset.columns[:20]} but the stream uses {s.columns[:20]}"
@@ -700,13 +699,13 @@ class Stream:
         rng = noise_rng()
         settings = s if s.columns is not None else replace(s, columns=list(dataset.columns))
         if step == 0:
-            fixed = first_batch(s, dataset, accountant, grants, rng, client, progress)
+            fixed = first_batch(s, dataset, accountant, grants, rng, executor, progress)
             settings = replace(settings, first_batch=fixed)
         else:
             fixed = s.fixed
         loader = batch_loader(fixed, dataset)
         summary = compute_gram(
-            dataset.parts, loader, fixed["row_norm"], client=client, progress=progress
+            dataset.parts, loader, fixed["row_norm"], executor=executor, progress=progress
         )
         for name in _steps_of(step + 1, grants):
             if name not in FIRST_BATCH_STEPS:  # the tree's nodes, charged before they draw
@@ -837,7 +836,7 @@ def first_batch(
     accountant: Accountant,
     grants: dict[str, Budget],
     rng: np.random.Generator,
-    client: Any | None = None,
+    executor: Executor = IN_PROCESS,
     progress: bool = False,
 ) -> dict[str, Any]:
     """Steps ``norm_bound``, ``mean`` and ``centred_norm_bound`` on the first batch's rows
@@ -854,7 +853,7 @@ def first_batch(
     options = SimpleNamespace(
         center=settings.center, row_norm=settings.clip_norm, unit_column=None, method="online"
     )
-    args = (dataset, accountant, grants, rng, client, progress)
+    args = (dataset, accountant, grants, rng, executor, progress)
     loader, centred, mean_release = centring.centre(options, *args)
     if private_norm:
         step = "centred_norm_bound" if settings.center else "norm_bound"
