@@ -1,0 +1,107 @@
+"""Privacy audits at the level a consumer sees: the whole run, read from its published manifest.
+
+The mechanism-level audits (tests/test_covariance_audit.py, tests/test_norm_bound.py, …) call
+one mechanism on the values it is handed. These run ``run_estimate`` end to end on crafted
+neighbouring inputs and read the released number from the manifest, so they also catch a
+wrong clipping bound, a wrong scaling by ``B/n`` or a wrong sensitivity anywhere between the
+rows and the draw. Each event depends on one step's release only, so its ε lower bound must
+stay below that step's charge as the manifest reports it; the planted twin under-noises the
+sampler (below the accountant, which would refuse a stated cost above the grant) and must be
+caught. Runs are sized for ~30 s on 2 shared cores; the ``slow`` variants use a milder twin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from privacy_audit import AuditResult, audit
+
+from dpsub_dist.engine.sources import array_dataset
+from dpsub_dist.job import EstimateConfig, run_estimate
+from dpsub_dist.privacy import noise
+from dpsub_dist.privacy.accountant import ApproxDP, gaussian_sigma
+
+EPSILON, DELTA = 10.0, 1e-5
+"""Run budget: gauss's ``mean`` step (centred, public --row-norm) then gets (2, 2·10⁻⁶)."""
+
+
+@pytest.fixture()
+def gaussian_factor(monkeypatch) -> Callable[[float], None]:
+    """The discrete Gaussian sampler with its σ times a factor (the twin), and no BLAS
+    thread-pool probing per run (``threadpoolctl`` reads /proc on every in-process compute:
+    half of a small run's time, and no part of what is audited)."""
+    factor = {"value": 1.0}
+    real = noise.add_gaussian
+    monkeypatch.setattr(
+        noise,
+        "add_gaussian",
+        lambda rng, value, sigma, sens, **kw: real(rng, value, factor["value"] * sigma, sens, **kw),
+    )
+    monkeypatch.setattr("threadpoolctl.threadpool_limits", lambda *a, **k: contextlib.nullcontext())
+
+    def set_factor(value: float) -> None:
+        factor["value"] = value
+
+    return set_factor
+
+
+def published(config: EstimateConfig) -> Callable[[np.ndarray, np.random.Generator], dict]:
+    """The manifest of a whole run on ``rows``; its private noise seed from the audit's rng."""
+
+    def run(rows: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
+        seed = int(rng.integers(2**63))
+        return run_estimate(
+            config, lambda _client: array_dataset(rows), None, noise_seed=seed
+        ).manifest
+
+    return run
+
+
+def charged(manifest: dict[str, Any], step: str) -> ApproxDP:
+    """What the manifest says ``step`` cost."""
+    (entry,) = [s for s in manifest["privacy"]["budget"]["steps"] if s["step"] == step]
+    return ApproxDP(entry["epsilon"], entry["delta"])
+
+
+def mean_audit(
+    gaussian_factor, twin: float, runs: int
+) -> tuple[AuditResult, AuditResult, ApproxDP]:
+    """Centring's mean as published: one row e₁ against one row −e₁ (n = 1, public bound 1).
+
+    The clipped row sum moves by 2 = Δ; the manifest's ``release.mean`` is that sum/n plus
+    the noise, so the event "mean₁ > −1 + 3σ_twin" reads the mean step alone (its marginal is
+    the mean mechanism's output, whatever the later steps do)."""
+    config = EstimateConfig(
+        1, epsilon=EPSILON, delta=DELTA, method="gauss", row_norm=1.0, center=True
+    )
+    run = published(config)
+    before, after = np.array([[1.0, 0.0]]), np.array([[-1.0, 0.0]])
+    grant = charged(run(before, np.random.default_rng(0)), "mean")
+    spread = twin * gaussian_sigma(grant, 2.0)  # the twin's σ of the released mean (n = 1)
+
+    def once(factor: float) -> AuditResult:
+        gaussian_factor(factor)
+        event = lambda manifest: manifest["release"]["mean"][0] > -1.0 + 3.0 * spread  # noqa: E731
+        return audit(run, before, after, event, runs, grant.delta)
+
+    return once(1.0), once(twin), grant
+
+
+def test_published_mean_audit_catches_an_eighth_of_the_noise(gaussian_factor) -> None:
+    honest, twin, grant = mean_audit(gaussian_factor, 0.125, 400)
+    assert grant.epsilon == pytest.approx(2.0) and grant.delta == pytest.approx(2e-6)
+    assert honest.epsilon_lower < grant.epsilon, honest
+    assert twin.epsilon_lower > grant.epsilon, twin
+
+
+@pytest.mark.slow
+def test_published_mean_audit_catches_a_quarter_of_the_noise(gaussian_factor) -> None:
+    honest, twin, grant = mean_audit(gaussian_factor, 0.25, 3000)
+    assert honest.epsilon_lower < grant.epsilon, honest
+    assert twin.epsilon_lower > grant.epsilon, twin
+    assert math.isfinite(twin.epsilon_lower)
