@@ -22,6 +22,8 @@ import pytest
 from privacy_audit import AuditResult, audit
 
 from dpsub_dist.engine.sources import array_dataset
+from dpsub_dist.estimators import centring
+from dpsub_dist.estimators.common import plan
 from dpsub_dist.job import EstimateConfig, run_estimate
 from dpsub_dist.privacy import noise
 from dpsub_dist.privacy.accountant import ApproxDP, gaussian_sigma
@@ -105,3 +107,58 @@ def test_published_mean_audit_catches_a_quarter_of_the_noise(gaussian_factor) ->
     assert honest.epsilon_lower < grant.epsilon, honest
     assert twin.epsilon_lower > grant.epsilon, twin
     assert math.isfinite(twin.epsilon_lower)
+
+
+def variance_audit(
+    gaussian_factor, twin: float, runs: int
+) -> tuple[AuditResult, AuditResult, ApproxDP]:
+    """The explained variance as published (``centring.explain``: the private bound of the
+    rows, then the Gaussian on the projected sums, divided by n) for a fixed released basis
+    V = e₁: 1,000 rows e₁ plus one row e₁ or one zero row. The projected sum moves by 1 (the
+    whole shift is √2 = Δ with ‖z‖²), the bound's counts by one bin; the claim is what both
+    steps are charged. The event reads the sums back from ``explained_variance``, its ratio
+    and the published bound C (values × n/C²)."""
+    config = EstimateConfig(1, epsilon=2.5, delta=DELTA, method="gap-perturb")
+    shares = {"variance_norm_bound": (0.2, 0.0), "explained_variance": (0.8, 1.0)}
+    ones = np.tile([1.0, 0.0], (1000, 1))
+    before, after = np.vstack([ones, [1.0, 0.0]]), np.vstack([ones, [0.0, 0.0]])
+    basis = np.array([[1.0], [0.0]])
+    grant = ApproxDP(2.0, DELTA)  # the Gaussian's share of the plan below
+    spread = twin * gaussian_sigma(grant, math.sqrt(2.0))  # the twin's σ on the sums
+
+    def run(rows: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
+        accountant, grants = plan(config, shares)
+        dataset = array_dataset(rows)
+        args = (dataset, dataset.loader, accountant, grants, rng, None, False)
+        _, details = centring.explain(config, basis, *args)
+        return details
+
+    def event(details: dict[str, Any]) -> bool:
+        """Noisy Σ‖Vᵀz‖² + Σ‖z‖² > 2000 + 3.5·(its twin's std): the whole shift, 2, along it."""
+        top, ratio = details["explained_variance"][0], details["explained_variance_ratio"][0]
+        total = top / ratio if ratio > 0 else 0.0  # the released total (≥ top)
+        unit = details["variance_row_norm"] ** 2 / 1001  # C²/n
+        return (top + total) / unit > 2000.0 + 3.5 * math.sqrt(2.0) * spread
+
+    def once(factor: float) -> AuditResult:
+        gaussian_factor(factor)
+        return audit(run, before, after, event, runs, DELTA)
+
+    return once(1.0), once(twin), ApproxDP(2.5, DELTA)
+
+
+def test_published_explained_variance_audit_catches_an_eighth_of_the_noise(
+    gaussian_factor,
+) -> None:
+    honest, twin, claim = variance_audit(gaussian_factor, 0.125, 400)
+    assert honest.epsilon_lower < claim.epsilon, honest
+    assert twin.epsilon_lower > claim.epsilon, twin
+
+
+@pytest.mark.slow
+def test_published_explained_variance_audit_catches_a_quarter_of_the_noise(
+    gaussian_factor,
+) -> None:
+    honest, twin, claim = variance_audit(gaussian_factor, 0.25, 3000)
+    assert honest.epsilon_lower < claim.epsilon, honest
+    assert twin.epsilon_lower > claim.epsilon, twin
