@@ -15,13 +15,15 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
 from privacy_audit import AuditResult, audit
 
-from dpsub_dist.engine.sources import array_dataset
+from dpsub_dist.engine.assign import UnitIds
+from dpsub_dist.engine.sources import Dataset, array_dataset
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators.common import plan
 from dpsub_dist.job import EstimateConfig, run_estimate
@@ -162,3 +164,85 @@ def test_published_explained_variance_audit_catches_a_quarter_of_the_noise(
     honest, twin, claim = variance_audit(gaussian_factor, 0.25, 3000)
     assert honest.epsilon_lower < claim.epsilon, honest
     assert twin.epsilon_lower > claim.epsilon, twin
+
+
+@dataclass(frozen=True)
+class _UserRows:
+    """In-memory loader of (rows, user ids) partitions (Parquet's loader returns the same)."""
+
+    def __call__(self, part: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, UnitIds]:
+        rows, ids = part
+        keys, inverse = np.unique(ids, return_inverse=True)
+        encoded = np.array([str(k).encode() for k in keys], dtype=object)
+        return rows, UnitIds(encoded, inverse.astype(np.int64).reshape(-1))
+
+
+def user_dataset(norms: list[float]) -> Dataset:
+    """One user per norm, each with one row (norm, 0)."""
+    rows = np.column_stack([norms, np.zeros(len(norms))])
+    part = (rows, np.arange(len(norms)))
+    return Dataset([part], [0], _UserRows(), ["x0", "x1"], len(norms), "users")
+
+
+@pytest.fixture()
+def laplace_factor(monkeypatch) -> Callable[[float], None]:
+    """The discrete Laplace samplers (values and the threshold) with their scale times a
+    factor (the twin); no BLAS thread-pool probing per run."""
+    factor = {"value": 1.0}
+    add, pure = noise.add_laplace, noise.laplace_noise
+    monkeypatch.setattr(
+        noise, "add_laplace", lambda rng, v, s, d, **kw: add(rng, v, factor["value"] * s, d, **kw)
+    )
+    monkeypatch.setattr(
+        noise,
+        "laplace_noise",
+        lambda rng, s, size=None, **kw: pure(rng, factor["value"] * s, size, **kw),
+    )
+    monkeypatch.setattr("threadpoolctl.threadpool_limits", lambda *a, **k: contextlib.nullcontext())
+
+    def set_factor(value: float) -> None:
+        factor["value"] = value
+
+    return set_factor
+
+
+def user_bound_audit(
+    laplace_factor, twin: float, runs: int
+) -> tuple[AuditResult, AuditResult, ApproxDP]:
+    """The user-level bound as published (gauss, ``--unit-column``, no ``--row-norm``): 180
+    users of norm 1 and 20 of norm 4, against the same plus one user of norm 2⁴² (overflow).
+
+    At ε = 20 the step ``norm_bound`` has ε = 2 (the count and the sparse vector 1 each) and
+    the rule's threshold is ñ − 20 (its floor 20/ε₂ wins), so the count at the bound 1 sits
+    at the threshold in one input and one below it in the other: the event "row_norm is 1"
+    reads the whole step (count, threshold and query noise) and nothing else."""
+    config = EstimateConfig(1, epsilon=20.0, delta=DELTA, method="gauss", unit_column="user")
+    norms = [1.0] * 180 + [4.0] * 20
+    before, after = user_dataset(norms), user_dataset([*norms, 2.0**42])
+
+    def run(dataset: Dataset, rng: np.random.Generator) -> dict[str, Any]:
+        seed = int(rng.integers(2**63))
+        return run_estimate(config, lambda _client: dataset, None, noise_seed=seed).manifest
+
+    grant = charged(run(before, np.random.default_rng(0)), "norm_bound")
+
+    def once(factor: float) -> AuditResult:
+        laplace_factor(factor)
+        event = lambda manifest: manifest["parameters"]["row_norm"] == 1.0  # noqa: E731
+        return audit(run, before, after, event, runs, 0.0)
+
+    return once(1.0), once(twin), grant
+
+
+def test_published_user_level_bound_audit_catches_a_32nd_of_the_noise(laplace_factor) -> None:
+    honest, twin, grant = user_bound_audit(laplace_factor, 1 / 32, 300)
+    assert grant.epsilon == pytest.approx(2.0) and grant.delta == 0.0
+    assert honest.epsilon_lower < grant.epsilon, honest
+    assert twin.epsilon_lower > grant.epsilon, twin
+
+
+@pytest.mark.slow
+def test_published_user_level_bound_audit_catches_a_16th_of_the_noise(laplace_factor) -> None:
+    honest, twin, grant = user_bound_audit(laplace_factor, 1 / 16, 2000)
+    assert honest.epsilon_lower < grant.epsilon, honest
+    assert twin.epsilon_lower > grant.epsilon, twin
