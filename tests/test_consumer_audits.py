@@ -246,3 +246,34 @@ def test_published_user_level_bound_audit_catches_a_16th_of_the_noise(laplace_fa
     honest, twin, grant = user_bound_audit(laplace_factor, 1 / 16, 2000)
     assert honest.epsilon_lower < grant.epsilon, honest
     assert twin.epsilon_lower > grant.epsilon, twin
+
+
+def power_audit(gaussian_factor, twin: float, runs: int) -> tuple[AuditResult, AuditResult]:
+    """``--method power`` as published (public --row-norm 1, one iteration, k′ = D = 2): the
+    row e₁ against the row e₂, so C moves by diag(1, −1), ‖E‖_F = √2 = Δ. The released basis
+    is the top left singular vector of C·V + G; the event "it leans to e₁" reads the power
+    step alone (the whole budget: the other steps are off)."""
+    config = EstimateConfig(
+        1, epsilon=2.0, delta=DELTA, method="power", row_norm=1.0, iterations=1, seed=3
+    )
+    before, after = np.array([[1.0, 0.0]]), np.array([[0.0, 1.0]])
+
+    def run(rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        seed = int(rng.integers(2**63))
+        return run_estimate(
+            config, lambda _client: array_dataset(rows), None, noise_seed=seed
+        ).basis
+
+    def once(factor: float) -> AuditResult:
+        gaussian_factor(factor)
+        return audit(
+            run, before, after, lambda basis: abs(basis[0, 0]) > abs(basis[1, 0]), runs, DELTA
+        )
+
+    return once(1.0), once(twin)
+
+
+def test_published_power_basis_audit_catches_a_16th_of_the_noise(gaussian_factor) -> None:
+    honest, twin = power_audit(gaussian_factor, 1 / 16, 300)
+    assert honest.epsilon_lower < 2.0, honest
+    assert twin.epsilon_lower > 2.0, twin
