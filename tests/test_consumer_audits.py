@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -277,3 +278,43 @@ def test_published_power_basis_audit_catches_a_16th_of_the_noise(gaussian_factor
     honest, twin = power_audit(gaussian_factor, 1 / 16, 300)
     assert honest.epsilon_lower < 2.0, honest
     assert twin.epsilon_lower > 2.0, twin
+
+
+def row_bound_audit(
+    laplace_factor, twin: float, runs: int
+) -> tuple[AuditResult, AuditResult, ApproxDP]:
+    """The row-level bound as published (gauss, ``--no-center``, no ``--row-norm``), with the
+    noise-matched quantile of a real run: 190 rows of norm 1 and 10 of norm 4, against one of
+    the norm-1 rows replaced by a norm-4 row. At ε = 20 the step ``norm_bound`` has ε = 2 and
+    the rule's threshold is q·n ≈ 189.9 (n − 16σ√D, from public n, D, ε, δ), so the count at
+    the bound 1 sits on the threshold in one input and one below it in the other."""
+    config = EstimateConfig(1, epsilon=20.0, delta=DELTA, method="gauss", center=False)
+    rows = np.column_stack([[1.0] * 190 + [4.0] * 10, np.zeros(200)])
+    before, after = rows, rows.copy()
+    after[0, 0] = 4.0
+    run = published(config)
+    first = run(before, np.random.default_rng(0))
+    quantile = float(re.search(r"q = (\S+) ", first["parameters"]["row_norm_source"])[1])
+    assert 189.0 < quantile * 200 <= 190.0  # the threshold, from public n, D, ε, δ
+    grant = charged(first, "norm_bound")
+
+    def once(factor: float) -> AuditResult:
+        laplace_factor(factor)
+        event = lambda manifest: manifest["parameters"]["row_norm"] == 1.0  # noqa: E731
+        return audit(run, before, after, event, runs, 0.0)
+
+    return once(1.0), once(twin), grant
+
+
+def test_published_row_bound_audit_catches_a_32nd_of_the_noise(laplace_factor) -> None:
+    honest, twin, grant = row_bound_audit(laplace_factor, 1 / 32, 300)
+    assert grant.epsilon == pytest.approx(2.0) and grant.delta == 0.0
+    assert honest.epsilon_lower < grant.epsilon, honest
+    assert twin.epsilon_lower > grant.epsilon, twin
+
+
+@pytest.mark.slow
+def test_published_row_bound_audit_catches_a_16th_of_the_noise(laplace_factor) -> None:
+    honest, twin, grant = row_bound_audit(laplace_factor, 1 / 16, 2000)
+    assert honest.epsilon_lower < grant.epsilon, honest
+    assert twin.epsilon_lower > grant.epsilon, twin
