@@ -318,3 +318,27 @@ def test_published_row_bound_audit_catches_a_16th_of_the_noise(laplace_factor) -
     honest, twin, grant = row_bound_audit(laplace_factor, 1 / 16, 2000)
     assert honest.epsilon_lower < grant.epsilon, honest
     assert twin.epsilon_lower > grant.epsilon, twin
+
+
+def test_one_user_moves_each_cumulative_user_count_by_at_most_one() -> None:
+    """Δ = 1 of the user-level bound's queries through the engine's per-user pass: a user
+    whose 40 rows are spread over both partitions (and whose rows alone lie in other bins)
+    adds exactly 1 to the user count and at most 1 to every cumulative count."""
+    from dpsub_dist.estimators.norm_pass import compute_user_norm_counts
+
+    rng = np.random.default_rng(12)
+    rows = rng.standard_normal((600, 2)) * rng.choice([0.01, 1.0, 50.0], (600, 1))
+    ids = rng.integers(0, 150, 600)
+    extra = rng.standard_normal((40, 2)) * 3.0
+    halves = [slice(0, 300), slice(300, 600)]
+    parts = [(rows[h], ids[h]) for h in halves]
+    grown = [
+        (np.vstack([rows[h], extra[i::2]]), np.append(ids[h], [999] * 20))
+        for i, h in enumerate(halves)
+    ]
+    counts = [
+        compute_user_norm_counts(p, _UserRows(), None, False).cumsum() for p in (parts, grown)
+    ]
+    moved = counts[1] - counts[0]
+    assert moved[-1] == 1 and moved.min() >= 0 and moved.max() == 1
+    assert counts[0][-1] == len(np.unique(ids))
