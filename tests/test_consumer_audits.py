@@ -27,7 +27,7 @@ from dpsub_dist.engine.assign import UnitIds
 from dpsub_dist.engine.sources import Dataset, array_dataset
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators.common import plan
-from dpsub_dist.job import EstimateConfig, run_estimate
+from dpsub_dist.job import ClusterConfig, EstimateConfig, run_cluster, run_estimate
 from dpsub_dist.privacy import noise
 from dpsub_dist.privacy.accountant import ApproxDP, gaussian_sigma
 
@@ -343,3 +343,53 @@ def test_one_user_moves_each_cumulative_user_count_by_at_most_one() -> None:
     moved = counts[1] - counts[0]
     assert moved[-1] == 1 and moved.min() >= 0 and moved.max() == 1
     assert counts[0][-1] == len(np.unique(ids))
+
+
+def sulq_bound_audit(
+    laplace_factor, twin: float, runs: int
+) -> tuple[AuditResult, AuditResult, ApproxDP]:
+    """SuLQ's ``--private-norm`` bound as published (``dpsub cluster``, whole run): 200 rows,
+    M of norm 1 and the rest of norm 4, M the first count at or above the rule's threshold
+    q·n (q from public n, D, ε, δ and one iteration's σ, read from a first run); the
+    neighbour moves one norm-1 row to norm 4, so the count at the bound 1 falls below q·n."""
+    config = ClusterConfig(
+        clusters=2, rank=1, epsilon=20.0, delta=DELTA, method="sulq", private_norm=True,
+        iterations=1, seed=1,
+    )  # fmt: skip
+
+    def run(rows: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
+        seed = int(rng.integers(2**63))
+        return run_cluster(
+            config, lambda _client: array_dataset(rows), None, noise_seed=seed
+        ).manifest
+
+    def table(short: int) -> np.ndarray:
+        return np.column_stack([[1.0] * short + [4.0] * (200 - short), np.zeros((200, 2))])
+
+    first = run(table(200), np.random.default_rng(0))
+    quantile = float(re.search(r"q = (\S+) ", first["parameters"]["row_norm_source"])[1])
+    short = math.ceil(quantile * 200)
+    assert 0 < short < 200
+    before, after = table(short), table(short - 1)
+    grant = charged(first, "norm_bound")
+
+    def once(factor: float) -> AuditResult:
+        laplace_factor(factor)
+        event = lambda manifest: manifest["parameters"]["row_norm"] == 1.0  # noqa: E731
+        return audit(run, before, after, event, runs, 0.0)
+
+    return once(1.0), once(twin), grant
+
+
+def test_published_sulq_bound_audit_catches_a_32nd_of_the_noise(laplace_factor) -> None:
+    honest, twin, grant = sulq_bound_audit(laplace_factor, 1 / 32, 250)
+    assert grant.epsilon == pytest.approx(2.0) and grant.delta == 0.0
+    assert honest.epsilon_lower < grant.epsilon, honest
+    assert twin.epsilon_lower > grant.epsilon, twin
+
+
+@pytest.mark.slow
+def test_published_sulq_bound_audit_catches_a_16th_of_the_noise(laplace_factor) -> None:
+    honest, twin, grant = sulq_bound_audit(laplace_factor, 1 / 16, 2000)
+    assert honest.epsilon_lower < grant.epsilon, honest
+    assert twin.epsilon_lower > grant.epsilon, twin
