@@ -276,7 +276,7 @@ def power_audit(gaussian_factor, twin: float, runs: int) -> tuple[AuditResult, A
 
 
 def test_published_power_basis_audit_catches_a_16th_of_the_noise(gaussian_factor) -> None:
-    honest, twin = power_audit(gaussian_factor, 1 / 16, 300)
+    honest, twin = power_audit(gaussian_factor, 1 / 16, 250)
     assert honest.epsilon_lower < 2.0, honest
     assert twin.epsilon_lower > 2.0, twin
 
