@@ -133,6 +133,7 @@ def test_cli_user_level_500_users_at_eps_1_fails_instead_of_a_bound_below_the_da
     )
     assert "--row-norm B" in capsys.readouterr().err
     assert manifest["parameters"]["row_norm"] is None and not (out / "basis.npy").exists()
+    assert "partitions" not in manifest["parameters"]  # withheld at user level, as on success
     steps = {s["step"]: s for s in manifest["privacy"]["budget"]["steps"]}
     assert steps["norm_bound"]["epsilon"] == pytest.approx(0.1)
     assert manifest["privacy"]["budget"]["spent"]["epsilon"] == pytest.approx(0.1)
