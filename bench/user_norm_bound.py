@@ -5,7 +5,8 @@
 0.5, 0.2)²)), the bounds the step ``norm_bound`` released over R noise draws against the
 users' median norm √Σ‖x‖². It runs the step's own functions in-process (the noisy user count,
 the noise-matched quantile from ñ, the sparse vector over the public grid), with the grants a
-run without ``--row-norm`` gets.
+run without ``--row-norm`` gets. A draw whose ñ is too small for the bound's margins
+(:func:`norm_bound.margined_quantile`; the run ends in ⊥) counts as ``failed``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ import numpy as np
 
 from dpsub_dist.estimators.covariance import bound_quantile, budget_plan
 from dpsub_dist.privacy.accountant import Accountant, ApproxDP
-from dpsub_dist.privacy.norm_bound import norm_histogram, private_user_norm_bound
+from dpsub_dist.privacy.norm_bound import (
+    TooFewForBound,
+    norm_histogram,
+    private_user_norm_bound,
+)
 
 DIM, ROWS_PER_USER, DELTA = 5, 6, 1e-6
 
@@ -30,7 +35,7 @@ def user_norms(users: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def released_bounds(users: int, epsilon: float, reps: int, seed: int) -> tuple[float, list]:
-    """The users' median norm and the bounds of ``reps`` draws of the step."""
+    """The users' median norm and the bounds of ``reps`` draws of the step (None: ⊥)."""
     rng = np.random.default_rng(seed)
     norms = user_norms(users, rng)
     grants = Accountant(ApproxDP(epsilon, DELTA)).split(budget_plan("gauss", False, False, True))
@@ -39,10 +44,13 @@ def released_bounds(users: int, epsilon: float, reps: int, seed: int) -> tuple[f
     def quantile(noisy_users: float, search_epsilon: float) -> float:
         return bound_quantile("gauss", grants, "add_remove", noisy_users, DIM, search_epsilon)
 
-    bounds = [
-        private_user_norm_bound(counts, grants["norm_bound"], rng, quantile).bound
-        for _ in range(reps)
-    ]
+    def draw() -> float | None:
+        try:
+            return private_user_norm_bound(counts, grants["norm_bound"], rng, quantile).bound
+        except TooFewForBound:
+            return None
+
+    bounds = [draw() for _ in range(reps)]
     return float(np.median(norms)), bounds
 
 
@@ -55,9 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for users in (int(u) for u in args.users.split(",")):
         median, bounds = released_bounds(users, args.epsilon, args.reps, args.seed)
-        below = sum(b < median / 2 for b in bounds)
-        seen = sorted(Counter(round(b, 4) for b in bounds).items())
-        print(f"users={users} median_norm={median:.4g} below_half={below}/{args.reps} {seen}")
+        released = [b for b in bounds if b is not None]
+        below = sum(b < median / 2 for b in released)
+        seen = sorted(Counter(round(b, 4) for b in released).items())
+        failed = len(bounds) - len(released)
+        print(
+            f"users={users} median_norm={median:.4g} below_half={below}/{args.reps} "
+            f"failed={failed}/{args.reps} {seen}"
+        )
     return 0
 
 
