@@ -325,6 +325,7 @@ def test_one_user_moves_each_cumulative_user_count_by_at_most_one() -> None:
     """Δ = 1 of the user-level bound's queries through the engine's per-user pass: a user
     whose 40 rows are spread over both partitions (and whose rows alone lie in other bins)
     adds exactly 1 to the user count and at most 1 to every cumulative count."""
+    from dpsub_dist.engine.compute import IN_PROCESS
     from dpsub_dist.estimators.norm_pass import compute_user_norm_counts
 
     rng = np.random.default_rng(12)
@@ -338,7 +339,7 @@ def test_one_user_moves_each_cumulative_user_count_by_at_most_one() -> None:
         for i, h in enumerate(halves)
     ]
     counts = [
-        compute_user_norm_counts(p, _UserRows(), None, False).cumsum() for p in (parts, grown)
+        compute_user_norm_counts(p, _UserRows(), IN_PROCESS, False).cumsum() for p in (parts, grown)
     ]
     moved = counts[1] - counts[0]
     assert moved[-1] == 1 and moved.min() >= 0 and moved.max() == 1
