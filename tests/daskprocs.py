@@ -75,11 +75,13 @@ def start_cluster(
     env: dict[str, str] | None = None,
     nanny: bool = True,
     extra_pythonpath: list[Path] = (),
+    memory_limit: str = "2GiB",
 ) -> CommandLineCluster:
     """``dask scheduler --host 127.0.0.1 --port 0`` and ``workers`` × ``dask worker ADDRESS``.
 
     ``env`` is the workers' whole environment (default: this process's); BLAS is single
-    threaded so results do not depend on thread scheduling.
+    threaded so results do not depend on thread scheduling. Each worker gets
+    ``--memory-limit memory_limit``.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     scheduler_file = workdir / "scheduler.json"
@@ -118,7 +120,7 @@ def start_cluster(
                 f"w{i}",
                 "--no-dashboard",
                 "--memory-limit",
-                "2GiB",
+                memory_limit,
                 "--local-directory",
                 str(workdir / f"w{i}"),
             ]
