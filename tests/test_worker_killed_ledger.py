@@ -55,6 +55,21 @@ def _outputs(folder: Path) -> list[str]:
 
 
 def test_worker_killed_mid_run_under_the_ledger(tmp_path: Path) -> None:
+    """Dask's default: the dead worker's tasks rerun on the survivor (exit 0 expected)."""
+    code = _kill_a_worker_mid_run(tmp_path, dict(os.environ))
+    assert code in (0, 5)
+
+
+def test_task_whose_workers_keep_dying_aborts_with_exit_5(tmp_path: Path) -> None:
+    """With ``allowed-failures: 0`` one death of the worker running a task is Dask's
+    KilledWorker (a task that kills every worker it lands on, as an OOM would): exit 5,
+    one line, nothing written, the run reserved; the re-run resumes it, charged once."""
+    env = {**os.environ, "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"}
+    assert _kill_a_worker_mid_run(tmp_path, env) == 5
+
+
+def _kill_a_worker_mid_run(tmp_path: Path, env: dict[str, str]) -> int:
+    """The run, the kill and every check of the module docstring; returns the exit code."""
     data = generate(tmp_path / "data", rows=40_000, dim=8, rank=2, partitions=16, seed=5)
     dataset = str(data.path)
     ledger = str(tmp_path / "ledger.sqlite")
@@ -69,7 +84,7 @@ def test_worker_killed_mid_run_under_the_ledger(tmp_path: Path) -> None:
     )
     marker, log = tmp_path / "halted-worker", tmp_path / "dpsub.log"
     with command_line_cluster(
-        tmp_path / "dask", nanny=False, extra_pythonpath=[TESTS], memory_limit="1GiB"
+        tmp_path / "dask", env=env, nanny=False, extra_pythonpath=[TESTS], memory_limit="1GiB"
     ) as cluster:
         with Client(cluster.address) as client:
             client.register_plugin(HaltAfterTasks(str(marker), tasks=12))
@@ -96,7 +111,9 @@ def test_worker_killed_mid_run_under_the_ledger(tmp_path: Path) -> None:
             assert _outputs(outputs) == [RUN_ID]
             assert _outputs(outputs / RUN_ID)[-1] == "manifest.json"
             first = read_run(str(outputs / RUN_ID))
-        else:  # aborted: nothing written, the charge stays reserved for the re-run
+        else:  # aborted: one line, nothing written, the charge stays reserved for the re-run
+            lines = log.read_text().strip().splitlines()
+            assert len(lines) == 1 and "nothing was written or released" in lines[0], lines
             assert record.state == "reserved"
             assert _outputs(outputs) == []
         again = _dpsub_run(job, ledger, cluster.address, log)
@@ -115,3 +132,4 @@ def test_worker_killed_mid_run_under_the_ledger(tmp_path: Path) -> None:
         assert manifest == first[1]
         assert "nothing charged" in log.read_text()
     assert subspace_error(basis, data.load_basis()) <= 0.1
+    return code

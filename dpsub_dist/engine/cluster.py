@@ -45,6 +45,23 @@ def _quiet(logger: logging.Logger) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _workers_lost() -> Iterator[None]:
+    """A task whose workers kept dying (Dask's ``KilledWorker``: the OOM killer, a crash) ends
+    the run as RunAborted (exit 5), nothing written; under the ledger it stays reserved and
+    its run id resumes. One lost worker is not this: Dask reruns its tasks on the others."""
+    from distributed import KilledWorker
+
+    try:
+        yield
+    except KilledWorker:
+        raise RunAborted(
+            "Dask workers died running the same task (killed: out of memory?): nothing was "
+            "written or released; give the workers more memory (--memory-limit, or dask "
+            "worker --memory-limit) or smaller partitions, and re-run"
+        ) from None
+
+
+@contextlib.contextmanager
 def dask_client(
     scheduler: str | None = None,
     quiet: bool = False,
@@ -75,7 +92,8 @@ def dask_client(
             ) from None
         with _quiet(logging.getLogger("distributed.client")), client:
             try:
-                yield client
+                with _workers_lost():
+                    yield client
             except Exception as err:
                 if isinstance(err, DpsubError) or client.status == "running":
                     raise
@@ -103,7 +121,8 @@ def dask_client(
                     f"local Dask cluster: {n_workers} workers, dashboard {client.dashboard_link}",
                     file=sys.stderr,
                 )
-            yield client
+            with _workers_lost():
+                yield client
     finally:
         cluster.close()
 
