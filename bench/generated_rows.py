@@ -12,6 +12,9 @@ Per n in ``--rows``, on a fresh local cluster of ``--workers`` × ``--memory-lim
 (``bench.common.PeakMemory``), the manifest's bytes gathered to the driver and method,
 and the error (sin of the largest principal angle) against U.
 
+``--row-norm C --no-center`` gives gauss a public row-norm bound and no private mean, so
+it reads the rows once instead of four times.
+
 Example: ``python -m bench.generated_rows --rows 1e7,1e8 --dim 32``.
 """
 
@@ -68,6 +71,10 @@ def run_one(args: Any, n: int) -> dict[str, Any]:
             )
             if args.method:
                 model.set_params(method=args.method)
+            if args.row_norm is not None:  # a public bound: gauss skips its private norm pass
+                model.set_params(row_norm=args.row_norm)
+            if args.no_center:  # no private mean: gauss skips its centring passes
+                model.set_params(center=False)
             model.fit(rows)
             wall = time.monotonic() - started
     manifest = model.manifest_
@@ -91,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rank", type=int, default=4)
     parser.add_argument("--gamma", type=float, default=0.01)
     parser.add_argument("--method", help="PrivateSubspace's method (default: its default)")
+    parser.add_argument("--row-norm", type=float, help="public row-norm bound (default: private)")
+    parser.add_argument("--no-center", action="store_true", help="no private mean (one pass)")
     parser.add_argument("--chunk-rows", type=int, default=1_000_000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--memory-limit", default="1GiB", help="per worker")
@@ -108,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         "rank": args.rank,
         "gamma": args.gamma,
         "method": args.method or "default",
+        "row_norm": args.row_norm,
+        "center": not args.no_center,
         "chunk_rows": args.chunk_rows,
         "workers": args.workers,
         "threads_per_worker": 1,
