@@ -97,6 +97,12 @@ def section(path: Path) -> list[str]:
         lines += records_table(
             doc, ["rows", "tool", "status", "wall_s", "peak_worker_rss_mib", "bytes_gathered"]
         )
+    elif name == "beyond_memory":
+        columns = ["attempt", "exit_code", "wall_s", "peak_rss_mib", "killed", "output"]
+        lines += records_table(doc, [*columns, "method", "bytes_gathered", "error"])
+    elif name == "generated_rows":
+        columns = ["rows", "dim", "wall_s", "rows_per_s", "peak_worker_rss_mib"]
+        lines += records_table(doc, [*columns, "method", "bytes_gathered", "error"])
     elif name == "wide":
         lines += records_table(
             doc,

@@ -65,6 +65,12 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--scheduler", help="tcp://host:port of a running Dask scheduler")
     parser.add_argument("--workers", type=int, help="workers of the local cluster (default: cores)")
+    parser.add_argument(
+        "--memory-limit",
+        help="memory limit of each local-cluster worker, e.g. 1GiB (default: 80%% of the "
+        "machine's memory shared among the workers); Dask spills, pauses and restarts a "
+        "worker against it",
+    )
     parser.add_argument("--seed", type=int, help="public seed (assignment, reference points)")
     add_storage_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar or cluster banner")
@@ -277,7 +283,7 @@ def run_to_output(args: argparse.Namespace, make_config, runner) -> int:
             print(f"warning: {id_like_message(dataset.id_like, '--columns')}", file=sys.stderr)
         return dataset
 
-    with dask_client(args.scheduler, args.quiet, args.workers) as client:
+    with dask_client(args.scheduler, args.quiet, args.workers, args.memory_limit) as client:
         result = runner(config, open_dataset, client, progress=not args.quiet)
     out = write_run(args.out, result.basis, result.manifest, args.overwrite, storage_options)
     if result.basis is None:

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from distributed import WorkerPlugin
+
 DASK = str(Path(sys.executable).with_name("dask"))
 SINGLE_THREADED_BLAS = {
     "OMP_NUM_THREADS": "1",
@@ -75,11 +77,13 @@ def start_cluster(
     env: dict[str, str] | None = None,
     nanny: bool = True,
     extra_pythonpath: list[Path] = (),
+    memory_limit: str = "2GiB",
 ) -> CommandLineCluster:
     """``dask scheduler --host 127.0.0.1 --port 0`` and ``workers`` × ``dask worker ADDRESS``.
 
     ``env`` is the workers' whole environment (default: this process's); BLAS is single
-    threaded so results do not depend on thread scheduling.
+    threaded so results do not depend on thread scheduling. Each worker gets
+    ``--memory-limit memory_limit``.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     scheduler_file = workdir / "scheduler.json"
@@ -118,7 +122,7 @@ def start_cluster(
                 f"w{i}",
                 "--no-dashboard",
                 "--memory-limit",
-                "2GiB",
+                memory_limit,
                 "--local-directory",
                 str(workdir / f"w{i}"),
             ]
@@ -179,3 +183,30 @@ def calls_by_process(calls: Path) -> dict[int, int]:
         pid = int(marker.name.split("-")[0])
         counts[pid] = counts.get(pid, 0) + 1
     return counts
+
+
+class HaltAfterTasks(WorkerPlugin):
+    """A worker plugin (``Client.register_plugin``): the first worker to finish ``tasks``
+    tasks of its own writes its process id to ``marker`` and then stops answering (its
+    event loop sleeps) until the test kills it: a worker holding results mid-run, reached
+    without timing luck. Later workers find the marker taken and go on."""
+
+    name = "halt-after-tasks"
+
+    def __init__(self, marker: str, tasks: int, timeout_s: float = 120.0) -> None:
+        self.marker, self.tasks, self.timeout_s = marker, tasks, timeout_s
+        self.done = 0
+
+    def transition(self, key, start, finish, **kwargs) -> None:
+        if (start, finish) != ("executing", "memory"):
+            return
+        self.done += 1
+        if self.done != self.tasks:
+            return
+        try:
+            handle = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.write(handle, str(os.getpid()).encode())
+        os.close(handle)
+        time.sleep(self.timeout_s)

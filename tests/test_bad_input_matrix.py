@@ -423,6 +423,19 @@ FAULTS: list[Fault] = [
         args=("--scheduler", "tcp://127.0.0.1:9"),
     ),
     Fault(
+        "memory-limit-with-scheduler",
+        good_folder,
+        r"--memory-limit sizes the workers of a local cluster: set it on the workers of the "
+        r"cluster at tcp://",
+        args=("--memory-limit", "1GiB"),
+    ),
+    Fault(
+        "memory-limit-not-a-size",
+        good_folder,
+        r"--memory-limit must be a positive size \(got 'lots'\): pass e.g. 1GiB or 500MB",
+        args=("--memory-limit", "lots", "--scheduler", ""),
+    ),
+    Fault(
         "vector-ragged-list",
         _ragged_folder,
         r"part-5.parquet: list column x has rows of different lengths \(row 40 has 3 values, "

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -24,3 +26,33 @@ def test_scale_reports_rss_ratio_and_throughput_vs_floor(tmp_path, scheduler_add
     assert row["rss_ratio"] > 0 and row["throughput_vs_floor"] > 0
     assert len(document["records"]) == 4  # ⊥ (status "bottom") is a run that finished too
     assert all(r["status"] in ("ok", "bottom") for r in document["records"])
+
+
+def test_beyond_memory_reports_each_process_and_the_error(tmp_path):
+    from bench import beyond_memory
+    from dpsub_dist.synth import generate
+
+    data = generate(tmp_path / "data", rows=6000, dim=6, rank=2, partitions=3, seed=2)
+    argv = [str(data.path), "--rank", "2", "--memory-limit", "400MiB", "--workers", "1"]
+    argv += ["--work-dir", str(tmp_path / "w"), "--results-dir", str(tmp_path / "r")]
+    assert beyond_memory.main(argv) == 0
+    document = json.loads((tmp_path / "r" / "beyond_memory.json").read_text())
+    (record,) = document["records"]
+    assert record["exit_code"] == 0 and record["output"] == "complete"
+    assert record["error"] < 0.2 and record["bytes_gathered"] > 0
+    assert record["peak_rss_mib"]["driver"] > 0 and len(record["peak_rss_mib"]) >= 2
+    assert document["parameters"]["memory_limit"] == "400MiB"
+
+
+def test_generated_rows_draw_the_same_rows_per_chunk_and_fit():
+    from bench import generated_rows
+
+    first = generated_rows.generated_rows(2500, 5, 2, 0.01, 1000, seed=3)
+    assert first.chunks == ((1000, 1000, 500), (5,))
+    rows = first.compute(scheduler="synchronous")
+    again = generated_rows.generated_rows(2500, 5, 2, 0.01, 1000, seed=3)
+    np.testing.assert_array_equal(rows, again.compute(scheduler="synchronous"))
+    assert not np.array_equal(rows[:500], rows[1000:1500])  # each chunk its own seed
+    truth = generated_rows.truth(5, 2, 3)
+    residual = rows - (rows @ truth) @ truth.T
+    assert np.abs(residual).max() < 0.1 and np.abs(rows).max() > 1

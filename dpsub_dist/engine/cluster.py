@@ -18,6 +18,21 @@ def _memory_bytes() -> int:
         return 8 * 2**30
 
 
+def _limit_bytes(text: str) -> int:
+    """Bytes of a ``--memory-limit`` such as ``1GiB``; InputError (exit 2) if not a size."""
+    from dask.utils import parse_bytes
+
+    try:
+        value = parse_bytes(text)
+    except (ValueError, TypeError):
+        value = 0
+    if value <= 0:
+        raise InputError(
+            f"--memory-limit must be a positive size (got {text!r}): pass e.g. 1GiB or 500MB"
+        )
+    return value
+
+
 @contextlib.contextmanager
 def _quiet(logger: logging.Logger) -> Iterator[None]:
     """Silence ``logger`` for the block: a lost scheduler is reported once, as RunAborted."""
@@ -30,12 +45,43 @@ def _quiet(logger: logging.Logger) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _workers_lost() -> Iterator[None]:
+    """A task whose workers kept dying (Dask's ``KilledWorker``: the OOM killer, a crash) ends
+    the run as RunAborted (exit 5), nothing written; under the ledger it stays reserved and
+    its run id resumes. One lost worker is not this: Dask reruns its tasks on the others."""
+    from distributed import KilledWorker
+
+    try:
+        yield
+    except KilledWorker:
+        raise RunAborted(
+            "Dask workers died running the same task (killed: out of memory?): nothing was "
+            "written or released; give the workers more memory (--memory-limit, or dask "
+            "worker --memory-limit) or smaller partitions, and re-run"
+        ) from None
+
+
+@contextlib.contextmanager
 def dask_client(
-    scheduler: str | None = None, quiet: bool = False, workers: int | None = None
+    scheduler: str | None = None,
+    quiet: bool = False,
+    workers: int | None = None,
+    memory_limit: str | None = None,
 ) -> Iterator:
-    """A distributed Client: to ``scheduler`` if given, else to a new local process cluster."""
+    """A distributed Client: to ``scheduler`` if given, else to a new local process cluster.
+
+    ``memory_limit`` (a size per worker, Dask's notation: ``1GiB``, ``500MB``) sizes the
+    local cluster's workers; default 80 % of the machine's memory shared among them. It has
+    no meaning for a running cluster.
+    """
     from distributed import Client, LocalCluster
 
+    if scheduler and memory_limit:
+        raise InputError(
+            "--memory-limit sizes the workers of a local cluster: set it on the workers of "
+            f"the cluster at {scheduler} (dask worker --memory-limit) or omit --scheduler"
+        )
+    limit = _limit_bytes(memory_limit) if memory_limit is not None else None
     if scheduler:
         try:
             client = Client(scheduler, timeout="15s")
@@ -46,7 +92,8 @@ def dask_client(
             ) from None
         with _quiet(logging.getLogger("distributed.client")), client:
             try:
-                yield client
+                with _workers_lost():
+                    yield client
             except Exception as err:
                 if isinstance(err, DpsubError) or client.status == "running":
                     raise
@@ -60,7 +107,7 @@ def dask_client(
         n_workers=n_workers,
         threads_per_worker=1,
         processes=True,
-        memory_limit=int(_memory_bytes() * 0.8 / n_workers),
+        memory_limit=limit or int(_memory_bytes() * 0.8 / n_workers),
         dashboard_address="127.0.0.1:0",
         host="127.0.0.1",
         # A failed task's error reaches the user once, as the CLI's one-line message;
@@ -74,7 +121,8 @@ def dask_client(
                     f"local Dask cluster: {n_workers} workers, dashboard {client.dashboard_link}",
                     file=sys.stderr,
                 )
-            yield client
+            with _workers_lost():
+                yield client
     finally:
         cluster.close()
 
