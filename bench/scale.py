@@ -75,6 +75,18 @@ def summarise(records: list[dict[str, Any]], dims: list[int], rows: list[int]) -
                 "error": _median(dpsub_large, "error"),
             }
         )
+        reread = pick("dpsub_reread", large)  # the row cache off (issue #16's before)
+        if reread:
+            table[-1].update(
+                reread_wall_s=_median(reread, "wall_s"),
+                reread_throughput_vs_floor=ratio(
+                    _median(pick("floor", large), "wall_s"), _median(reread, "wall_s")
+                ),
+                reread_time_vs_dask_ml=ratio(
+                    _median(reread, "wall_s"),
+                    _median(pick("dask_ml_randomized", large), "wall_s"),
+                ),
+            )
     return table
 
 

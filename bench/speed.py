@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ import numpy as np
 
 from bench import common
 
-TOOLS = ("dpsub", "dpsub_contiguous", "dask_ml_randomized", "dask_ml_tsqr", "floor")
+TOOLS = ("dpsub", "dpsub_contiguous", "dpsub_reread", "dask_ml_randomized", "dask_ml_tsqr", "floor")
 
 
 def parquet_files(path: Path) -> list[str]:
@@ -79,12 +80,27 @@ def run_dask_ml(path: Path, rank: int, solver: str, client: Any) -> dict[str, An
     return {"status": "ok", "basis": np.asarray(model.components_).T}
 
 
+@contextmanager
+def rows_reread() -> Iterator[None]:
+    """dpsub without issue #16's row cache: every pass reads the files again (the cache's
+    decision is the driver's, so a fraction of 0 here turns it off for the run)."""
+    from dpsub_dist.engine import row_cache
+
+    fraction = row_cache.CACHE_FRACTION
+    row_cache.CACHE_FRACTION = 0.0
+    try:
+        yield
+    finally:
+        row_cache.CACHE_FRACTION = fraction
+
+
 def run_tool(tool: str, path: Path, truth: np.ndarray, args: Any, client: Any) -> dict[str, Any]:
     """One timed run of one tool, with the workers' peak memory."""
     from dpsub_dist.linalg import subspace_error
 
     rank = truth.shape[1]
-    with common.PeakMemory(client, interval=0.05) as memory:
+    reread = rows_reread() if tool == "dpsub_reread" else nullcontext()
+    with common.PeakMemory(client, interval=0.05) as memory, reread:
         started = time.monotonic()
         if tool.startswith("dpsub"):
             subsets = int(tool.removeprefix("dpsub_t")) if tool.startswith("dpsub_t") else None
@@ -245,9 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tools",
         type=common.str_list,
-        default=["dpsub", "dpsub_t2000", *TOOLS[1:]],
+        default=["dpsub", "dpsub_t2000", *(t for t in TOOLS[1:] if t != "dpsub_reread")],
         help=f"from {','.join(TOOLS)}; dpsub_tT = dpsub with --subsets T; "
-        "dpsub_contiguous = dpsub with --assign contiguous",
+        "dpsub_contiguous = dpsub with --assign contiguous; dpsub_reread = dpsub with the "
+        "row cache off (every pass reads the files)",
     )
     parser.add_argument(
         "--driver-matrix-limit-gib",
