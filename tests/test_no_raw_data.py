@@ -109,11 +109,14 @@ def test_gathered_bytes_are_summaries_only_and_do_not_grow_with_n(
     print(f"gathered bytes by n: {measured}; summaries {summaries}; raw at 10n {raw}")
 
 
-def test_gauss_with_rows_held_on_the_workers_gathers_summaries_only(
-    datasets, tmp_path, scheduler_address, monkeypatch
+@pytest.mark.parametrize("held", [True, False])
+def test_gauss_with_rows_or_level_sums_held_on_the_workers_gathers_summaries_only(
+    datasets, tmp_path, scheduler_address, monkeypatch, held
 ) -> None:
     """The default covariance route holds the rows on the workers between its four passes
-    (engine/row_cache.py): still only counts, the row sum and the Gram reach the driver."""
+    (engine/row_cache.py), or, where they do not fit, the per-bin sums its fused mean pass
+    keeps there (norm_pass.LevelSums; a bin may hold one row): still only counts, the row
+    sum and the Gram reach the driver."""
     from dpsub_dist.engine import row_cache
     from dpsub_dist.estimators import covariance
 
@@ -121,11 +124,13 @@ def test_gauss_with_rows_held_on_the_workers_gathers_summaries_only(
     for n, source in datasets.items():
         meter = GatherMeter(monkeypatch)
         monkeypatch.setattr("dpsub_dist.privacy.noise.new_noise_seed", lambda: NOISE_SEED)
-        held = []
+        if not held:
+            monkeypatch.setattr(row_cache, "CACHE_FRACTION", 0.0)
+        opened = []
 
-        def spy(dataset, executor, user_level, held=held):
-            held.append(row_cache.cache_rows(dataset, executor, user_level))
-            return held[-1]
+        def spy(dataset, executor, user_level, opened=opened):
+            opened.append(row_cache.cache_rows(dataset, executor, user_level))
+            return opened[-1]
 
         monkeypatch.setattr(covariance, "cache_rows", spy)
         out = tmp_path / f"gauss{n}"
@@ -133,7 +138,7 @@ def test_gauss_with_rows_held_on_the_workers_gathers_summaries_only(
         args += ["--delta", "1e-6", "--method", "gauss", "--seed", "5", "--out", str(out)]
         assert main([*args, "--scheduler", scheduler_address, "--quiet"]) == 0
         assert (out / "basis.npy").exists()
-        assert [d.loader for d in held] == [row_cache.held_rows]  # the rows were held
+        assert [row_cache.is_held(d) for d in opened] == [held]
         measured[n] = meter.bytes
         monkeypatch.undo()
     # 2 × 102 norm counts, the row sum and the d×d Gram, + per-file footer facts

@@ -72,8 +72,9 @@ def test_cached_rows_release_the_same_values_and_are_read_once(
     parts = len(data.parts)
     results, reads = {}, {}
     for cached in (True, False):
-        if not cached:
+        if not cached:  # every pass reads, as before the cache (and without fusing passes)
             monkeypatch.setattr(row_cache, "IN_PROCESS_CACHE_BYTES", 0)
+            monkeypatch.setattr("dpsub_dist.estimators.norm_pass.LEVEL_SUMS_BYTES", 0)
         loader = CountingLoader(data.loader)
         counted = dataclasses.replace(data, loader=loader)
         results[cached] = _released(_run(options, open_dataset=lambda _e, c=counted: c))
@@ -117,13 +118,59 @@ class _Limited(Executor):
         return self.limit
 
 
-def test_cached_run_on_a_cluster_releases_what_rereading_does(
+def test_cached_and_fused_runs_on_a_cluster_release_what_rereading_does(
     dask_client, small_dataset, monkeypatch
 ) -> None:
     def open_dataset(executor: Executor):
         return parquet_dataset(str(small_dataset.path), None, None, None, executor)
 
-    cached = _released(_run({"method": "gauss"}, dask_client, open_dataset))
+    cached = _run({"method": "gauss"}, dask_client, open_dataset)
     monkeypatch.setattr(row_cache, "CACHE_FRACTION", 0.0)
-    reread = _released(_run({"method": "gauss"}, dask_client, open_dataset))
-    assert cached == reread
+    fused = _run({"method": "gauss"}, dask_client, open_dataset)  # level sums held there
+    monkeypatch.setattr("dpsub_dist.estimators.norm_pass.LEVEL_SUMS_BYTES", 0)
+    reread = _run({"method": "gauss"}, dask_client, open_dataset)
+    assert _released(cached) == _released(reread)
+    assert fused.manifest["parameters"] == reread.manifest["parameters"]
+    mean = (fused.manifest["release"]["mean"], reread.manifest["release"]["mean"])
+    np.testing.assert_allclose(*mean, rtol=1e-9)
+
+
+@pytest.mark.parametrize("method", ["gauss", "friendly"])
+def test_fused_mean_releases_what_the_separate_passes_do(monkeypatch, method: str) -> None:
+    """Rows not held: the mean's bound and clipped sum take one read (norm_pass.LevelSums).
+    Same counts, so the same released bound; the sum differs by rounding only."""
+    from dpsub_dist.estimators import norm_pass
+
+    monkeypatch.setattr(row_cache, "IN_PROCESS_CACHE_BYTES", 0)  # every pass reads
+    data = array_dataset(_rows())
+    results, reads = {}, {}
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(norm_pass, "LEVEL_SUMS_BYTES", 0)
+        loader = CountingLoader(data.loader)
+        counted = dataclasses.replace(data, loader=loader)
+        results[fused] = _run({"method": method}, open_dataset=lambda _e, c=counted: c)
+        reads[fused] = loader.calls[0] // len(data.parts)
+    fused, apart = (results[k].manifest for k in (True, False))
+    assert fused["parameters"] == apart["parameters"]  # the same released bounds
+    assert fused["parameters"]["mean_row_norm"] == apart["parameters"]["mean_row_norm"]
+    np.testing.assert_allclose(fused["release"]["mean"], apart["release"]["mean"], rtol=1e-9)
+    np.testing.assert_allclose(results[True].basis, results[False].basis, atol=1e-6)
+    assert reads[True] == reads[False] - 1  # one read of the rows fewer
+
+
+def test_level_sums_give_the_clipped_sum_at_every_grid_value() -> None:
+    from dpsub_dist.engine.gram import clip_rows
+    from dpsub_dist.estimators.norm_pass import partition_level_sums
+    from dpsub_dist.privacy.norm_bound import GRID, norm_counts
+
+    rng = np.random.default_rng(0)
+    rows = rng.standard_normal((3000, 5)) * np.exp(3 * rng.standard_normal((3000, 1)))
+    rows[0], rows[1] = 0.0, 2.0**45  # a zero row; a row past the grid's top (overflow bin)
+    sums = partition_level_sums(lambda part: (part, None), rows)
+    np.testing.assert_array_equal(sums.counts, norm_counts(rows))
+    for bound in GRID:
+        expected = clip_rows(rows, bound).sum(axis=0)
+        np.testing.assert_allclose(sums.clipped_sum(bound), expected, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="not a value of the norm grid"):
+        sums.clipped_sum(3.0)

@@ -47,6 +47,11 @@ def held_rows(part: tuple[Any, Any]) -> tuple[Any, Any]:
     return part
 
 
+def is_held(dataset: Dataset) -> bool:
+    """Whether ``dataset``'s rows are held (:func:`cache_rows`): a pass costs no read."""
+    return dataset.loader is held_rows
+
+
 def cache_rows(dataset: Dataset, executor: Executor, user_level: bool) -> Dataset:
     """``dataset`` with each partition read once and held (module docstring), or ``dataset``
     itself where the rows do not fit, at user level, or without rows."""
