@@ -36,6 +36,7 @@ def profile(path: Any, repeats: int) -> dict[str, float]:
 
     from dpsub_dist.engine.gram import clip_rows, gram_of
     from dpsub_dist.engine.sources import parquet_dataset
+    from dpsub_dist.estimators.norm_pass import partition_level_sums
     from dpsub_dist.privacy.norm_bound import norm_counts
 
     dataset = parquet_dataset(str(path), None, None, None, None)
@@ -47,6 +48,7 @@ def profile(path: Any, repeats: int) -> dict[str, float]:
         "decode": lambda: dataset.loader(part),
         "norm_counts": lambda: norm_counts(rows),
         "clipped_sum": lambda: clip_rows(rows, 1.0).sum(axis=0),
+        "level_sums": lambda: partition_level_sums(lambda part: (part, None), rows),
         "centre": lambda: rows - mean,
         "gram": lambda: gram_of(clip_rows(rows - mean, 1.0)),
     }
