@@ -75,6 +75,28 @@ def test_projected_sums_and_the_release_draw_the_formula_sigma() -> None:
     assert release.matrix[0, 1] == release.matrix[1, 0]
 
 
+def test_one_row_moves_the_projected_sums_by_at_most_sqrt_2() -> None:
+    """Δ = √2 of ``projected_sums`` (privacy/variance.py) by brute force: 20,000 random pairs of
+    rows (inside, on and far outside the bound C, along and across V) never move the sums by
+    more than √2, and the pairs the proof names (v₁C vs 0, v₁C vs v₂C) reach it."""
+    rng = np.random.default_rng(11)
+    basis = np.linalg.qr(rng.standard_normal((6, 3)))[0]
+    bound = 2.5
+    largest = 0.0
+    for _ in range(20_000):
+        pair = rng.standard_normal((2, 6)) * rng.choice([0.1, 1.0, 3.0, 100.0], (2, 1))
+        if rng.random() < 0.3:  # rows inside span(V), where ‖Vᵀz‖ = ‖z‖
+            pair = rng.standard_normal((2, 3)) @ basis.T * rng.choice([0.5, 2.5, 9.0], (2, 1))
+        u = [var.projected_sums(row[None], basis, bound) for row in pair]
+        largest = max(largest, float(np.linalg.norm(u[0] - u[1])))
+    assert largest <= var.SENSITIVITY * (1 + 1e-12)
+    for a, b in ((basis[:, 0] * bound, np.zeros(6)), (basis[:, 0] * bound, basis[:, 1] * bound)):
+        moved = var.projected_sums(a[None], basis, bound) - var.projected_sums(
+            b[None], basis, bound
+        )
+        assert np.linalg.norm(moved) == pytest.approx(var.SENSITIVITY, rel=1e-12)
+
+
 @pytest.fixture()
 def noise_factor(monkeypatch):
     """The real calibration, memoised, times a factor (0.5: the under-noised twin)."""

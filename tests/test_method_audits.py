@@ -24,11 +24,23 @@ MEAN = "test_covariance_audit.py::test_gaussian_mean_audit_catches_half_noise"
 VARIANCE = "test_explained_variance.py::test_variance_audit_catches_half_noise"
 CORE = "test_audit_core.py::test_audit_catches_planted_under_noising"  # friendly, histogram
 GAUSS = "test_covariance_audit.py::test_analyze_gauss_audit_catches_half_noise"
+CONSUMER = "test_consumer_audits.py::test_published_"  # whole runs, read from the manifest
+PUBLISHED_MEAN = CONSUMER + "mean_audit_catches_an_eighth_of_the_noise"
+PUBLISHED_VARIANCE = CONSUMER + "explained_variance_audit_catches_an_eighth_of_the_noise"
+PUBLISHED_ROW_BOUND = CONSUMER + "row_bound_audit_catches_a_32nd_of_the_noise"
+PUBLISHED_USER_BOUND = CONSUMER + "user_level_bound_audit_catches_a_32nd_of_the_noise"
 
 AUDITS: dict[str, tuple[str, ...]] = {
-    "estimate friendly": (CORE, NORM_BOUND, MEAN, VARIANCE),
-    "estimate histogram": (CORE, NORM_BOUND, MEAN, VARIANCE),
-    "estimate gauss": (GAUSS, NORM_BOUND, MEAN),
+    "estimate friendly": (CORE, NORM_BOUND, MEAN, VARIANCE, PUBLISHED_VARIANCE),
+    "estimate histogram": (CORE, NORM_BOUND, MEAN, VARIANCE, PUBLISHED_VARIANCE),
+    "estimate gauss": (
+        GAUSS,
+        NORM_BOUND,
+        MEAN,
+        PUBLISHED_MEAN,
+        PUBLISHED_ROW_BOUND,
+        PUBLISHED_USER_BOUND,
+    ),
     "estimate gap-perturb": (
         "test_covariance_audit.py::test_gap_perturbation_projector_audit_catches_half_noise",
         "test_covariance_audit.py::test_gap_perturbation_gap_test_audit_catches_half_laplace",
@@ -40,10 +52,17 @@ AUDITS: dict[str, tuple[str, ...]] = {
         "test_exact.py::test_gap_max_audit_catches_under_noised_twin",
         "test_exact.py::test_snapped_release_audit_catches_the_unsnapped_twin",
     ),
-    "estimate power": ("test_power.py::test_one_iteration_audit_catches_half_noise", NORM_BOUND),
+    "estimate power": (
+        "test_power.py::test_one_iteration_audit_catches_half_noise",
+        CONSUMER + "power_basis_audit_catches_a_16th_of_the_noise",
+        NORM_BOUND,
+    ),
     "estimate auto": (CORE, GAUSS, NORM_BOUND, MEAN, VARIANCE),  # runs friendly or gauss
     "cluster sample-aggregate": (CORE,),
-    "cluster sulq": ("test_clustering_audit.py::test_one_sulq_iteration_audit_catches_half_noise",),
+    "cluster sulq": (
+        "test_clustering_audit.py::test_one_sulq_iteration_audit_catches_half_noise",
+        CONSUMER + "sulq_bound_audit_catches_a_32nd_of_the_noise",
+    ),
     "cluster gibbs": (  # claims no DP guarantee; its target mechanism is audited
         "test_clustering_audit.py::test_exponential_mechanism_audit_catches_doubled_temperature",
     ),

@@ -61,3 +61,25 @@ def test_sulq_private_norm_with_a_public_row_norm_exits_2(
     out = tmp_path / "out"
     code = _cluster(two_planes[0], out, scheduler_address, "--private-norm", "--row-norm", "5")
     assert code == 2 and "--private-norm" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.parametrize("private_norm", [True, False])
+def test_sulq_on_a_table_without_rows_is_bad_input_before_any_read(
+    tmp_path, monkeypatch, private_norm
+) -> None:
+    """n = 0 is public (footers) at row level, the only level SuLQ runs at: exit 2 with a
+    one-line fix, before any partition is read or noise drawn (was a ValueError traceback,
+    exit 1, after the private-norm step had been charged)."""
+    from dpsub_dist.engine.sources import parquet_dataset
+    from dpsub_dist.errors import InputError
+    from dpsub_dist.estimators import clustering
+    from dpsub_dist.job import ClusterConfig, run_cluster
+
+    path = tmp_path / "empty.parquet"
+    pd.DataFrame({f"x{i}": pd.Series([], dtype=float) for i in range(4)}).to_parquet(path)
+    monkeypatch.setattr(clustering, "compute_norm_counts", lambda *a: pytest.fail("read"))
+    config = ClusterConfig(
+        clusters=2, rank=1, epsilon=1.0, delta=1e-6, method="sulq", private_norm=private_norm
+    )
+    with pytest.raises(InputError, match="has no rows"):
+        run_cluster(config, lambda client: parquet_dataset(str(path), None, None, None, client))

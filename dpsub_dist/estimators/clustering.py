@@ -491,6 +491,8 @@ def merge_grams(grams: np.ndarray, clusters: int, rank: int) -> np.ndarray:
 
 
 def run_sulq(config, dataset, accountant, grants, executor, progress, noise_seed, timings):
+    if dataset.n_rows < 1:  # row level only: n is public (footers), so this is bad input
+        raise InputError(f"{dataset.input} has no rows: pass a dataset with at least one row")
     dim, k, q = dataset.dim, config.clusters, config.rank
     seed = public_seed(config)
     planes = OVERCLUSTER * k

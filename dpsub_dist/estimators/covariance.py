@@ -192,13 +192,41 @@ def bound_quantile(
     (its gap test and projector noise see the Gram of rows scaled by 1/B), so it uses the σ a
     Gram release would have at its projector grant. Public: grants, n (row level; the released
     noisy user count at user level), D and the sparse vector's ε (default: the whole
-    ``norm_bound`` grant's).
+    ``norm_bound`` grant's). With the margins of :func:`norm_bound.margined_quantile`: raises
+    :class:`norm_bound.TooFewForBound` where n (or ñ) is too small for them.
     """
     noise_grant = grants["gram_noise"] if method == "gauss" else grants["projector_noise"]
     sigma = gaussian_sigma(noise_grant, SENSITIVITY[relation].gram)
     if norm_epsilon is None:
         norm_epsilon = laplace_epsilon(grants["norm_bound"])
-    return noise_matched_quantile(n_rows, dim, sigma, norm_epsilon)
+    quantile = noise_matched_quantile(n_rows, dim, sigma, norm_epsilon)
+    unit = "users" if relation == "add_remove" else "rows"
+    return norm_bound.margined_quantile(quantile, n_rows, norm_epsilon, unit)
+
+
+def too_few_users(
+    config: EstimateConfig,
+    dataset: Dataset,
+    accountant: Accountant,
+    reason: str,
+    timings: dict[str, float],
+    started: float,
+) -> EstimateResult:
+    """⊥ at user level when the released ñ is too small for the private bound
+    (:func:`norm_bound.margined_quantile`): the ``norm_bound`` step was read and charged; no
+    Gram pass, no basis, the reason names ñ (released) and the fix."""
+    timings["total_s"] = time.monotonic() - started
+    parameters = {
+        "row_norm": None,
+        "row_norm_source": "private (not released: too few users)",
+        "row_scaling": ROW_SCALING["add_remove"],
+        "budget_shares": plan_shares(config),
+        "partitions": len(dataset.parts),
+    }
+    release = {"neighbours": "add_remove", "failed_step": "norm_bound", "failure_reason": reason}
+    manifest = build_manifest(config, dataset, accountant, False, parameters, release, 0)
+    manifest["privacy"].pop("assignment", None)
+    return EstimateResult(None, manifest, timings)
 
 
 def run_covariance(
@@ -219,6 +247,19 @@ def run_covariance(
     # empty input is summarised as the zero matrix and released with noise like any other.
     if dataset.n_rows < 1 and relation == "replace":
         raise InputError(f"{dataset.input} has no rows: pass a dataset with at least one row")
+    step = "centred_norm_bound" if config.center else "norm_bound"
+    if config.row_norm is None and relation == "replace":  # public n, D, ε, δ: before any read
+        try:
+            quantile = bound_quantile(
+                config.method,
+                grants,
+                relation,
+                dataset.n_rows,
+                dataset.dim,
+                laplace_epsilon(grants[step]),
+            )
+        except norm_bound.TooFewForBound as err:
+            raise InputError(str(err)) from None
     # Up to four passes follow: each partition is read once and held when the rows fit
     # (row level; engine/row_cache.py), which changes no released value.
     dataset = cache_rows(dataset, executor, user_level=relation == "add_remove")
@@ -237,25 +278,19 @@ def run_covariance(
             else np.zeros(len(GRID) + 1, dtype=np.int64)
         )
         accountant.charge("norm_bound", norm_bound.user_norm_bound_mechanism(grants["norm_bound"]))
-        released = private_user_norm_bound(
-            counts,
-            grants["norm_bound"],
-            rng,
-            lambda users, eps: bound_quantile(
-                config.method, grants, relation, users, dataset.dim, eps
-            ),
-        )
+        try:
+            released = private_user_norm_bound(
+                counts,
+                grants["norm_bound"],
+                rng,
+                lambda users, eps: bound_quantile(
+                    config.method, grants, relation, users, dataset.dim, eps
+                ),
+            )
+        except norm_bound.TooFewForBound as err:  # a function of the released ñ: ⊥, charged
+            return too_few_users(config, dataset, accountant, str(err), timings, started)
         row_norm, norm_source = released.bound, USER_NORM_SOURCE.format(q=released.quantile)
     elif config.row_norm is None:
-        step = "centred_norm_bound" if config.center else "norm_bound"
-        quantile = bound_quantile(
-            config.method,
-            grants,
-            relation,
-            dataset.n_rows,
-            dataset.dim,
-            laplace_epsilon(grants[step]),
-        )
         args = (dataset, loader, accountant, grants, rng, executor, progress)
         row_norm = centring.private_bound(step, *args, quantile=quantile)
         norm_source = NORM_SOURCE.format(q=quantile, step=step)

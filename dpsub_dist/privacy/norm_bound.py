@@ -29,6 +29,11 @@ User level (:func:`private_user_norm_bound`): one user's rows move every row cou
 their number and n is private, so the same search runs over users instead (one norm
 ``√Σ‖x‖²`` per user, Δ = 1 under add/remove) with the threshold ``q·ñ`` from a noisy user
 count paid from the same step.
+
+Low-side margin (:func:`margined_quantile`, every covariance run): the threshold is also kept
+≥ :data:`LOW_MARGIN`/ε, so the many empty low bins (count 0) do not pass it by noise alone;
+where that and the top margin cannot both hold (n or ñ below :func:`min_count`), no bound is
+released: exit 2 before any read at row level, ⊥ after the count at user level.
 """
 
 from __future__ import annotations
@@ -65,6 +70,20 @@ mass's off-diagonal block (tail rows mostly lie along the top directions)."""
 
 MAX_CLIPPED = 0.5
 """The rule never targets a quantile below 0.5 (tiny n or ε: the margin alone would)."""
+
+LOW_FIRE = 0.01
+"""Chance, at most, that some bin of count 0 passes the threshold (:data:`LOW_MARGIN`)."""
+
+LOW_MARGIN = 4.0 * math.log(2.0 * len(GRID) / (3.0 * LOW_FIRE))
+"""The threshold must be ≥ ``LOW_MARGIN/ε`` (≈ 35.3/ε): then a bin of count 0 fires w.p. ≤
+LOW_FIRE over the whole grid.
+
+Derivation: a query's noise is Z ~ Lap(b), b = 4/ε (Δ = 1), the threshold's Z_T ~ Lap(b/2)
+(:func:`mechanism.above_threshold`; the noise grids widen both scales by a relative 2^-30).
+For a count of 0 against the threshold T ≥ 0, P(Z − Z_T ≥ T) = (2/3)e^{−T/b} − (1/6)e^{−2T/b}
+≤ (2/3)e^{−T/b} (tail of a difference of Laplaces of scales b and b/2). A union over the
+grid's L = len(GRID) = 101 queries gives P(some empty bin fires) ≤ (2L/3)·e^{−Tε/4} ≤ β for
+T ≥ (4/ε)·ln(2L/(3β)); β = LOW_FIRE. Public: L is the public grid's length."""
 
 COUNT_SENSITIVITY = 1.0
 """Replacing one row moves each cumulative count ``#{‖x‖ ≤ grid_j}`` by at most 1."""
@@ -115,6 +134,39 @@ def noise_matched_quantile(n_rows: int, dim: int, noise_sigma: float, norm_epsil
     noise_level = NOISE_WEIGHT * 2.0 * noise_sigma * math.sqrt(dim) / n_rows
     floor = SV_MARGIN / (norm_epsilon * n_rows)
     return 1.0 - min(max(noise_level, floor), MAX_CLIPPED)
+
+
+class TooFewForBound(ValueError):
+    """Too few rows (or users) for a reliable private bound at this ε (:func:`min_count`)."""
+
+
+def min_count(norm_epsilon: float) -> float:
+    """The smallest count n (or ñ) with a threshold in ``[LOW_MARGIN/ε, n − SV_MARGIN/ε]``."""
+    return (LOW_MARGIN + SV_MARGIN) / norm_epsilon
+
+
+def margined_quantile(quantile: float, count: float, norm_epsilon: float, unit: str) -> float:
+    """The quantile whose threshold ``q·n`` is ``max(quantile·n, LOW_MARGIN/ε)``; raises
+    :class:`TooFewForBound` where ``[LOW_MARGIN/ε, n − SV_MARGIN/ε]`` is empty.
+
+    ``count``: the public n (``unit="rows"``) or the released ñ (``unit="users"``);
+    ``norm_epsilon``: the sparse vector's ε. A function of public or released values only, so
+    the threshold, the failure and its message are too. Below the interval the empty low bins
+    fire w.p. > LOW_FIRE (a bound far below the data, :data:`LOW_MARGIN`); above it the search
+    fires late or never (:data:`SV_MARGIN`). The top side is the floor of
+    :func:`noise_matched_quantile` (``q·n ≤ n − SV_MARGIN/ε`` wherever the interval is
+    non-empty), so for a run's quantile the threshold is ``clip(q·n, LOW_MARGIN/ε,
+    n − SV_MARGIN/ε)``; a caller's fixed quantile above the top is left as it is (it errs
+    towards ⊥, the top of the grid, never below the data).
+    """
+    low, high = LOW_MARGIN / norm_epsilon, count - SV_MARGIN / norm_epsilon
+    if low > high:
+        what = f"{count:.0f} rows are" if unit == "rows" else f"the noisy user count {count:.0f} is"
+        raise TooFewForBound(
+            f"{what} too few for a private norm bound at ε_norm = {norm_epsilon:.3g} (needs "
+            f"≥ {math.ceil(min_count(norm_epsilon))}): pass --row-norm B, a larger ε or more {unit}"
+        )
+    return max(quantile, low / count)
 
 
 def private_norm_bound(
@@ -172,7 +224,9 @@ def private_user_norm_bound(
     2. AboveThreshold at ε₂ = ε − ε₁ over the cumulative counts ``#{users: √Σ‖x‖² ≤ grid_j}``:
        a user sits in one bin, so adding or removing one moves every cumulative count by ≤ 1
        (Δ = 1); the threshold ``q·ñ`` with ``q = quantile_for(ñ, ε₂)`` is a function of the
-       released ñ and public values, fixed before step 2 (adaptive composition).
+       released ñ and public values, fixed before step 2 (adaptive composition), with the
+       margins of :func:`margined_quantile`; where ñ is below :func:`min_count` of ε₂, raises
+       :class:`TooFewForBound` (a function of ñ) instead of searching.
 
     A user with ``√Σ‖x‖² ≤ B`` has every row within B and ``Σ‖x/B‖² ≤ 1``: the user-level Gram
     pass leaves them untouched; the others are clipped and rescaled as with a public bound.
@@ -182,7 +236,9 @@ def private_user_norm_bound(
     counts = np.asarray(counts, dtype=np.int64)
     users = max(float(count.release(rng, float(counts.sum()))), 1.0)
     search = ApproxDP(epsilon - count.cost().epsilon)
-    quantile = quantile_for(users, search.epsilon)
+    quantile = margined_quantile(
+        quantile_for(users, search.epsilon), users, search.epsilon, "users"
+    )
     released = private_norm_bound(counts, users, search, rng, quantile=quantile, grid=grid)
     return NormBound(released.bound, released.index, quantile, users)
 

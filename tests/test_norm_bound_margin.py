@@ -1,0 +1,147 @@
+"""The private bound's low-side margin (privacy/norm_bound.py: LOW_MARGIN, margined_quantile;
+issue #14): with few rows or users the sparse vector's threshold sat within the noise of the
+empty low bins, and a bound far below every norm was released.
+
+The margin is a function of public values (row level: n and ε from n, D, ε, δ; user level: the
+released ñ and ε); where it cannot be met the run fails instead of releasing: exit 2 before any
+read at row level, ⊥ (exit 3, charged) after the count at user level.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpsub_dist.cli import main
+from dpsub_dist.engine.sources import array_dataset
+from dpsub_dist.errors import InputError
+from dpsub_dist.estimators import covariance
+from dpsub_dist.job import EstimateConfig, run_estimate
+from dpsub_dist.privacy import norm_bound as nb
+from dpsub_dist.privacy.accountant import Accountant, ApproxDP
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.user_norm_bound import ROWS_PER_USER, released_bounds  # noqa: E402
+
+
+def test_margin_is_the_laplace_union_bound_over_the_public_grid() -> None:
+    """LOW_MARGIN = 4·ln(2L/(3β)), L = 101 grid queries, β = 1%; the interval's ends are
+    LOW/ε and n − SV/ε, so the smallest count is (LOW + SV)/ε, from public values only."""
+    assert nb.LOW_MARGIN == pytest.approx(4 * math.log(2 * 101 / (3 * 0.01)))
+    assert 35 < nb.LOW_MARGIN < 36
+    assert nb.min_count(0.05) == pytest.approx((nb.LOW_MARGIN + nb.SV_MARGIN) / 0.05)
+    need = nb.min_count(0.1)
+    with pytest.raises(nb.TooFewForBound, match="--row-norm B, a larger ε or more rows"):
+        nb.margined_quantile(0.9, math.floor(need), 0.1, "rows")
+    with pytest.raises(nb.TooFewForBound, match="noisy user count 485 .* more users"):
+        nb.margined_quantile(0.5, 485.0, 0.05, "users")
+    assert nb.margined_quantile(0.5, math.ceil(need), 0.1, "rows") * math.ceil(need) == (
+        pytest.approx(nb.LOW_MARGIN / 0.1)
+    )  # q·n = n/2 lies below LOW/ε: raised to it
+    assert nb.margined_quantile(0.92, 5000, 0.05, "users") == 0.92  # far from both ends
+
+
+def test_empty_bins_pass_the_margined_threshold_rarely_and_the_old_one_often() -> None:
+    """Every count in the overflow bin (all 101 bins empty): at the threshold LOW/ε the search
+    fires on an empty bin w.p. ≤ 1% (the docstring's bound); at ε = 0.05 with 500 users the
+    old threshold ñ/2 = 250 ≈ 12.5/ε fired about half the time (the bench's 11/20)."""
+    epsilon, n, draws = 0.05, 5000, 400
+    counts = np.zeros(len(nb.GRID) + 1, dtype=np.int64)
+    counts[-1] = n
+    rng = np.random.default_rng(7)
+
+    def fired(threshold: float) -> float:
+        grant, q = ApproxDP(epsilon), threshold / n
+        hits = [nb.private_norm_bound(counts, n, grant, rng, q).index for _ in range(draws)]
+        return sum(h is not None for h in hits) / draws
+
+    assert fired(nb.LOW_MARGIN / epsilon) < 0.025
+    assert fired(250.0) > 0.3
+
+
+def _users(users: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The bench's rows (D = 5, six rows per user), ids in the first column."""
+    rng = np.random.default_rng(seed)
+    rows = rng.standard_normal((users * ROWS_PER_USER, 5)) @ np.diag([5, 3, 1, 0.5, 0.2]) + 10
+    return np.repeat(np.arange(users), ROWS_PER_USER), rows
+
+
+def test_row_level_too_few_rows_is_bad_input_before_any_read(monkeypatch) -> None:
+    """Centred (the default), ε = 1: ε_norm = 0.05 for the centred rows' bound needs n ≥ 1,106;
+    1,000 rows are bad input before a partition is read or a step charged; 1,200 pass the check
+    (and then run)."""
+    _, rows = _users(200)
+    monkeypatch.setattr(Accountant, "charge", lambda *a: pytest.fail("charged"))
+    monkeypatch.setattr(covariance.centring, "centre", lambda *a: pytest.fail("read"))
+    config = EstimateConfig(2, epsilon=1.0, delta=1e-6, method="gauss")
+    with pytest.raises(InputError, match=r"1000 rows are too few .* \(needs ≥ 1106\): pass --row"):
+        run_estimate(config, lambda client: array_dataset(rows[:1000]), None)
+    monkeypatch.undo()
+    result = run_estimate(config, lambda client: array_dataset(rows), None)
+    assert result.basis is not None and result.manifest["parameters"]["row_norm"] in nb.GRID
+
+
+@pytest.fixture(scope="module")
+def users_parquet(tmp_path_factory) -> Path:
+    """500 users of six rows each (the bench's case), user id in ``user``."""
+    ids, rows = _users(500)
+    frame = pd.DataFrame(rows, columns=[f"x{i}" for i in range(5)])
+    frame.insert(0, "user", ids)
+    path = tmp_path_factory.mktemp("users") / "users.parquet"
+    frame.to_parquet(path)
+    return path
+
+
+def _estimate(path: Path, out: Path, epsilon: str, *args: str) -> int:
+    return main(
+        ["estimate", str(path), "--out", str(out), "--rank", "2", "--quiet", "--method", "gauss"]
+        + ["--epsilon", epsilon, "--delta", "1e-6", "--columns", "x0,x1,x2,x3,x4", *args]
+    )
+
+
+def test_cli_row_level_too_few_rows_exits_2_and_writes_nothing(
+    users_parquet, scheduler_address, tmp_path, capsys
+) -> None:
+    """3,000 rows at ε = 0.1: ε_norm = 0.01 needs 5,526 rows."""
+    out = tmp_path / "out"
+    code = _estimate(users_parquet, out, "0.1", "--no-center", "--scheduler", scheduler_address)
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists()
+    assert "3000 rows are too few" in err and "--row-norm B" in err and len(err.splitlines()) == 1
+
+
+def test_cli_user_level_500_users_at_eps_1_fails_instead_of_a_bound_below_the_data(
+    users_parquet, scheduler_address, tmp_path, capsys
+) -> None:
+    """The bench's failing case (11/20 bounds far below the median norm 57 before): ⊥, exit 3,
+    the reason names the released ñ and the fix, the norm step charged, no bound published."""
+    out = tmp_path / "out"
+    code = _estimate(
+        users_parquet, out, "1", "--unit-column", "user", "--scheduler", scheduler_address
+    )
+    assert code == 3
+    manifest = json.loads((out / "manifest.json").read_text())
+    release = manifest["release"]
+    assert (
+        release["failed_step"] == "norm_bound" and "noisy user count" in release["failure_reason"]
+    )
+    assert "--row-norm B" in capsys.readouterr().err
+    assert manifest["parameters"]["row_norm"] is None and not (out / "basis.npy").exists()
+    assert "partitions" not in manifest["parameters"]  # withheld at user level, as on success
+    steps = {s["step"]: s for s in manifest["privacy"]["budget"]["steps"]}
+    assert steps["norm_bound"]["epsilon"] == pytest.approx(0.1)
+    assert manifest["privacy"]["budget"]["spent"]["epsilon"] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(("users", "epsilon"), [(5000, 1.0), (500, 3.0)])
+def test_enough_users_still_release_the_bound_near_the_data(users: int, epsilon: float) -> None:
+    """5,000 users at ε = 1 and 500 at ε = 3 (ñ above min_count): every draw releases 64,
+    just above the users' median norm 57 (bench/user_norm_bound.py)."""
+    median, bounds = released_bounds(users, epsilon, 10, 0)
+    assert 50 < median < 64 and bounds == [64.0] * 10
