@@ -75,6 +75,26 @@ def summarise(records: list[dict[str, Any]], dims: list[int], rows: list[int]) -
                 "error": _median(dpsub_large, "error"),
             }
         )
+        for variant in speed.REREAD:  # issue #16's row cache off (and its fused mean pass)
+            walls = pick(variant, large)
+            if walls:
+                name = variant.removeprefix("dpsub_")
+                table[-1].update(
+                    {
+                        f"{name}_wall_s": _median(walls, "wall_s"),
+                        f"{name}_throughput_vs_floor": ratio(
+                            _median(pick("floor", large), "wall_s"), _median(walls, "wall_s")
+                        ),
+                        f"{name}_time_vs_dask_ml": ratio(
+                            _median(walls, "wall_s"),
+                            _median(pick("dask_ml_randomized", large), "wall_s"),
+                        ),
+                        f"{name}_rss_ratio": ratio(
+                            _median(walls, "peak_worker_rss_mib"),
+                            _median(pick(variant, small), "peak_worker_rss_mib"),
+                        ),
+                    }
+                )
     return table
 
 

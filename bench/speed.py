@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,23 @@ import numpy as np
 
 from bench import common
 
-TOOLS = ("dpsub", "dpsub_contiguous", "dask_ml_randomized", "dask_ml_tsqr", "floor")
+TOOLS = (
+    "dpsub",
+    "dpsub_contiguous",
+    "dpsub_reread",
+    "dpsub_before",
+    "dask_ml_randomized",
+    "dask_ml_tsqr",
+    "floor",
+)
 
 
 def parquet_files(path: Path) -> list[str]:
     return sorted(str(p) for p in Path(path).glob("*.parquet"))
+
+
+REREAD = ("dpsub_reread", "dpsub_before")
+"""Variants of dpsub with issue #16's row cache (and fused mean pass) off, for before/after."""
 
 
 def speed_dataset(args: Any, rows: int, dim: int) -> tuple[Path, np.ndarray]:
@@ -79,12 +92,33 @@ def run_dask_ml(path: Path, rank: int, solver: str, client: Any) -> dict[str, An
     return {"status": "ok", "basis": np.asarray(model.components_).T}
 
 
+@contextmanager
+def rows_reread(fuse: bool) -> Iterator[None]:
+    """dpsub without issue #16's row cache: every pass reads the files again (the decisions
+    are the driver's, so patching them here holds for the run); ``fuse=False`` also keeps the
+    mean's bound and sum in two reads (the route before issue #16)."""
+    from dpsub_dist.engine import row_cache
+    from dpsub_dist.estimators import norm_pass
+
+    saved = row_cache.CACHE_FRACTION, norm_pass.LEVEL_SUMS_BYTES
+    row_cache.CACHE_FRACTION = 0.0
+    norm_pass.LEVEL_SUMS_BYTES = saved[1] if fuse else 0
+    try:
+        yield
+    finally:
+        row_cache.CACHE_FRACTION, norm_pass.LEVEL_SUMS_BYTES = saved
+
+
 def run_tool(tool: str, path: Path, truth: np.ndarray, args: Any, client: Any) -> dict[str, Any]:
     """One timed run of one tool, with the workers' peak memory."""
     from dpsub_dist.linalg import subspace_error
 
     rank = truth.shape[1]
-    with common.PeakMemory(client, interval=0.05) as memory:
+    reread = {
+        "dpsub_reread": lambda: rows_reread(fuse=True),
+        "dpsub_before": lambda: rows_reread(fuse=False),
+    }.get(tool, nullcontext)()
+    with common.PeakMemory(client, interval=0.05) as memory, reread:
         started = time.monotonic()
         if tool.startswith("dpsub"):
             subsets = int(tool.removeprefix("dpsub_t")) if tool.startswith("dpsub_t") else None
@@ -245,9 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tools",
         type=common.str_list,
-        default=["dpsub", "dpsub_t2000", *TOOLS[1:]],
+        default=["dpsub", "dpsub_t2000", *(t for t in TOOLS[1:] if t not in REREAD)],
         help=f"from {','.join(TOOLS)}; dpsub_tT = dpsub with --subsets T; "
-        "dpsub_contiguous = dpsub with --assign contiguous",
+        "dpsub_contiguous = dpsub with --assign contiguous; dpsub_reread = dpsub with the "
+        "row cache off (every pass reads the files); dpsub_before = also without the fused "
+        "mean pass (the route before issue #16)",
     )
     parser.add_argument(
         "--driver-matrix-limit-gib",

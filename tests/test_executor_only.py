@@ -20,13 +20,15 @@ EXECUTOR_MODULE = "engine/compute.py"
 
 NOT_YET_PORTED = {
     "estimators/power.py": "the power method's owner, once RowPasses asks the Executor for the "
-    "workers' memory and persists through it and run_power wraps its client; its bare client "
-    "reaches sum_on_workers, and parquet_dataset through open_checked's opener",
+    "workers' memory and persists through it (Executor.memory_limit, Executor.persist) and "
+    "run_power wraps its client; its bare client reaches sum_on_workers, centring.centre, and "
+    "parquet_dataset through open_checked's opener",
 }
 """Files that still branch on a bare client, and who removes each entry (and how)."""
 
 BARE_CLIENT_ENTRIES = {
     "engine/gram.py": ["sum_on_workers"],
+    "estimators/centring.py": ["centre"],
     "engine/sources.py": ["parquet_dataset"],
 }
 """The engine functions that still accept a bare client (``Executor.of``), for the files

@@ -109,6 +109,45 @@ def test_gathered_bytes_are_summaries_only_and_do_not_grow_with_n(
     print(f"gathered bytes by n: {measured}; summaries {summaries}; raw at 10n {raw}")
 
 
+@pytest.mark.parametrize("held", [True, False])
+def test_gauss_with_rows_or_level_sums_held_on_the_workers_gathers_summaries_only(
+    datasets, tmp_path, scheduler_address, monkeypatch, held
+) -> None:
+    """The default covariance route holds the rows on the workers between its four passes
+    (engine/row_cache.py), or, where they do not fit, the per-bin sums its fused mean pass
+    keeps there (norm_pass.LevelSums; a bin may hold one row): still only counts, the row
+    sum and the Gram reach the driver."""
+    from dpsub_dist.engine import row_cache
+    from dpsub_dist.estimators import covariance
+
+    measured = {}
+    for n, source in datasets.items():
+        meter = GatherMeter(monkeypatch)
+        monkeypatch.setattr("dpsub_dist.privacy.noise.new_noise_seed", lambda: NOISE_SEED)
+        if not held:
+            monkeypatch.setattr(row_cache, "CACHE_FRACTION", 0.0)
+        opened = []
+
+        def spy(dataset, executor, user_level, opened=opened):
+            opened.append(row_cache.cache_rows(dataset, executor, user_level))
+            return opened[-1]
+
+        monkeypatch.setattr(covariance, "cache_rows", spy)
+        out = tmp_path / f"gauss{n}"
+        args = ["estimate", str(source), "--rank", str(RANK), "--epsilon", EPSILON]
+        args += ["--delta", "1e-6", "--method", "gauss", "--seed", "5", "--out", str(out)]
+        assert main([*args, "--scheduler", scheduler_address, "--quiet"]) == 0
+        assert (out / "basis.npy").exists()
+        assert [row_cache.is_held(d) for d in opened] == [held]
+        measured[n] = meter.bytes
+        monkeypatch.undo()
+    # 2 × 102 norm counts, the row sum and the d×d Gram, + per-file footer facts
+    summaries = 2 * 102 * 8 + DIM * 8 + DIM * DIM * 8
+    assert measured[60_000] <= measured[6_000] * 1.01 + 512, measured  # n ×10, unchanged
+    assert summaries <= measured[60_000] <= summaries + 16_384, measured
+    assert measured[60_000] < 60_000 * DIM * 4 / 10
+
+
 DRIVER = textwrap.dedent(
     """
     import sys

@@ -91,6 +91,26 @@ class Executor:
         """Dask's shuffle for a DataFrame: P2P needs the distributed scheduler."""
         return "tasks" if self.client is None else "p2p"
 
+    @property
+    def memory_limit(self) -> int | None:
+        """The workers' memory limits summed, in bytes: a fact of the cluster's configuration,
+        public. None in process; 0 where a worker has no limit (nothing known to be free)."""
+        if self.client is None:
+            return None
+        limits = [w.get("memory_limit") for w in self.client.scheduler_info()["workers"].values()]
+        return int(sum(limits)) if limits and all(limits) else 0
+
+    def persist(self, tasks: Sequence[Any]) -> list:
+        """``tasks`` computed and held where they ran (the workers' memory on a cluster, this
+        process otherwise), as delayed values that later graphs take as inputs: nothing
+        reaches the driver. Dropping the returned list frees them."""
+        if self.client is None:
+            from threadpoolctl import threadpool_limits
+
+            with threadpool_limits(limits=1, user_api="blas"):
+                return list(dask.persist(*tasks, scheduler="threads"))
+        return list(self.client.persist(list(tasks)))
+
     def map(self, function: Callable[..., Any], items: Sequence[Any], **kwargs: Any) -> list:
         """``[function(item, **kwargs) for item in items]``, one task per item on a cluster."""
         if self.client is None:

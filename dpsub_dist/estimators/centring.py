@@ -3,7 +3,8 @@
 Centring (row level): a private row-norm bound ``B`` (:mod:`dpsub_dist.privacy.norm_bound`, step
 ``norm_bound``; skipped with a public ``--row-norm``), then the Gaussian mean of the rows
 clipped to ``B`` (:func:`dpsub_dist.privacy.covariance.gaussian_mean`, step ``mean``: the same
-mechanism as gauss's ``--center``). The released mean ``μ̂`` is subtracted from every row on the
+mechanism as gauss's ``--center``); where each pass re-reads the files the two steps share one
+read (:func:`fused_mean`). The released mean ``μ̂`` is subtracted from every row on the
 workers before the local step. Privacy by composition: ``μ̂`` is a DP release, and for any fixed
 public ``μ̂`` the map ``x ↦ x − μ̂`` is applied row by row, so replacing one row still changes one
 subset's summary and the aggregator's argument holds unchanged.
@@ -25,9 +26,17 @@ from typing import TYPE_CHECKING, Any
 import dask
 import numpy as np
 
+from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.gram import clip_rows, sum_on_workers
+from dpsub_dist.engine.row_cache import is_held
 from dpsub_dist.errors import InputError
-from dpsub_dist.estimators.norm_pass import NORM_SOURCE, compute_norm_counts
+from dpsub_dist.estimators.norm_pass import (
+    NORM_SOURCE,
+    compute_level_sums,
+    compute_norm_counts,
+    fuse_level_sums,
+    gather_clipped_sum,
+)
 from dpsub_dist.linalg import top_eigenvectors
 from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import Accountant, Budget
@@ -41,7 +50,6 @@ from dpsub_dist.privacy.variance import (
 )
 
 if TYPE_CHECKING:
-    from dpsub_dist.engine.compute import Executor
     from dpsub_dist.engine.sources import Dataset
     from dpsub_dist.job import EstimateConfig
 
@@ -147,16 +155,20 @@ def centre(
     """The loader the local step reads (centred or not), the parameters and the release."""
     if not resolve_center(config):
         return dataset.loader, {"center": False, "center_note": UNCENTRED_NOTE}, {}
-    if config.row_norm is None:
-        args = (dataset, dataset.loader, accountant, grants, rng, executor, progress)
-        bound = private_bound("norm_bound", *args)
-        source = NORM_SOURCE.format(q=NORM_QUANTILE, step="norm_bound")
+    executor = Executor.of(executor)  # of: power.py's bare client
+    source = NORM_SOURCE.format(q=NORM_QUANTILE, step="norm_bound")
+    if config.row_norm is None and fused_mean(dataset):
+        bound, row_sum = _bound_and_sum(dataset, accountant, grants, rng, executor, progress)
     else:
-        bound, source = float(config.row_norm), "public (--row-norm)"
-    total = dask.delayed(_clipped_row_sum, pure=True)
-    tasks = [total(dataset.loader, bound, part) for part in dataset.parts]
-    label = f"{len(tasks)} partitions → clipped row sum"
-    row_sum = sum_on_workers(tasks, executor, label, progress)
+        if config.row_norm is None:
+            args = (dataset, dataset.loader, accountant, grants, rng, executor, progress)
+            bound = private_bound("norm_bound", *args)
+        else:
+            bound, source = float(config.row_norm), "public (--row-norm)"
+        total = dask.delayed(_clipped_row_sum, pure=True)
+        tasks = [total(dataset.loader, bound, part) for part in dataset.parts]
+        label = f"{len(tasks)} partitions → clipped row sum"
+        row_sum = sum_on_workers(tasks, executor, label, progress)
     sens = SENSITIVITY["replace"].row_sum
     accountant.charge("mean", mechanism.gaussian(grants["mean"], sens))
     mean = gaussian_mean(row_sum, dataset.n_rows, grants["mean"], sens, rng, unit=bound)
@@ -169,6 +181,41 @@ def centre(
         "mean_noise_sigma": mean.sigma,
     }
     return CentredLoader(dataset.loader, mean.mean), parameters, release
+
+
+def fused_mean(dataset: Dataset) -> bool:
+    """Whether the mean's bound and clipped sum take one read of the rows (public facts
+    only): where each pass re-reads the files (rows not held, :mod:`dpsub_dist.engine.row_cache`)
+    and D is small enough (:func:`fuse_level_sums`). Held rows keep the two passes, which
+    cost no read and give the sum bit for bit as before."""
+    return not is_held(dataset) and fuse_level_sums(dataset.dim)
+
+
+def _bound_and_sum(
+    dataset: Dataset,
+    accountant: Accountant,
+    grants: dict[str, Budget],
+    rng: np.random.Generator,
+    executor: Executor,
+    progress: bool,
+) -> tuple[float, np.ndarray]:
+    """The private bound (step ``norm_bound``) and the rows' clipped sum at it, in one read.
+
+    The workers keep, per bin of the public grid, the count, ``Σ x`` and ``Σ x/‖x‖``
+    (:class:`~dpsub_dist.estimators.norm_pass.LevelSums`); the driver gets the counts, runs
+    the sparse vector exactly as :func:`private_bound` does, and then gathers the clipped sum
+    at the released bound, computed on the workers from those per-bin sums. Privacy is
+    unchanged: the counts are the ones the separate pass sums, the bound is the same release
+    of them, and the sum is the same function of the rows and the released bound (up to float
+    rounding: the rows are added by bin), so the mean's sensitivity and noise are as before.
+    The noisy mean is rounded to its noise grid (:func:`noise.add_gaussian`), so it is the
+    separate passes' bit for bit unless the sum lies within rounding of a grid midpoint (the
+    release checksums did not move).
+    """
+    counts, held = compute_level_sums(dataset.parts, dataset.loader, executor, progress)
+    accountant.charge("norm_bound", norm_bound_mechanism(grants["norm_bound"]))
+    released = private_norm_bound(counts, dataset.n_rows, grants["norm_bound"], rng)
+    return released.bound, gather_clipped_sum(held, released.bound, executor)
 
 
 UNCENTRED_NOTE = (

@@ -29,6 +29,7 @@ import numpy as np
 
 from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.gram import GramSummary, compute_gram
+from dpsub_dist.engine.row_cache import cache_rows
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators.centring import MEAN_SHARE
@@ -259,6 +260,9 @@ def run_covariance(
             )
         except norm_bound.TooFewForBound as err:
             raise InputError(str(err)) from None
+    # Up to four passes follow: each partition is read once and held when the rows fit
+    # (row level; engine/row_cache.py), which changes no released value.
+    dataset = cache_rows(dataset, executor, user_level=relation == "add_remove")
     timings["inspect_s"] = time.monotonic() - started
     rng = noise_rng(noise_seed)
     mark = time.monotonic()
