@@ -19,6 +19,7 @@ centring is refused (``--center``) or off (default), and no explained variance i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,12 +28,24 @@ import numpy as np
 
 from dpsub_dist.engine.gram import clip_rows, sum_on_workers
 from dpsub_dist.errors import InputError
-from dpsub_dist.estimators.norm_pass import NORM_SOURCE, compute_norm_counts
+from dpsub_dist.estimators.norm_pass import (
+    NORM_SOURCE,
+    compute_norm_counts,
+    compute_user_norm_counts,
+)
 from dpsub_dist.linalg import top_eigenvectors
 from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import Accountant, Budget
 from dpsub_dist.privacy.covariance import SENSITIVITY, gaussian_mean
-from dpsub_dist.privacy.norm_bound import NORM_QUANTILE, norm_bound_mechanism, private_norm_bound
+from dpsub_dist.privacy.norm_bound import (
+    GRID,
+    NORM_QUANTILE,
+    NormBound,
+    norm_bound_mechanism,
+    private_norm_bound,
+    private_user_norm_bound,
+    user_norm_bound_mechanism,
+)
 from dpsub_dist.privacy.variance import (
     private_variances,
     projected_sums,
@@ -132,6 +145,27 @@ def private_bound(
     counts = compute_norm_counts(dataset.parts, loader, client, progress)
     accountant.charge(step, norm_bound_mechanism(grants[step]))
     return private_norm_bound(counts, dataset.n_rows, grants[step], rng, quantile=quantile).bound
+
+
+def private_user_bound(
+    dataset: Dataset,
+    accountant: Accountant,
+    grants: dict[str, Budget],
+    rng: np.random.Generator,
+    client: Any | None,
+    progress: bool,
+    quantile_for: Callable[[float, float], float],
+) -> NormBound:
+    """User level: the private bound on the users' norms ``√Σ‖x‖²`` (raw rows), charged as
+    ``norm_bound`` (:func:`dpsub_dist.privacy.norm_bound.private_user_norm_bound`); an input
+    without parts gives zero counts (n is private: no refusal)."""
+    counts = (
+        compute_user_norm_counts(dataset.parts, dataset.loader, client, progress)
+        if dataset.parts
+        else np.zeros(len(GRID) + 1, dtype=np.int64)
+    )
+    accountant.charge("norm_bound", user_norm_bound_mechanism(grants["norm_bound"]))
+    return private_user_norm_bound(counts, grants["norm_bound"], rng, quantile_for)
 
 
 def centre(

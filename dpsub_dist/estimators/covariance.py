@@ -32,14 +32,10 @@ from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators.centring import MEAN_SHARE
 from dpsub_dist.estimators.common import EstimateResult, build_manifest, open_checked, plan
-from dpsub_dist.estimators.norm_pass import (
-    NORM_SOURCE,
-    USER_NORM_SOURCE,
-    compute_user_norm_counts,
-)
+from dpsub_dist.estimators.norm_pass import NORM_SOURCE, USER_NORM_SOURCE
 from dpsub_dist.linalg import top_eigenvectors
 from dpsub_dist.privacy import covariance as cov_steps
-from dpsub_dist.privacy import mechanism, norm_bound
+from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import Accountant, Budget, gaussian_sigma, laplace_epsilon
 from dpsub_dist.privacy.covariance import (
     SENSITIVITY,
@@ -48,7 +44,7 @@ from dpsub_dist.privacy.covariance import (
     gap_perturbation,
 )
 from dpsub_dist.privacy.noise import noise_rng
-from dpsub_dist.privacy.norm_bound import GRID, noise_matched_quantile, private_user_norm_bound
+from dpsub_dist.privacy.norm_bound import noise_matched_quantile
 from dpsub_dist.privacy.variance import EXPLAINED_VARIANCE_NOTE, released_variance
 
 if TYPE_CHECKING:
@@ -129,7 +125,6 @@ def plan_shares(config: EstimateConfig) -> dict[str, tuple[float, float]]:
     if config.method == "gap-perturb":
         shares = centring.plan_shares(shares, config, centre=False)
     return shares
-
 
 
 def release_basis(
@@ -226,18 +221,13 @@ def run_covariance(
         config, dataset, accountant, grants, rng, client, progress
     )
     if config.row_norm is None and relation == "add_remove":
-        counts = (
-            compute_user_norm_counts(dataset.parts, dataset.loader, client, progress)
-            if dataset.parts
-            else np.zeros(len(GRID) + 1, dtype=np.int64)
-        )
-        accountant.charge(
-            "norm_bound", norm_bound.user_norm_bound_mechanism(grants["norm_bound"])
-        )
-        released = private_user_norm_bound(
-            counts,
-            grants["norm_bound"],
+        released = centring.private_user_bound(
+            dataset,
+            accountant,
+            grants,
             rng,
+            client,
+            progress,
             lambda users, eps: bound_quantile(
                 config.method, grants, relation, users, dataset.dim, eps
             ),
