@@ -14,8 +14,8 @@ time and memory only, never a published value.
 
 Shared with gauss (reused, not copied): private centring (:mod:`dpsub_dist.estimators.centring`:
 the mean released first and subtracted from every row on the workers), the private row-norm
-bound of the (centred) rows (:mod:`dpsub_dist.privacy.norm_bound`, at the median: see
-:data:`NORM_QUANTILE`) and their budget shares
+bound of the (centred) rows (:mod:`dpsub_dist.privacy.norm_bound`, at :data:`NORM_QUANTILE`:
+5% of the rows, not gauss's noise-matched quantile) and their budget shares
 (:func:`dpsub_dist.estimators.covariance.budget_plan`).
 User level (``--unit-column``): each user's clipped, scaled rows are scaled jointly so that
 their squared norms sum to ≤ 1, exactly as gauss's Gram pass does
@@ -54,7 +54,6 @@ from dpsub_dist.estimators.common import (
     plan,
     public_seed,
 )
-from dpsub_dist.estimators.norm_pass import NORM_SOURCE, USER_NORM_SOURCE
 from dpsub_dist.privacy import power
 from dpsub_dist.privacy.noise import noise_rng
 
@@ -68,16 +67,30 @@ CACHE_FRACTION = 0.25
 IN_PROCESS_CACHE_BYTES = 2**30
 """Without a cluster, cache the clipped rows in this process up to this many bytes."""
 
-NORM_QUANTILE = 0.5
-"""Share of rows the private bound covers (gauss: 0.99). Clipping half the rows keeps the
-eigenvectors of elliptical data and raises the signal n·λ/B² against the √D noise: measured
-captured variance 0.86 vs 0.46 at D = 10⁵, n = 10⁵, ε = 1, λᵢ = i⁻² (docs/power.md)."""
+NORM_QUANTILE = 0.05
+"""Share of rows the private bound covers (gauss: noise-matched, ≥ 0.5): 95% of the rows are
+clipped. On elliptical data clipping keeps the eigenvectors, and a smaller B raises the signal
+n·λ/B² against the noise σ√D, which does not depend on B. Measured (bench/power_sim.py, the
+mechanism on the clipped population covariance, λᵢ = i⁻², n = 10⁵, ε = 1, T = 6, k' = k + 8):
+captured variance at D = 10⁵ 0.891 / 0.831 / 0.786 for k = 3 / 5 / 10 (the median: 0.760 /
+0.712 / 0.688), at D = 10⁴ 0.994 (0.982), at D = 10³ 0.999 (0.998); docs/power.md."""
 
+
+BOUND_SOURCE = (
+    "private (step {step}): the smallest value 2^-10·√2^j (j = 0…100) at which the noisy "
+    "count of rows with norm ≤ it reaches q·n (sparse vector), q = {q:g} fixed (power)"
+)
+USER_BOUND_SOURCE = (
+    "private at user level (step norm_bound): a noisy user count ñ (half of the step), then "
+    "the smallest value 2^-10·√2^j (j = 0…100) at which the noisy count of users with "
+    "√Σ‖x‖² ≤ it reaches q·ñ (sparse vector, the other half), q = {q:g} fixed (power)"
+)
 
 EXPLAINED_VARIANCE_NOTE = (
-    "singular values of the last released noisy product C·V × "
-    "row_norm²/n: estimates of the top eigenvalues, post-processing; the ratio needs the "
-    "trace, which is not released"
+    "singular values of the last released noisy product C·V × row_norm²/n: estimates of the "
+    "top eigenvalues of the clipped rows' second moment (with most rows clipped at the default "
+    "bound, below the raw rows' eigenvalues), post-processing; the ratio needs the trace, "
+    "which is not released"
 )
 
 USER_VARIANCE_NOTE = (
@@ -238,12 +251,12 @@ def run_power(
     if config.row_norm is None and user_level:
         args = (dataset, accountant, grants, rng, client, progress)
         released = centring.private_user_bound(*args, lambda users, eps: NORM_QUANTILE)
-        row_norm, norm_source = released.bound, USER_NORM_SOURCE.format(q=released.quantile)
+        row_norm, norm_source = released.bound, USER_BOUND_SOURCE.format(q=released.quantile)
     elif config.row_norm is None:
         step = "centred_norm_bound" if config.center else "norm_bound"
         args = (dataset, loader, accountant, grants, rng, client, progress)
         row_norm = centring.private_bound(step, *args, quantile=NORM_QUANTILE)
-        norm_source = NORM_SOURCE.format(q=NORM_QUANTILE, step=step)
+        norm_source = BOUND_SOURCE.format(q=NORM_QUANTILE, step=step)
     else:
         row_norm, norm_source = float(config.row_norm), "public (--row-norm)"
     timings["norm_bound_s"] = time.monotonic() - mark
