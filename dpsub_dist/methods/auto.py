@@ -15,9 +15,10 @@ from dpsub_dist.methods._sample_aggregate import PLAN_PARAMS
 from dpsub_dist.methods.friendly import METHOD as FRIENDLY
 from dpsub_dist.methods.friendly import RADIUS
 from dpsub_dist.methods.gauss import METHOD as GAUSS
+from dpsub_dist.methods.power import METHOD as POWER
 from dpsub_dist.methods.spec import Method
 
-CHOICES = {method.name: method for method in (FRIENDLY, GAUSS)}
+CHOICES = {method.name: method for method in (FRIENDLY, GAUSS, POWER)}
 """The methods the rule chooses between."""
 
 
@@ -47,7 +48,7 @@ def run_auto(
 METHOD = Method(
     name="auto",
     command="estimate",
-    summary="the default: gauss or friendly, chosen from public facts (docs/auto.md)",
+    summary="the default: gauss, power or friendly, chosen from public facts (docs/auto.md)",
     params=(*PLAN_PARAMS, RADIUS, *CENTRING_PARAMS),
     run=run_auto,
     plan=lambda config: {},  # spends nothing itself: the chosen method's plan applies
