@@ -85,10 +85,17 @@ def simulate(
     epsilon: float,
     delta: float,
     seed: int,
+    public_bound: float | None = None,
 ) -> float:
-    """One run's captured variance (module doc)."""
+    """One run's captured variance (module doc); ``public_bound``: a --row-norm run (no
+    private bound step: the whole budget goes to the iterations)."""
     config = EstimateConfig(
-        rank=rank, method="power", epsilon=epsilon, delta=delta, iterations=iterations
+        rank=rank,
+        method="power",
+        epsilon=epsilon,
+        delta=delta,
+        iterations=iterations,
+        row_norm=public_bound,
     )
     _, grants = plan(config, runner.plan_shares(config))
     diag = rows * moment[:, None]
@@ -128,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exact", type=int, default=2000, help="coordinates by Monte Carlo")
     parser.add_argument("--draws", type=int, default=20_000)
     parser.add_argument("--exact-noise", action="store_true")
+    parser.add_argument(
+        "--public-bound", action="store_true", help="B passed as --row-norm (no norm_bound step)"
+    )
     parser.add_argument("--json", help="write the records here")
     args = parser.parse_args(argv)
     records = []
@@ -143,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
                 mark = time.monotonic()
                 scores = [
                     simulate(
-                        lam, moment, args.rows, rank, steps, k_prime, args.epsilon, args.delta, seed
+                        *(lam, moment, args.rows, rank, steps, k_prime, args.epsilon, args.delta),
+                        seed,
+                        bound if args.public_bound else None,
                     )
                     for seed in range(args.runs)
                 ]
@@ -155,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                     "bound": bound,
                     "iterations": steps,
                     "width": k_prime,
+                    "public_bound": args.public_bound,
                     "captured_mean": float(np.mean(scores)),
                     "captured_min": float(min(scores)),
                     "captured": scores,
