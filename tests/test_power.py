@@ -404,6 +404,35 @@ def test_cached_and_streamed_passes_release_the_same_basis(tmp_path, dask_client
     assert np.allclose(cached.basis, streamed.basis, atol=1e-9)
 
 
+def test_user_level_passes_agree_on_the_cluster_and_in_process(tmp_path, dask_client, monkeypatch):
+    """User level: the per-user table persisted on the workers, rows cached or re-read every
+    pass, and the in-process run release the same basis (one user's rows span partitions)."""
+    rng = np.random.default_rng(12)
+    rows = rng.standard_normal((6000, 20)) * np.arange(1, 21) ** -1.0
+    users = rng.integers(0, 300, 6000)
+    (tmp_path / "parts").mkdir()
+    (tmp_path / "one").mkdir()
+    for part in range(3):
+        block = slice(2000 * part, 2000 * (part + 1))
+        _user_table(tmp_path / "parts" / f"{part}.parquet", rows[block], users[block])
+    _user_table(tmp_path / "one" / "all.parquet", rows, users)
+    config = EstimateConfig(
+        rank=2, method="power", rho=0.5, delta=1e-6, row_norm=2.0, unit_column="user", seed=3
+    )
+
+    def run(client, folder="parts"):
+        path = str(tmp_path / folder)
+        opener = lambda c: parquet_dataset(path, None, "user", None, c)  # noqa: E731
+        return run_estimate(config, opener, client, noise_seed=11)
+
+    whole, local, cached = run(None, "one"), run(None), run(dask_client)
+    monkeypatch.setattr(runner, "CACHE_FRACTION", 0.0)
+    streamed = run(dask_client)
+    assert cached.timings["cached_rows"] and not streamed.timings["cached_rows"]
+    for other in (streamed, local, whole):  # whole: a user scaled by all its rows, not per file
+        assert np.allclose(cached.basis, other.basis, atol=1e-9)
+
+
 def test_cli_end_to_end(tmp_path, scheduler_address, capsys) -> None:
     data = tmp_path / "poly"
     assert (
