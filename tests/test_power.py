@@ -488,7 +488,7 @@ def test_cli_end_to_end(tmp_path, scheduler_address, capsys) -> None:
     assert steps == ["norm_bound", "mean", "centred_norm_bound", "power"]
     assert manifest["privacy"]["budget"]["spent"]["epsilon"] == pytest.approx(2.0)
     spectrum = np.load(data / "_truth" / "spectrum.npy")
-    assert captured_variance(basis, synth.read_truth(data)[0], spectrum) > 0.6
+    assert captured_variance(basis, synth.read_truth(data)[0], spectrum) > 0.6, manifest
 
 
 @pytest.mark.parametrize(
