@@ -104,7 +104,11 @@ def test_the_choice_is_made_before_any_row_is_read(monkeypatch) -> None:
     "options,dim,method,reason",
     [
         ({}, 10, "gauss", "fit the driver"),
-        ({}, 20_000, "friendly", "exceed the driver budget"),
+        ({}, 20_000, "power", "exceed the driver budget"),
+        ({}, 9_459, "gauss", "fit the driver"),  # 3·8·D² ≤ 2 GiB up to D = 9,459
+        ({}, 9_460, "power", "exceed the driver budget"),
+        ({"unit_column": "u"}, 20_000, "power", "exceed the driver budget"),
+        ({"subsets": 400}, 20_000, "friendly", "--subsets given"),
         ({"unit_column": "u"}, 10, "gauss", "fit the driver"),  # a private user-level bound
         ({"unit_column": "u", "row_norm": 5.0}, 10, "gauss", "fit the driver"),
         ({"subsets": 400}, 10, "friendly", "--subsets given"),
@@ -145,3 +149,20 @@ def test_null_check_reason_tells_noise_from_null_points() -> None:
     assert sa.null_release_reason(quiet, reference, 2) == sa.NULL_RELEASE_REASON
     histogram = sa.Aggregate(np.zeros(400), {"cell_side": 1.0})  # no Gaussian noise
     assert sa.null_release_reason(histogram, reference, 2) == sa.NULL_RELEASE_REASON
+
+
+def test_auto_runs_power_where_gauss_does_not_fit(monkeypatch) -> None:
+    """With the driver budget below one D×D matrix (a public fact: D), auto runs the noisy
+    power method, centred at row level like every auto choice, and says why; the run is
+    power's own (its steps, nothing D×D)."""
+    monkeypatch.setattr(auto, "DRIVER_BYTES", 3 * 8 * DIM * DIM - 1)
+    rows, truth = shifted_low_rank()
+    config = EstimateConfig(rank=RANK, epsilon=1.0, delta=1e-6, method="auto", seed=1)
+    result = run_estimate(config, lambda client: array_dataset(rows))
+    manifest = result.manifest
+    assert manifest["method"] == "power" and manifest["method_choice"]["chosen"] == "power"
+    assert "exceed the driver budget" in manifest["method_choice"]["reason"]
+    steps = [s["step"] for s in manifest["privacy"]["budget"]["steps"]]
+    assert steps == ["norm_bound", "mean", "centred_norm_bound", "power"]
+    assert manifest["privacy"]["budget"]["spent"]["epsilon"] == pytest.approx(1.0)
+    assert subspace_error(result.basis, truth) < 0.1

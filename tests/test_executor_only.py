@@ -18,22 +18,13 @@ ROOT = Path(dpsub_dist.__file__).parent
 EXECUTOR_MODULE = "engine/compute.py"
 """Where the Executor lives: the one module allowed to look at its client."""
 
-NOT_YET_PORTED = {
-    "estimators/power.py": "the power method's owner, once RowPasses asks the Executor for the "
-    "workers' memory and persists through it (Executor.memory_limit, Executor.persist) and "
-    "run_power wraps its client; its bare client reaches sum_on_workers, centring.centre, and "
-    "parquet_dataset through open_checked's opener",
-}
-"""Files that still branch on a bare client, and who removes each entry (and how)."""
+NOT_YET_PORTED: dict[str, str] = {}
+"""Files that still branch on a bare client, and who removes each entry (and how): none left
+(power.py and online.py were ported on merge)."""
 
-BARE_CLIENT_ENTRIES = {
-    "engine/gram.py": ["sum_on_workers"],
-    "estimators/centring.py": ["centre"],
-    "engine/sources.py": ["parquet_dataset"],
-}
-"""The engine functions that still accept a bare client (``Executor.of``), for the files
-above (and methods/auto.py, which hands its runner's client to open_checked): each goes when
-nothing reaches it with a bare client any more."""
+BARE_CLIENT_ENTRIES = {"engine/sources.py": ["parquet_dataset"]}
+"""The engine functions that still accept a bare client (``Executor.of``): parquet_dataset,
+which scripts, benchmarks and tests open with a bare client or None."""
 
 EDGES = {
     "api.py": "resolves the estimator's optional client= (Dask's default client for lazy input)",

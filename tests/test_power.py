@@ -14,12 +14,15 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from privacy_audit import epsilon_lower_bound
 
 from dpsub_dist import synth
 from dpsub_dist.cli import main
-from dpsub_dist.engine.gram import clip_rows
+from dpsub_dist.engine.assign import UnitIds
+from dpsub_dist.engine.gram import clip_rows, user_squared_norms
 from dpsub_dist.engine.sources import parquet_dataset
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import power as runner
@@ -135,6 +138,122 @@ def test_one_iteration_audit_catches_half_noise(monkeypatch) -> None:
 
     honest, twin = bound(1.0), bound(0.5)
     assert honest < AUDIT_EPSILON < twin, (honest, twin)
+
+
+# --- user level -------------------------------------------------------------------------------
+
+
+def _user_loader(rows: np.ndarray, users: list[int]):
+    """An in-memory loader of one partition whose rows belong to ``users`` (canonical ids)."""
+    ids = np.asarray(users)
+    distinct, inverse = np.unique(ids, return_inverse=True)
+    keys = np.array([f"i:{u}".encode() for u in distinct], dtype=object)
+    return lambda part: (rows, UnitIds(keys, inverse.astype(np.int64)))
+
+
+def _user_rows(rows: np.ndarray, users: list[int], bound: float, scaled: bool = True):
+    """The rows a worker multiplies at user level: clipped, scaled by 1/B and (unless the
+    planted bug drops it) each user's rows scaled jointly to Σ‖x‖² ≤ 1 (estimators.power)."""
+    loader = _user_loader(rows, users)
+    totals = user_squared_norms(loader, bound, 0) if scaled else None
+    return runner._load_clipped(loader, bound, 0, totals)
+
+
+def test_user_level_contribution_moves_the_product_by_at_most_one() -> None:
+    """Add/remove one user (any number of rows, any norms): ‖E V‖_F ≤ 1 for E the user's
+    Σ x xᵀ after the per-user scaling, over random users and orthonormal V; reached by a user
+    with two rows e₁ (the unscaled sum would be 2)."""
+    rng = np.random.default_rng(7)
+    worst = 0.0
+    for _ in range(500):
+        m = int(rng.integers(1, 30))
+        rows = rng.standard_normal((m, 6)) * rng.exponential(3.0, size=(m, 1))
+        scaled = _user_rows(rows, [4] * m, bound=2.0)
+        basis = power.orthonormalise(rng.standard_normal((6, 3)))
+        worst = max(worst, np.linalg.norm(scaled.T @ (scaled @ basis)))
+    assert worst <= 1.0 + 1e-12
+    twice = _user_rows(np.array([[1.0, 0.0], [1.0, 0.0]]), [9, 9], bound=1.0)
+    assert np.linalg.norm(runner._product(twice, np.eye(2))) == pytest.approx(1.0)
+    assert power.product_sensitivity("add_remove") == 1.0
+    unscaled = _user_rows(np.array([[1.0, 0.0], [1.0, 0.0]]), [9, 9], 1.0, scaled=False)
+    assert np.linalg.norm(runner._product(unscaled, np.eye(2))) == pytest.approx(2.0)
+
+
+def _user_audit(runs: int) -> tuple[float, float]:
+    """(honest, twin) ε lower bounds of one iteration at user level (module-level audit doc)."""
+    grant = power.iteration_grant(ApproxDP(AUDIT_EPSILON, AUDIT_DELTA), 1)
+    sensitivity = power.product_sensitivity("add_remove")
+    sigma = gaussian_sigma(grant, sensitivity)
+    rng = np.random.default_rng(2024)
+    basis = np.eye(2)
+    smaller = (np.array([[0.0, 1.0]]), [1])
+    larger = (np.array([[0.0, 1.0], [1.0, 0.0], [1.0, 0.0]]), [1, 2, 2])  # + user 2: e₁, e₁
+    threshold = 3.5 * sigma  # Y₁₁: mean 0 (smaller), 1 (larger; the twin: 2)
+
+    def hits(data: tuple[np.ndarray, list[int]], scaled: bool) -> int:
+        product = runner._product(_user_rows(*data, bound=1.0, scaled=scaled), basis)
+        stack = np.broadcast_to(product, (runs, 2, 2))
+        released = power.noisy_product(stack, grant, sensitivity, rng)
+        return int(np.count_nonzero(released[:, 0, 0] > threshold))
+
+    def bound(scaled: bool) -> float:
+        a, b = hits(smaller, scaled), hits(larger, scaled)
+        return epsilon_lower_bound(a, b, runs, AUDIT_DELTA, 0.95)
+
+    return bound(True), bound(False)
+
+
+def test_user_level_audit_catches_a_missing_per_user_scaling() -> None:
+    """Neighbours differing in one user's rows: {u₁: e₂} and {u₁: e₂, u₂: e₁, e₁}, V = I₂.
+
+    The chain is the run's own for one iteration at user level (rows clipped, each user's
+    rows scaled jointly as on a worker, ``Xᵀ(XV)``, the noise of Δ = 1). The planted twin
+    forgets the per-user scaling: user u₂ then moves ``C·V`` by 2 under noise calibrated for
+    Δ = 1, an under-noised release the audit must catch (the same design as the row-level
+    audit above: honest bound ≈ 1.2, twin ≈ 2.6 at 2·10⁵ runs)."""
+    honest, twin = _user_audit(AUDIT_RUNS)
+    assert honest < AUDIT_EPSILON < twin, (honest, twin)
+
+
+@pytest.mark.slow
+def test_user_level_audit_with_more_runs() -> None:
+    """The same audit over 2·10⁶ runs per input: the twin's bound rises, the honest one stays
+    below the claim."""
+    honest, twin = _user_audit(10 * AUDIT_RUNS)
+    assert honest < AUDIT_EPSILON < twin, (honest, twin)
+
+
+def _user_table(path: Path, rows: np.ndarray, users: np.ndarray) -> Path:
+    columns = {f"x{j}": rows[:, j] for j in range(rows.shape[1])}
+    pq.write_table(pa.table({**columns, "user": users}), path)
+    return path
+
+
+def test_user_level_run_scales_users_and_publishes_nothing_from_n(tmp_path) -> None:
+    """End to end at user level, private bound: steps norm_bound then power, every draw at
+    Δ = 1 with σ = 1/√(2ρ_it), no n, no eigenvalue estimates (they divide by n); the top
+    direction of a 1/i² spectrum is found."""
+    rng = np.random.default_rng(8)
+    rows = rng.standard_normal((20_000, 30)) * np.arange(1, 31) ** -1.0
+    source = _user_table(tmp_path / "u.parquet", rows, rng.integers(0, 4000, 20_000))
+    config = EstimateConfig(
+        rank=2, method="power", epsilon=2.0, delta=1e-6, unit_column="user", iterations=3
+    )
+    with noise.draw_log() as log:
+        result = run_estimate(
+            config, lambda client: parquet_dataset(str(source), None, "user", None, client), None
+        )
+    manifest = result.manifest
+    assert [s["step"] for s in manifest["privacy"]["budget"]["steps"]] == ["norm_bound", "power"]
+    gaussians = [d for d in log if d.kind == "gaussian"]
+    rho_it = manifest["release"]["rho_per_iteration"]
+    assert len(gaussians) == 3
+    assert all(d.sensitivity == 1.0 for d in gaussians)
+    assert all(d.scale == pytest.approx(1.0 / math.sqrt(2 * rho_it)) for d in gaussians)
+    assert manifest["n_rows"] is None and "partitions" not in manifest["parameters"]
+    assert manifest["release"]["explained_variance"] is None
+    assert manifest["parameters"]["row_norm_source"].startswith("private at user level")
+    assert abs(result.basis[0, 0]) > 0.95  # e₁, the top eigenvector
 
 
 # --- runs -------------------------------------------------------------------------------------
@@ -285,6 +404,35 @@ def test_cached_and_streamed_passes_release_the_same_basis(tmp_path, dask_client
     assert np.allclose(cached.basis, streamed.basis, atol=1e-9)
 
 
+def test_user_level_passes_agree_on_the_cluster_and_in_process(tmp_path, dask_client, monkeypatch):
+    """User level: the per-user table persisted on the workers, rows cached or re-read every
+    pass, and the in-process run release the same basis (one user's rows span partitions)."""
+    rng = np.random.default_rng(12)
+    rows = rng.standard_normal((6000, 20)) * np.arange(1, 21) ** -1.0
+    users = rng.integers(0, 300, 6000)
+    (tmp_path / "parts").mkdir()
+    (tmp_path / "one").mkdir()
+    for part in range(3):
+        block = slice(2000 * part, 2000 * (part + 1))
+        _user_table(tmp_path / "parts" / f"{part}.parquet", rows[block], users[block])
+    _user_table(tmp_path / "one" / "all.parquet", rows, users)
+    config = EstimateConfig(
+        rank=2, method="power", rho=0.5, delta=1e-6, row_norm=2.0, unit_column="user", seed=3
+    )
+
+    def run(client, folder="parts"):
+        path = str(tmp_path / folder)
+        opener = lambda c: parquet_dataset(path, None, "user", None, c)  # noqa: E731
+        return run_estimate(config, opener, client, noise_seed=11)
+
+    whole, local, cached = run(None, "one"), run(None), run(dask_client)
+    monkeypatch.setattr(runner, "CACHE_FRACTION", 0.0)
+    streamed = run(dask_client)
+    assert cached.timings["cached_rows"] and not streamed.timings["cached_rows"]
+    for other in (streamed, local, whole):  # whole: a user scaled by all its rows, not per file
+        assert np.allclose(cached.basis, other.basis, atol=1e-9)
+
+
 def test_cli_end_to_end(tmp_path, scheduler_address, capsys) -> None:
     data = tmp_path / "poly"
     assert (
@@ -340,7 +488,7 @@ def test_cli_end_to_end(tmp_path, scheduler_address, capsys) -> None:
     assert steps == ["norm_bound", "mean", "centred_norm_bound", "power"]
     assert manifest["privacy"]["budget"]["spent"]["epsilon"] == pytest.approx(2.0)
     spectrum = np.load(data / "_truth" / "spectrum.npy")
-    assert captured_variance(basis, synth.read_truth(data)[0], spectrum) > 0.6
+    assert captured_variance(basis, synth.read_truth(data)[0], spectrum) > 0.6, manifest
 
 
 @pytest.mark.parametrize(
@@ -348,7 +496,7 @@ def test_cli_end_to_end(tmp_path, scheduler_address, capsys) -> None:
     [
         ({"iterations": 0}, "--iterations must be an integer ≥ 1"),
         ({"oversample": -1}, "--oversample must be an integer ≥ 0"),
-        ({"unit_column": "user", "row_norm": 1.0}, "row-level only"),
+        ({"unit_column": "user", "center": True}, "--center is row level only"),
         ({"method": "gauss", "iterations": 3}, "--iterations does not apply to --method gauss"),
         ({"subsets": 10}, "--subsets does not apply to --method power"),
     ],

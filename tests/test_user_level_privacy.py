@@ -169,6 +169,7 @@ NEIGHBOUR_RUNS = {
     "boosted gauss": EstimateConfig(
         rank=1, method="gauss", epsilon=1.0, delta=1e-6, row_norm=3.0, boost=3, seed=4
     ),
+    "power": EstimateConfig(rank=1, method="power", epsilon=1.0, delta=1e-6, row_norm=3.0, seed=4),
     "cluster": ClusterConfig(clusters=2, rank=1, epsilon=1.0, delta=1e-6, seed=4),
 }
 

@@ -77,8 +77,8 @@ class Executor:
     @classmethod
     def of(cls, where: Executor | Any | None) -> Executor:
         """``where`` itself if it is an Executor, else the Executor of that client (None:
-        in process). Only for the entry points that estimators/power.py still calls with a
-        bare client (its allow-list entry)."""
+        in process). Only for :func:`~dpsub_dist.engine.sources.parquet_dataset`, which scripts,
+        benchmarks and tests call with a bare client or None."""
         return where if isinstance(where, Executor) else cls(where)
 
     @property

@@ -89,12 +89,20 @@ def partition_gram(
     rows, units = loader(part)
     rows = clip_rows(rows, bound)
     if user_norms is not None:
-        index = user_norms.index.get_indexer(units.keys)
-        if (index < 0).any():  # pragma: no cover - pass 1 saw every user
-            raise RuntimeError("a user is missing from the per-user norms: the input changed")
-        totals = user_norms.to_numpy()[index][units.inverse]
-        rows *= (1.0 / np.sqrt(np.maximum(totals, 1.0)))[:, None]
+        rows = scale_users(rows, units, user_norms)
     return GramSummary(gram_of(rows), rows.sum(axis=0) if center else None)
+
+
+def scale_users(rows: np.ndarray, units: Any, user_norms: pd.Series) -> np.ndarray:
+    """Clipped, scaled rows (modified in place) times ``1/√max(1, Σ‖x‖² of their user)``, the
+    totals from :func:`user_squared_norms` summed over all partitions: every user's rows then
+    have squared norms summing to ≤ 1 (user level; also ``--method power``)."""
+    index = user_norms.index.get_indexer(units.keys)
+    if (index < 0).any():  # pragma: no cover - pass 1 saw every user
+        raise RuntimeError("a user is missing from the per-user norms: the input changed")
+    totals = user_norms.to_numpy()[index][units.inverse]
+    rows *= (1.0 / np.sqrt(np.maximum(totals, 1.0)))[:, None]
+    return rows
 
 
 def gram_of(rows: np.ndarray) -> np.ndarray:
@@ -107,7 +115,7 @@ def sum_on_workers(tasks: list, executor: Executor, label: str, progress: bool) 
     """Σ of the delayed ``tasks`` (arrays), tree-summed on the workers; only the sum
     reaches the driver."""
     root = tree_sum(tasks, dask.delayed(np.add, pure=True), tasks)
-    return Executor.of(executor).compute(root, tasks, label, progress)  # of: power.py's client
+    return executor.compute(root, tasks, label, progress)
 
 
 def compute_gram(

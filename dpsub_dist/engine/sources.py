@@ -79,8 +79,7 @@ def parquet_dataset(
     """List the files (driver), read their footers (workers), validate the columns
     (``exclude``: names or patterns removed from them, see :func:`select_columns`).
 
-    ``executor``: a bare client (or None) is still accepted, from estimators/power.py until
-    it is ported (tests/test_executor_only.py)."""
+    ``executor``: a bare client (or None: in process) is accepted too, for scripts."""
     storage_options = StorageOptions.wrap(storage_options)  # redacted in reprs and task keys
     files = list_parquet_files(uri, storage_options)
     infos = Executor.of(executor).map(inspect_file, files, storage_options=storage_options)

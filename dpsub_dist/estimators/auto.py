@@ -9,8 +9,9 @@ Rule, in order (measured in docs/auto.md):
 
 1. options that only sample and aggregate understands (``--subsets``, ``--ref-points``,
    ``--radius``/``--cell-side``, ``--assign contiguous``) → ``friendly``: the user asked for it;
-2. the driver's D×D matrices above :data:`DRIVER_BYTES` → ``friendly`` (the summaries it gathers
-   are t×qD, with q lowered to fit);
+2. the driver's D×D matrices above :data:`DRIVER_BYTES` → ``power`` (the noisy power method:
+   only D×k' matrices anywhere; measured more accurate than friendly on both a gap model and
+   a polynomial spectrum where gauss is out, docs/auto.md);
 3. otherwise ``gauss`` (Analyze Gauss, private row-norm bound unless ``--row-norm``, centred by
    default at row level): 2.5–23× more accurate than friendly wherever both were measured, and it
    never returns ⊥.
@@ -52,9 +53,10 @@ def choose(config: EstimateConfig, dim: int) -> tuple[str, str]:
     if given:
         return "friendly", f"{', '.join(given)} given: options of sample and aggregate"
     if not gauss_fits(dim):
-        return "friendly", (
+        return "power", (
             f"D = {dim}: gauss's {GAUSS_COPIES} D×D matrices exceed the driver budget of "
-            f"{DRIVER_BYTES / 2**30:g} GiB"
+            f"{DRIVER_BYTES / 2**30:g} GiB; the noisy power method holds only D×k' matrices and "
+            "was measured more accurate than friendly there, with or without an eigengap"
         )
     return "gauss", (
         f"D = {dim}: gauss's D×D matrices fit the driver; measured more accurate than friendly "

@@ -20,6 +20,7 @@ centring is refused (``--center``) or off (default), and no explained variance i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,7 @@ from dpsub_dist.estimators.norm_pass import (
     NORM_SOURCE,
     compute_level_sums,
     compute_norm_counts,
+    compute_user_norm_counts,
     fuse_level_sums,
     gather_clipped_sum,
 )
@@ -41,7 +43,15 @@ from dpsub_dist.linalg import top_eigenvectors
 from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import Accountant, Budget
 from dpsub_dist.privacy.covariance import SENSITIVITY, gaussian_mean
-from dpsub_dist.privacy.norm_bound import NORM_QUANTILE, norm_bound_mechanism, private_norm_bound
+from dpsub_dist.privacy.norm_bound import (
+    GRID,
+    NORM_QUANTILE,
+    NormBound,
+    norm_bound_mechanism,
+    private_norm_bound,
+    private_user_norm_bound,
+    user_norm_bound_mechanism,
+)
 from dpsub_dist.privacy.variance import (
     private_variances,
     projected_sums,
@@ -143,6 +153,29 @@ def private_bound(
     return private_norm_bound(counts, dataset.n_rows, grants[step], rng, quantile=quantile).bound
 
 
+def private_user_bound(
+    dataset: Dataset,
+    accountant: Accountant,
+    grants: dict[str, Budget],
+    rng: np.random.Generator,
+    executor: Executor,
+    progress: bool,
+    quantile_for: Callable[[float, float], float],
+) -> NormBound:
+    """User level: the private bound on the users' norms ``√Σ‖x‖²`` (raw rows), charged as
+    ``norm_bound`` (:func:`dpsub_dist.privacy.norm_bound.private_user_norm_bound`); an input
+    without parts gives zero counts (n is private: no refusal). Raises
+    :class:`~dpsub_dist.privacy.norm_bound.TooFewForBound` where the released ñ is too small
+    for the sparse vector's margins (the caller publishes ⊥: the step was read and charged)."""
+    counts = (
+        compute_user_norm_counts(dataset.parts, dataset.loader, executor, progress)
+        if dataset.parts
+        else np.zeros(len(GRID) + 1, dtype=np.int64)
+    )
+    accountant.charge("norm_bound", user_norm_bound_mechanism(grants["norm_bound"]))
+    return private_user_norm_bound(counts, grants["norm_bound"], rng, quantile_for)
+
+
 def centre(
     config: EstimateConfig,
     dataset: Dataset,
@@ -155,7 +188,6 @@ def centre(
     """The loader the local step reads (centred or not), the parameters and the release."""
     if not resolve_center(config):
         return dataset.loader, {"center": False, "center_note": UNCENTRED_NOTE}, {}
-    executor = Executor.of(executor)  # of: power.py's bare client
     source = NORM_SOURCE.format(q=NORM_QUANTILE, step="norm_bound")
     if config.row_norm is None and fused_mean(dataset):
         bound, row_sum = _bound_and_sum(dataset, accountant, grants, rng, executor, progress)

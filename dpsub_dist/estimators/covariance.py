@@ -34,11 +34,7 @@ from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators.centring import MEAN_SHARE
 from dpsub_dist.estimators.common import EstimateResult, build_manifest, open_checked, plan
-from dpsub_dist.estimators.norm_pass import (
-    NORM_SOURCE,
-    USER_NORM_SOURCE,
-    compute_user_norm_counts,
-)
+from dpsub_dist.estimators.norm_pass import NORM_SOURCE, USER_NORM_SOURCE
 from dpsub_dist.linalg import top_eigenvectors
 from dpsub_dist.privacy import covariance as cov_steps
 from dpsub_dist.privacy import mechanism, norm_bound
@@ -50,7 +46,7 @@ from dpsub_dist.privacy.covariance import (
     gap_perturbation,
 )
 from dpsub_dist.privacy.noise import noise_rng
-from dpsub_dist.privacy.norm_bound import GRID, noise_matched_quantile, private_user_norm_bound
+from dpsub_dist.privacy.norm_bound import noise_matched_quantile
 from dpsub_dist.privacy.variance import EXPLAINED_VARIANCE_NOTE, released_variance
 
 if TYPE_CHECKING:
@@ -211,16 +207,18 @@ def too_few_users(
     reason: str,
     timings: dict[str, float],
     started: float,
+    shares: dict[str, float] | None = None,
 ) -> EstimateResult:
     """⊥ at user level when the released ñ is too small for the private bound
     (:func:`norm_bound.margined_quantile`): the ``norm_bound`` step was read and charged; no
-    Gram pass, no basis, the reason names ñ (released) and the fix."""
+    Gram pass (nor power iteration), no basis, the reason names ñ (released) and the fix.
+    ``shares``: the method's plan (default: this family's)."""
     timings["total_s"] = time.monotonic() - started
     parameters = {
         "row_norm": None,
         "row_norm_source": "private (not released: too few users)",
         "row_scaling": ROW_SCALING["add_remove"],
-        "budget_shares": plan_shares(config),
+        "budget_shares": plan_shares(config) if shares is None else shares,
         "partitions": len(dataset.parts),
     }
     release = {"neighbours": "add_remove", "failed_step": "norm_bound", "failure_reason": reason}
@@ -272,17 +270,14 @@ def run_covariance(
         config, dataset, accountant, grants, rng, executor, progress
     )
     if config.row_norm is None and relation == "add_remove":
-        counts = (
-            compute_user_norm_counts(dataset.parts, dataset.loader, executor, progress)
-            if dataset.parts
-            else np.zeros(len(GRID) + 1, dtype=np.int64)
-        )
-        accountant.charge("norm_bound", norm_bound.user_norm_bound_mechanism(grants["norm_bound"]))
         try:
-            released = private_user_norm_bound(
-                counts,
-                grants["norm_bound"],
+            released = centring.private_user_bound(
+                dataset,
+                accountant,
+                grants,
                 rng,
+                executor,
+                progress,
                 lambda users, eps: bound_quantile(
                     config.method, grants, relation, users, dataset.dim, eps
                 ),

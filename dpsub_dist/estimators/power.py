@@ -14,10 +14,15 @@ time and memory only, never a published value.
 
 Shared with gauss (reused, not copied): private centring (:mod:`dpsub_dist.estimators.centring`:
 the mean released first and subtracted from every row on the workers), the private row-norm
-bound of the (centred) rows (:mod:`dpsub_dist.privacy.norm_bound`, at the median: see
-:data:`NORM_QUANTILE`) and their budget shares
+bound of the (centred) rows (:mod:`dpsub_dist.privacy.norm_bound`, at :data:`NORM_QUANTILE`:
+5% of the rows, not gauss's noise-matched quantile) and their budget shares
 (:func:`dpsub_dist.estimators.covariance.budget_plan`).
-Row level only: user-level scaling lives inside the Gram pass of the engine.
+User level (``--unit-column``): each user's clipped, scaled rows are scaled jointly so that
+their squared norms sum to ≤ 1, exactly as gauss's Gram pass does
+(:func:`dpsub_dist.engine.gram.scale_users`), and the bound is gauss's private user-level bound
+(:func:`dpsub_dist.estimators.centring.private_user_bound`, at :data:`NORM_QUANTILE` of the
+users' norms); n is private there, so no published value uses it (no eigenvalue estimates, no
+refusal of an empty input) — privacy argument in :mod:`dpsub_dist.privacy.power`.
 """
 
 from __future__ import annotations
@@ -28,8 +33,16 @@ from typing import TYPE_CHECKING, Any
 
 import dask
 import numpy as np
+import pandas as pd
 
-from dpsub_dist.engine.gram import clip_rows, sum_on_workers
+from dpsub_dist.engine.compute import Executor, tree_sum
+from dpsub_dist.engine.gram import (
+    add_user_norms,
+    clip_rows,
+    scale_users,
+    sum_on_workers,
+    user_squared_norms,
+)
 from dpsub_dist.engine.sources import Loader
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import centring
@@ -41,9 +54,10 @@ from dpsub_dist.estimators.common import (
     plan,
     public_seed,
 )
-from dpsub_dist.estimators.norm_pass import NORM_SOURCE
 from dpsub_dist.privacy import power
+from dpsub_dist.privacy.accountant import laplace_epsilon
 from dpsub_dist.privacy.noise import noise_rng
+from dpsub_dist.privacy.norm_bound import TooFewForBound, margined_quantile
 
 if TYPE_CHECKING:
     from dpsub_dist.engine.sources import Dataset
@@ -55,16 +69,34 @@ CACHE_FRACTION = 0.25
 IN_PROCESS_CACHE_BYTES = 2**30
 """Without a cluster, cache the clipped rows in this process up to this many bytes."""
 
-NORM_QUANTILE = 0.5
-"""Share of rows the private bound covers (gauss: 0.99). Clipping half the rows keeps the
-eigenvectors of elliptical data and raises the signal n·λ/B² against the √D noise: measured
-captured variance 0.86 vs 0.46 at D = 10⁵, n = 10⁵, ε = 1, λᵢ = i⁻² (docs/power.md)."""
+NORM_QUANTILE = 0.05
+"""Share of rows the private bound covers (gauss: noise-matched, ≥ 0.5): 95% of the rows are
+clipped. On elliptical data clipping keeps the eigenvectors, and a smaller B raises the signal
+n·λ/B² against the noise σ√D, which does not depend on B. Measured (bench/power_sim.py, the
+mechanism on the clipped population covariance, λᵢ = i⁻², n = 10⁵, ε = 1, T = 6, k' = k + 8):
+captured variance at D = 10⁵ 0.891 / 0.831 / 0.786 for k = 3 / 5 / 10 (the median: 0.760 /
+0.712 / 0.688), at D = 10⁴ 0.994 (0.982), at D = 10³ 0.999 (0.998); docs/power.md."""
 
+
+BOUND_SOURCE = (
+    "private (step {step}): the smallest value 2^-10·√2^j (j = 0…100) at which the noisy "
+    "count of rows with norm ≤ it reaches q·n (sparse vector), q = {q:g} fixed (power)"
+)
+USER_BOUND_SOURCE = (
+    "private at user level (step norm_bound): a noisy user count ñ (half of the step), then "
+    "the smallest value 2^-10·√2^j (j = 0…100) at which the noisy count of users with "
+    "√Σ‖x‖² ≤ it reaches q·ñ (sparse vector, the other half), q = {q:g} fixed (power)"
+)
 
 EXPLAINED_VARIANCE_NOTE = (
-    "singular values of the last released noisy product C·V × "
-    "row_norm²/n: estimates of the top eigenvalues, post-processing; the ratio needs the "
-    "trace, which is not released"
+    "singular values of the last released noisy product C·V × row_norm²/n: estimates of the "
+    "top eigenvalues of the clipped rows' second moment (with most rows clipped at the default "
+    "bound, below the raw rows' eigenvalues), post-processing; the ratio needs the trace, "
+    "which is not released"
+)
+
+USER_VARIANCE_NOTE = (
+    "not released at user level: the eigenvalue estimates divide by n, which is private there"
 )
 
 
@@ -95,63 +127,88 @@ def _product(rows: np.ndarray, basis: np.ndarray) -> np.ndarray:
     return rows.T @ (rows @ basis)
 
 
-def _load_product(loader: Loader, bound: float, part: Any, basis: np.ndarray) -> np.ndarray:
+def _load_product(
+    loader: Loader, bound: float, part: Any, users: pd.Series | None, basis: np.ndarray
+) -> np.ndarray:
     """One partition read from its source, clipped and multiplied (runs on a worker)."""
-    return _product(_load_clipped(loader, bound, part), basis)
+    return _product(_load_clipped(loader, bound, part, users), basis)
 
 
-def _load_clipped(loader: Loader, bound: float, part: Any) -> np.ndarray:
-    return clip_rows(loader(part)[0], bound)
+def _load_clipped(loader: Loader, bound: float, part: Any, users: pd.Series | None) -> np.ndarray:
+    """A partition's rows clipped to ``bound`` and scaled by 1/bound; at user level (``users``:
+    every user's Σ‖x‖² of those rows) each user's rows also scaled jointly to Σ‖x‖² ≤ 1."""
+    rows, units = loader(part)
+    rows = clip_rows(rows, bound)
+    return rows if users is None else scale_users(rows, units, users)
 
 
 class RowPasses:
     """One pass over the clipped rows per call: ``Σ_p X_pᵀ(X_p V)`` summed on the workers.
 
     ``loader`` gives the rows (centred by the released mean when centring). Holds the cached
-    rows (futures on the workers, or arrays in process) when they fit.
+    rows (futures on the workers, or arrays in process) when they fit. ``user_level``: one
+    extra pass first sums each user's squared norms of the clipped rows (a per-user table
+    kept on the workers, :func:`dpsub_dist.engine.gram.user_squared_norms`), and every pass
+    scales each user's rows by ``1/√max(1, total)`` (:func:`dpsub_dist.engine.gram.scale_users`),
+    as gauss's Gram pass does.
     """
 
     def __init__(
-        self, dataset: Dataset, loader: Loader, bound: float, client: Any | None, progress: bool
+        self,
+        dataset: Dataset,
+        loader: Loader,
+        bound: float,
+        executor: Executor,
+        progress: bool,
+        user_level: bool = False,
     ) -> None:
         self.dataset, self.loader, self.bound = dataset, loader, bound
-        self.client, self.progress = client, progress
+        self.executor, self.progress, self.user_level = executor, progress, user_level
         self.passes = 0
-        need = dataset.n_rows * dataset.dim * 8  # n public at row level: a public decision
-        if client is None:
-            self.cached = need <= IN_PROCESS_CACHE_BYTES
-        else:
-            workers = client.scheduler_info()["workers"].values()
-            limit = sum(int(w.get("memory_limit") or 0) for w in workers)
-            self.cached = need <= CACHE_FRACTION * limit
+        # Time and memory only, never a published value (n is private at user level: the
+        # choice is operator-side there, like the wall-clock time it changes).
+        need = dataset.n_rows * dataset.dim * 8
+        limit = executor.memory_limit
+        self.cached = need <= (IN_PROCESS_CACHE_BYTES if limit is None else CACHE_FRACTION * limit)
         self._rows: list[Any] | None = None
+        self._users: Any = None
+
+    def _user_norms(self) -> Any:
+        """User level: each user's Σ‖x‖² of clipped, scaled rows, on the workers (None at row
+        level)."""
+        if not self.user_level or self._users is not None:
+            return self._users
+        norms = dask.delayed(user_squared_norms, pure=True)
+        tasks = [norms(self.loader, self.bound, part) for part in self.dataset.parts]
+        root = tree_sum(tasks, dask.delayed(add_user_norms, pure=True), tasks)
+        (self._users,) = self.executor.persist([root])
+        return self._users
 
     def _cached_rows(self) -> list[Any]:
         if self._rows is None:
             load = dask.delayed(_load_clipped, pure=True)
-            rows = [load(self.loader, self.bound, part) for part in self.dataset.parts]
-            if self.client is None:
-                self._rows = [r.compute(scheduler="sync") for r in rows]
-            else:
-                self._rows = list(self.client.persist(rows))
+            users = self._user_norms()
+            rows = [load(self.loader, self.bound, part, users) for part in self.dataset.parts]
+            self._rows = self.executor.persist(rows)
         return self._rows
 
     def __call__(self, basis: np.ndarray) -> np.ndarray:
-        """``C V`` of all clipped rows."""
+        """``C V`` of all clipped (and, at user level, per-user scaled) rows."""
         self.passes += 1
+        if not self.dataset.parts:  # user level only (n < 1 is refused at row level): C = 0
+            return np.zeros_like(basis)
         label = f"{len(self.dataset.parts)} partitions → C·V (pass {self.passes})"
-        if self.cached and self.client is None:
-            return sum(_product(rows, basis) for rows in self._cached_rows())
         shared = dask.delayed(basis, pure=True)  # one key: V is shipped once, not per task
         if self.cached:
             product = dask.delayed(_product, pure=True)
             tasks = [product(rows, shared) for rows in self._cached_rows()]
         else:
             product = dask.delayed(_load_product, pure=True)
+            users = self._user_norms()
             tasks = [
-                product(self.loader, self.bound, part, shared) for part in self.dataset.parts
+                product(self.loader, self.bound, part, users, shared) for part in self.dataset.parts
             ]
-        return sum_on_workers(tasks, self.client, label, self.progress)
+        return sum_on_workers(tasks, self.executor, label, self.progress)
 
 
 def run_power(
@@ -167,26 +224,46 @@ def run_power(
     accountant, grants = plan(config, plan_shares(config))
     steps = iterations(config)
     power.iteration_grant(grants["power"], steps)  # a grant no ρ fits: refused before any read
-    dataset = open_checked(config, open_dataset, client)
-    if dataset.n_rows < 1:
-        raise InputError(f"{dataset.input} has no rows: pass a dataset with at least one row")
+    executor = Executor(client)
+    dataset = open_checked(config, open_dataset, executor)
     relation = cov.neighbours(config)
+    user_level = relation == "add_remove"
+    # n is public at row level only: there no rows is bad input; at user level an empty input
+    # is released like any other (C = 0 plus noise).
+    if dataset.n_rows < 1 and not user_level:
+        raise InputError(f"{dataset.input} has no rows: pass a dataset with at least one row")
+    step = "centred_norm_bound" if config.center else "norm_bound"
+    if config.row_norm is None and not user_level:  # public n: refused before any read
+        try:
+            norm_epsilon = laplace_epsilon(grants[step])
+            quantile = margined_quantile(NORM_QUANTILE, dataset.n_rows, norm_epsilon, "rows")
+        except TooFewForBound as err:
+            raise InputError(str(err)) from None
     k_prime, seed = width(config, dataset.dim), public_seed(config)
     rng = noise_rng(noise_seed)
     mark = time.monotonic()
     # Centred as gauss is: the private mean first, subtracted from every row on the workers.
     loader, centred, mean_release = centring.centre(
-        config, dataset, accountant, grants, rng, client, progress
+        config, dataset, accountant, grants, rng, executor, progress
     )
-    if config.row_norm is None:
-        step = "centred_norm_bound" if config.center else "norm_bound"
-        args = (dataset, loader, accountant, grants, rng, client, progress)
-        row_norm = centring.private_bound(step, *args, quantile=NORM_QUANTILE)
-        norm_source = NORM_SOURCE.format(q=NORM_QUANTILE, step=step)
+    if config.row_norm is None and user_level:
+        args = (dataset, accountant, grants, rng, executor, progress)
+        try:
+            released = centring.private_user_bound(*args, lambda users, eps: NORM_QUANTILE)
+        except TooFewForBound as err:  # a function of the released ñ: ⊥, charged
+            shares = plan_shares(config)
+            return cov.too_few_users(
+                config, dataset, accountant, str(err), timings, started, shares
+            )
+        row_norm, norm_source = released.bound, USER_BOUND_SOURCE.format(q=released.quantile)
+    elif config.row_norm is None:
+        args = (dataset, loader, accountant, grants, rng, executor, progress)
+        row_norm = centring.private_bound(step, *args, quantile=quantile)
+        norm_source = BOUND_SOURCE.format(q=quantile, step=step)
     else:
         row_norm, norm_source = float(config.row_norm), "public (--row-norm)"
     timings["norm_bound_s"] = time.monotonic() - mark
-    passes = RowPasses(dataset, loader, row_norm, client, progress)
+    passes = RowPasses(dataset, loader, row_norm, executor, progress, user_level)
 
     def multiply(basis: np.ndarray, t: int) -> np.ndarray:
         mark = time.monotonic()
@@ -215,9 +292,9 @@ def run_power(
         "product_sensitivity": release.sensitivity,
         "noise_sigma": release.sigma,
         "rho_per_iteration": release.rho_per_iteration,
-        "explained_variance": (top * row_norm**2 / dataset.n_rows).tolist(),
+        "explained_variance": None if user_level else (top * row_norm**2 / dataset.n_rows).tolist(),
         "explained_variance_ratio": None,
-        "explained_variance_note": EXPLAINED_VARIANCE_NOTE,
+        "explained_variance_note": USER_VARIANCE_NOTE if user_level else EXPLAINED_VARIANCE_NOTE,
     }
     timings["cached_rows"] = passes.cached  # operator-only: where the rows were kept
     timings["total_s"] = time.monotonic() - started

@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.estimators import auto as rule
 from dpsub_dist.estimators.common import EstimateResult, open_checked
@@ -15,9 +16,10 @@ from dpsub_dist.methods._sample_aggregate import PLAN_PARAMS
 from dpsub_dist.methods.friendly import METHOD as FRIENDLY
 from dpsub_dist.methods.friendly import RADIUS
 from dpsub_dist.methods.gauss import METHOD as GAUSS
+from dpsub_dist.methods.power import METHOD as POWER
 from dpsub_dist.methods.spec import Method
 
-CHOICES = {method.name: method for method in (FRIENDLY, GAUSS)}
+CHOICES = {method.name: method for method in (FRIENDLY, GAUSS, POWER)}
 """The methods the rule chooses between."""
 
 
@@ -29,7 +31,7 @@ def run_auto(
     noise_seed: int | None,
 ) -> EstimateResult:
     """Open the footers, choose (public facts only), run the chosen method with the budget."""
-    dataset = open_checked(config, open_dataset, client)
+    dataset = open_checked(config, open_dataset, Executor(client))
     name, reason = rule.choose(config, dataset.dim)
     chosen = dataclasses.replace(config, method=name)
     chosen.use_budget(config.budget())  # parsed once, at the edge
@@ -47,7 +49,7 @@ def run_auto(
 METHOD = Method(
     name="auto",
     command="estimate",
-    summary="the default: gauss or friendly, chosen from public facts (docs/auto.md)",
+    summary="the default: gauss, power or friendly, chosen from public facts (docs/auto.md)",
     params=(*PLAN_PARAMS, RADIUS, *CENTRING_PARAMS),
     run=run_auto,
     plan=lambda config: {},  # spends nothing itself: the chosen method's plan applies

@@ -3,6 +3,7 @@
 
 from dpsub_dist.estimators import power
 from dpsub_dist.methods._centring import CENTRING_PARAMS
+from dpsub_dist.methods.gauss import check_covariance
 from dpsub_dist.methods.spec import Method, Param
 
 ITERATIONS = Param(
@@ -29,5 +30,5 @@ METHOD = Method(
     params=(ITERATIONS, OVERSAMPLE, *CENTRING_PARAMS),
     run=power.run_power,
     plan=power.plan_shares,
-    row_level_only="its per-user scaling is not implemented; use --method gauss",
+    check=check_covariance,
 )

@@ -27,9 +27,22 @@ together) is the same constant as the Gram matrix's Frobenius bound of Analyze G
 — whatever ``V_{t−1}`` is, because ``V_{t−1}`` is a function of earlier releases only
 (adaptive composition). ``V₀`` is public randomness (the run's public seed), not DP noise.
 
+**User level** (``--unit-column``: neighbours add or remove all rows of one user). Every row
+is clipped to ``B`` and scaled by ``1/B``, then all rows ``x_1 … x_m`` of one user are
+multiplied by ``1/√max(1, Σ_r‖x_r‖²)`` (:func:`dpsub_dist.engine.gram.scale_users`, the same
+scaling as gauss), so ``Σ_r‖x_r‖² ≤ 1``; the factor depends on that user's rows only, so the
+other users' scaled rows are identical in both neighbours. The user changes ``C`` by
+``E = ±Σ_r x_r x_rᵀ``, positive semidefinite with ``‖E‖_F ≤ tr E = Σ_r‖x_r‖² ≤ 1``, and the
+release moves by ``EV`` with ``‖EV‖_F ≤ ‖E‖_F‖V‖₂ ≤ 1``: Δ = 1
+(``SENSITIVITY["add_remove"].gram``), whatever ``V`` is and however many rows the user has.
+Nothing else changes: ``σ = Δ/√(2ρ_it)`` and the composition below. The bound ``B`` is the
+private user-level bound of gauss (a noisy user count, then the sparse vector over the users'
+``√Σ‖x‖²``), charged as ``norm_bound``; ``n`` is private, so the eigenvalue estimates (which
+divide by n) are not published and an empty input is released as ``C = 0`` plus noise.
+
 **Composition.** Iteration ``t`` with ``σ = Δ/√(2ρ_it)`` is ``ρ_it``-zCDP (Bun & Steinke 2016,
 Prop. 1.6), and ``T`` adaptively chosen iterations are ``T·ρ_it``-zCDP (Lemma 2.3). A zCDP run
-gives each iteration ``ρ_it = ρ_power/T`` and charges the accountant once per iteration. An
+gives each iteration ``ρ_it = ρ_power/T``; the T iterations are charged once, as one step. An
 (ε, δ) run converts its power share ``(ε_p, δ_p)`` to the largest ``ρ_p`` whose
 Canonne–Kamath–Steinke conversion at ``δ_p`` is at most ``ε_p`` (:func:`rho_for`), so the
 ``T`` iterations together are ``(ε_p, δ_p)``-DP, and charges that grant once. The noise is
