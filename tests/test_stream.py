@@ -764,6 +764,16 @@ def test_bad_stream_input_is_refused_with_nothing_made_or_charged(tmp_path, batc
         with pytest.raises(InputError, match="has no rows: the first batch fixes"):
             stream.append(str(empty))
         assert stream.status()["step"] == 0 and stream.accountant().spent.rho == 0
+    few = tmp_path / "few.parquet"  # 30 rows: too few for the sparse vector's margins
+    pq.write_table(pa.table({f"x{j}": np.ones(30) * (j + 1) for j in range(10)}), few)
+    with open_stream(plain) as stream:
+        with pytest.raises(InputError, match="the first batch: 30 rows are too few"):
+            stream.append(str(few))
+        assert stream.status()["step"] == 0 and stream.accountant().spent.rho == 0
+    bounded = str(tmp_path / "bounded.db")  # a public bound needs no margin: the batch runs
+    init_stream(bounded, horizon=2, rank=2, rho=1.0, delta=1e-6, center=False, clip_norm=40.0)
+    with open_stream(bounded) as stream:
+        assert stream.append(str(few)).step == 1
 
 
 # ------------------------------------------ audit of the first release (the released mean)

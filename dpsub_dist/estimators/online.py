@@ -108,7 +108,12 @@ from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import ZCDP, Accountant, ApproxDP, Budget, laplace_epsilon
 from dpsub_dist.privacy.covariance import SENSITIVITY
 from dpsub_dist.privacy.noise import noise_rng
-from dpsub_dist.privacy.norm_bound import noise_matched_quantile, norm_bound_mechanism
+from dpsub_dist.privacy.norm_bound import (
+    TooFewForBound,
+    margined_quantile,
+    noise_matched_quantile,
+    norm_bound_mechanism,
+)
 from dpsub_dist.privacy.tree_aggregation import (
     REPLACE_ONE_SENSITIVITY,
     TreeAggregator,
@@ -850,15 +855,20 @@ def first_batch(
             f"{dataset.input} has no rows: the first batch fixes the stream's private mean and "
             "norm bound from the public row count, so it needs at least one row"
         )
+    step = "centred_norm_bound" if settings.center else "norm_bound"
+    if private_norm:  # the first batch's n is public: too few rows is refused before any read
+        epsilon = laplace_epsilon(grants[step])
+        quantile = noise_matched_quantile(dataset.n_rows, dataset.dim, settings.node_sigma, epsilon)
+        try:
+            quantile = margined_quantile(quantile, dataset.n_rows, epsilon, "rows")
+        except TooFewForBound as err:
+            raise InputError(f"the first batch: {err}") from None
     options = SimpleNamespace(
         center=settings.center, row_norm=settings.clip_norm, unit_column=None, method="online"
     )
     args = (dataset, accountant, grants, rng, executor, progress)
     loader, centred, mean_release = centring.centre(options, *args)
     if private_norm:
-        step = "centred_norm_bound" if settings.center else "norm_bound"
-        epsilon = laplace_epsilon(grants[step])
-        quantile = noise_matched_quantile(dataset.n_rows, dataset.dim, settings.node_sigma, epsilon)
         bound = centring.private_bound(step, dataset, loader, *args[1:], quantile=quantile)
         source = NORM_SOURCE.format(q=quantile, step=step) + ", n of the first batch"
         source += ", its rows centred at the mean" if settings.center else ""
