@@ -24,6 +24,7 @@ import pytest
 from privacy_audit import AuditResult, audit
 
 from dpsub_dist.engine.assign import UnitIds
+from dpsub_dist.engine.compute import IN_PROCESS
 from dpsub_dist.engine.sources import Dataset, array_dataset
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators.common import plan
@@ -133,7 +134,7 @@ def variance_audit(
     def run(rows: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
         accountant, grants = plan(config, shares)
         dataset = array_dataset(rows)
-        args = (dataset, dataset.loader, accountant, grants, rng, None, False)
+        args = (dataset, dataset.loader, accountant, grants, rng, IN_PROCESS, False)
         _, details = centring.explain(config, basis, *args)
         return details
 
@@ -325,7 +326,6 @@ def test_one_user_moves_each_cumulative_user_count_by_at_most_one() -> None:
     """Δ = 1 of the user-level bound's queries through the engine's per-user pass: a user
     whose 40 rows are spread over both partitions (and whose rows alone lie in other bins)
     adds exactly 1 to the user count and at most 1 to every cumulative count."""
-    from dpsub_dist.engine.compute import IN_PROCESS
     from dpsub_dist.estimators.norm_pass import compute_user_norm_counts
 
     rng = np.random.default_rng(12)

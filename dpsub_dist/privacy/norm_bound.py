@@ -112,7 +112,13 @@ def norm_histogram(norms: np.ndarray, grid: np.ndarray = GRID) -> np.ndarray:
     return np.bincount(bins, minlength=len(grid) + 1).astype(np.int64)
 
 
-def noise_matched_quantile(n_rows: int, dim: int, noise_sigma: float, norm_epsilon: float) -> float:
+def noise_matched_quantile(
+    n_rows: int,
+    dim: int,
+    noise_sigma: float,
+    norm_epsilon: float,
+    max_clipped: float = MAX_CLIPPED,
+) -> float:
     """The quantile ``q`` a run targets, from public facts only (n at row level, D, the noise σ
     of the release that follows and ε_norm): ``1 − q = clip(NOISE_WEIGHT·2σ√D/n,
     SV_MARGIN/(ε_norm·n), MAX_CLIPPED)`` = clip(16σ√D/n, 20/(ε_norm·n), 0.5).
@@ -127,13 +133,15 @@ def noise_matched_quantile(n_rows: int, dim: int, noise_sigma: float, norm_epsil
     ``NOISE_WEIGHT·c`` (measured, :data:`NOISE_WEIGHT`). Less noise (larger ε or n,
     smaller D) therefore clips fewer rows. The floor keeps the threshold where the sparse vector
     can find it (:data:`SV_MARGIN`). ``q`` is a function of public values, so the threshold
-    ``q·n`` is public and the sparse vector's argument is unchanged.
+    ``q·n`` is public and the sparse vector's argument is unchanged. ``max_clipped`` caps the
+    clipped share (default :data:`MAX_CLIPPED`; the power method allows more:
+    :data:`dpsub_dist.estimators.power.MAX_CLIPPED`).
     """
     if n_rows < 1:
         raise ValueError(f"the rule needs the public row count n ≥ 1, got {n_rows}")
     noise_level = NOISE_WEIGHT * 2.0 * noise_sigma * math.sqrt(dim) / n_rows
     floor = SV_MARGIN / (norm_epsilon * n_rows)
-    return 1.0 - min(max(noise_level, floor), MAX_CLIPPED)
+    return 1.0 - min(max(noise_level, floor), max_clipped)
 
 
 class TooFewForBound(ValueError):
