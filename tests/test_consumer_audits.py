@@ -68,6 +68,23 @@ def published(config: EstimateConfig) -> Callable[[np.ndarray, np.random.Generat
     return run
 
 
+def assert_holds_and_catches(honest: AuditResult, twin: AuditResult, grant: ApproxDP) -> None:
+    """The honest run's lower bound stays under the step's charge; the twin's passes it."""
+    assert honest.epsilon_lower < grant.epsilon, honest
+    assert twin.epsilon_lower > grant.epsilon, twin
+
+
+def bound_audits(run, before, after, laplace_factor, twin: float, runs: int) -> tuple:
+    """The honest and the twin audit of a published private bound (the event: B = 1.0)."""
+
+    def once(factor: float) -> AuditResult:
+        laplace_factor(factor)
+        event = lambda manifest: manifest["parameters"]["row_norm"] == 1.0  # noqa: E731
+        return audit(run, before, after, event, runs, 0.0)
+
+    return once(1.0), once(twin)
+
+
 def charged(manifest: dict[str, Any], step: str) -> ApproxDP:
     """What the manifest says ``step`` cost."""
     (entry,) = [s for s in manifest["privacy"]["budget"]["steps"] if s["step"] == step]
@@ -101,15 +118,13 @@ def mean_audit(
 def test_published_mean_audit_catches_an_eighth_of_the_noise(gaussian_factor) -> None:
     honest, twin, grant = mean_audit(gaussian_factor, 0.125, 400)
     assert grant.epsilon == pytest.approx(2.0) and grant.delta == pytest.approx(2e-6)
-    assert honest.epsilon_lower < grant.epsilon, honest
-    assert twin.epsilon_lower > grant.epsilon, twin
+    assert_holds_and_catches(honest, twin, grant)
 
 
 @pytest.mark.slow
 def test_published_mean_audit_catches_a_quarter_of_the_noise(gaussian_factor) -> None:
     honest, twin, grant = mean_audit(gaussian_factor, 0.25, 3000)
-    assert honest.epsilon_lower < grant.epsilon, honest
-    assert twin.epsilon_lower > grant.epsilon, twin
+    assert_holds_and_catches(honest, twin, grant)
     assert math.isfinite(twin.epsilon_lower)
 
 
@@ -228,27 +243,19 @@ def user_bound_audit(
         return run_estimate(config, lambda _client: dataset, None, noise_seed=seed).manifest
 
     grant = charged(run(before, np.random.default_rng(0)), "norm_bound")
-
-    def once(factor: float) -> AuditResult:
-        laplace_factor(factor)
-        event = lambda manifest: manifest["parameters"]["row_norm"] == 1.0  # noqa: E731
-        return audit(run, before, after, event, runs, 0.0)
-
-    return once(1.0), once(twin), grant
+    return (*bound_audits(run, before, after, laplace_factor, twin, runs), grant)
 
 
 def test_published_user_level_bound_audit_catches_a_32nd_of_the_noise(laplace_factor) -> None:
     honest, twin, grant = user_bound_audit(laplace_factor, 1 / 32, 300)
     assert grant.epsilon == pytest.approx(2.0) and grant.delta == 0.0
-    assert honest.epsilon_lower < grant.epsilon, honest
-    assert twin.epsilon_lower > grant.epsilon, twin
+    assert_holds_and_catches(honest, twin, grant)
 
 
 @pytest.mark.slow
 def test_published_user_level_bound_audit_catches_a_16th_of_the_noise(laplace_factor) -> None:
     honest, twin, grant = user_bound_audit(laplace_factor, 1 / 16, 2000)
-    assert honest.epsilon_lower < grant.epsilon, honest
-    assert twin.epsilon_lower > grant.epsilon, twin
+    assert_holds_and_catches(honest, twin, grant)
 
 
 def power_audit(gaussian_factor, twin: float, runs: int) -> tuple[AuditResult, AuditResult]:
@@ -299,27 +306,19 @@ def row_bound_audit(
     quantile = float(re.search(r"q = (\S+) ", first["parameters"]["row_norm_source"])[1])
     assert 189.0 < quantile * 200 <= 190.0  # the threshold, from public n, D, ε, δ
     grant = charged(first, "norm_bound")
-
-    def once(factor: float) -> AuditResult:
-        laplace_factor(factor)
-        event = lambda manifest: manifest["parameters"]["row_norm"] == 1.0  # noqa: E731
-        return audit(run, before, after, event, runs, 0.0)
-
-    return once(1.0), once(twin), grant
+    return (*bound_audits(run, before, after, laplace_factor, twin, runs), grant)
 
 
 def test_published_row_bound_audit_catches_a_32nd_of_the_noise(laplace_factor) -> None:
     honest, twin, grant = row_bound_audit(laplace_factor, 1 / 32, 300)
     assert grant.epsilon == pytest.approx(2.0) and grant.delta == 0.0
-    assert honest.epsilon_lower < grant.epsilon, honest
-    assert twin.epsilon_lower > grant.epsilon, twin
+    assert_holds_and_catches(honest, twin, grant)
 
 
 @pytest.mark.slow
 def test_published_row_bound_audit_catches_a_16th_of_the_noise(laplace_factor) -> None:
     honest, twin, grant = row_bound_audit(laplace_factor, 1 / 16, 2000)
-    assert honest.epsilon_lower < grant.epsilon, honest
-    assert twin.epsilon_lower > grant.epsilon, twin
+    assert_holds_and_catches(honest, twin, grant)
 
 
 def test_one_user_moves_each_cumulative_user_count_by_at_most_one() -> None:
@@ -373,24 +372,16 @@ def sulq_bound_audit(
     assert 0 < short < 200
     before, after = table(short), table(short - 1)
     grant = charged(first, "norm_bound")
-
-    def once(factor: float) -> AuditResult:
-        laplace_factor(factor)
-        event = lambda manifest: manifest["parameters"]["row_norm"] == 1.0  # noqa: E731
-        return audit(run, before, after, event, runs, 0.0)
-
-    return once(1.0), once(twin), grant
+    return (*bound_audits(run, before, after, laplace_factor, twin, runs), grant)
 
 
 def test_published_sulq_bound_audit_catches_a_32nd_of_the_noise(laplace_factor) -> None:
     honest, twin, grant = sulq_bound_audit(laplace_factor, 1 / 32, 250)
     assert grant.epsilon == pytest.approx(2.0) and grant.delta == 0.0
-    assert honest.epsilon_lower < grant.epsilon, honest
-    assert twin.epsilon_lower > grant.epsilon, twin
+    assert_holds_and_catches(honest, twin, grant)
 
 
 @pytest.mark.slow
 def test_published_sulq_bound_audit_catches_a_16th_of_the_noise(laplace_factor) -> None:
     honest, twin, grant = sulq_bound_audit(laplace_factor, 1 / 16, 2000)
-    assert honest.epsilon_lower < grant.epsilon, honest
-    assert twin.epsilon_lower > grant.epsilon, twin
+    assert_holds_and_catches(honest, twin, grant)
