@@ -25,6 +25,7 @@ COMMON = {
 }
 PARSERS = {"estimate": ("estimate",), "cluster": ("cluster",), "stream": ("stream", "init")}
 INPUT = {"--out", "--overwrite", "--columns", "--unit-column", "--scheduler", "--workers"}
+INPUT |= {"--memory-limit"}  # the local cluster's worker limit, as --workers
 INPUT |= {"--exclude-columns", "--seed", "--storage-option", "--quiet", "-h", "--help"}
 CONFIG_COMMON = {"rank", "epsilon", "delta", "rho", "method", "unit_column", "columns", "seed"}
 CONFIG_COMMON |= {"storage_options", "clusters", "exclude_columns", "ledger", "dataset"}
