@@ -98,32 +98,40 @@ def users_parquet(tmp_path_factory) -> Path:
     return path
 
 
-def _estimate(path: Path, out: Path, epsilon: str, *args: str) -> int:
+def _estimate(path: Path, out: Path, method: str, epsilon: str, *args: str) -> int:
     return main(
-        ["estimate", str(path), "--out", str(out), "--rank", "2", "--quiet", "--method", "gauss"]
+        ["estimate", str(path), "--out", str(out), "--rank", "2", "--quiet", "--method", method]
         + ["--epsilon", epsilon, "--delta", "1e-6", "--columns", "x0,x1,x2,x3,x4", *args]
     )
 
 
+METHODS = ["gauss", "power"]
+"""The methods whose private bound takes the margins (power: since its noise-matched rule)."""
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_cli_row_level_too_few_rows_exits_2_and_writes_nothing(
-    users_parquet, scheduler_address, tmp_path, capsys
+    method, users_parquet, scheduler_address, tmp_path, capsys
 ) -> None:
     """3,000 rows at ε = 0.1: ε_norm = 0.01 needs 5,526 rows."""
     out = tmp_path / "out"
-    code = _estimate(users_parquet, out, "0.1", "--no-center", "--scheduler", scheduler_address)
+    code = _estimate(
+        users_parquet, out, method, "0.1", "--no-center", "--scheduler", scheduler_address
+    )
     err = capsys.readouterr().err
     assert code == 2 and not out.exists()
     assert "3000 rows are too few" in err and "--row-norm B" in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("method", METHODS)
 def test_cli_user_level_500_users_at_eps_1_fails_instead_of_a_bound_below_the_data(
-    users_parquet, scheduler_address, tmp_path, capsys
+    method, users_parquet, scheduler_address, tmp_path, capsys
 ) -> None:
     """The bench's failing case (11/20 bounds far below the median norm 57 before): ⊥, exit 3,
     the reason names the released ñ and the fix, the norm step charged, no bound published."""
     out = tmp_path / "out"
     code = _estimate(
-        users_parquet, out, "1", "--unit-column", "user", "--scheduler", scheduler_address
+        users_parquet, out, method, "1", "--unit-column", "user", "--scheduler", scheduler_address
     )
     assert code == 3
     manifest = json.loads((out / "manifest.json").read_text())
