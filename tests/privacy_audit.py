@@ -74,3 +74,29 @@ def audit(
     hits_b = sum(bool(event(mechanism(input_b, rng))) for _ in range(runs))
     bound = epsilon_lower_bound(hits_a, hits_b, runs, delta, confidence)
     return AuditResult(bound, hits_a / runs, hits_b / runs, runs)
+
+
+SCALE_ARGUMENT = {"add_gaussian": 2, "add_laplace": 2, "laplace_noise": 1}
+"""Position of the noise scale (σ or b) in each sampler of ``dpsub_dist.privacy.noise``."""
+
+
+def scale_samplers(monkeypatch: Any, *names: str) -> Callable[[float], None]:
+    """Multiply the scale of the named samplers by a factor, below the accountant (which cannot
+    refuse it): the planted under-noised twin. Returns the factor's setter (1.0: honest)."""
+    from dpsub_dist.privacy import noise
+
+    factor = [1.0]
+
+    def scaled(real: Callable[..., Any], at: int) -> Callable[..., Any]:
+        def sampler(*args: Any, **kw: Any) -> Any:
+            return real(*args[:at], factor[0] * args[at], *args[at + 1 :], **kw)
+
+        return sampler
+
+    for name in names:
+        monkeypatch.setattr(noise, name, scaled(getattr(noise, name), SCALE_ARGUMENT[name]))
+
+    def set_factor(value: float) -> None:
+        factor[0] = value
+
+    return set_factor

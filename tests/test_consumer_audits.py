@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from privacy_audit import AuditResult, audit
+from privacy_audit import AuditResult, audit, scale_samplers
 
 from dpsub_dist.engine.assign import UnitIds
 from dpsub_dist.engine.compute import IN_PROCESS
@@ -29,7 +29,6 @@ from dpsub_dist.engine.sources import Dataset, array_dataset
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators.common import plan
 from dpsub_dist.job import ClusterConfig, EstimateConfig, run_cluster, run_estimate
-from dpsub_dist.privacy import noise
 from dpsub_dist.privacy.accountant import ApproxDP, gaussian_sigma
 
 EPSILON, DELTA = 10.0, 1e-5
@@ -41,19 +40,8 @@ def gaussian_factor(monkeypatch) -> Callable[[float], None]:
     """The discrete Gaussian sampler with its σ times a factor (the twin), and no BLAS
     thread-pool probing per run (``threadpoolctl`` reads /proc on every in-process compute:
     half of a small run's time, and no part of what is audited)."""
-    factor = {"value": 1.0}
-    real = noise.add_gaussian
-    monkeypatch.setattr(
-        noise,
-        "add_gaussian",
-        lambda rng, value, sigma, sens, **kw: real(rng, value, factor["value"] * sigma, sens, **kw),
-    )
     monkeypatch.setattr("threadpoolctl.threadpool_limits", lambda *a, **k: contextlib.nullcontext())
-
-    def set_factor(value: float) -> None:
-        factor["value"] = value
-
-    return set_factor
+    return scale_samplers(monkeypatch, "add_gaussian")
 
 
 def published(config: EstimateConfig) -> Callable[[np.ndarray, np.random.Generator], dict]:
@@ -206,22 +194,8 @@ def user_dataset(norms: list[float]) -> Dataset:
 def laplace_factor(monkeypatch) -> Callable[[float], None]:
     """The discrete Laplace samplers (values and the threshold) with their scale times a
     factor (the twin); no BLAS thread-pool probing per run."""
-    factor = {"value": 1.0}
-    add, pure = noise.add_laplace, noise.laplace_noise
-    monkeypatch.setattr(
-        noise, "add_laplace", lambda rng, v, s, d, **kw: add(rng, v, factor["value"] * s, d, **kw)
-    )
-    monkeypatch.setattr(
-        noise,
-        "laplace_noise",
-        lambda rng, s, size=None, **kw: pure(rng, factor["value"] * s, size, **kw),
-    )
     monkeypatch.setattr("threadpoolctl.threadpool_limits", lambda *a, **k: contextlib.nullcontext())
-
-    def set_factor(value: float) -> None:
-        factor["value"] = value
-
-    return set_factor
+    return scale_samplers(monkeypatch, "add_laplace", "laplace_noise")
 
 
 def user_bound_audit(

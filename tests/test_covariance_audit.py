@@ -18,10 +18,10 @@ import math
 
 import numpy as np
 import pytest
-from privacy_audit import audit
+from privacy_audit import audit, scale_samplers
 
 from dpsub_dist.privacy import covariance as cov
-from dpsub_dist.privacy import mechanism, noise
+from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import ApproxDP, gaussian_sigma
 
 RUNS = 30_000
@@ -115,16 +115,10 @@ def test_gap_perturbation_gap_test_audit_catches_half_laplace(cached_sigma, monk
     claimed = 1.2
     g = 50.0
     before, after = np.diag([g, 1.0]), np.diag([g + 1.0, 0.0])
-    factor = {"value": 1.0}
-    real = noise.add_laplace
-    monkeypatch.setattr(
-        noise,
-        "add_laplace",
-        lambda rng, value, scale, sens, **kw: real(rng, value, factor["value"] * scale, sens, **kw),
-    )
+    set_factor = scale_samplers(monkeypatch, "add_laplace")
 
     def run(value: float):
-        factor["value"] = value
+        set_factor(value)
         return audit(
             lambda gram, rng: cov.gap_perturbation(gram, 1, gap_grant, noise_grant, "replace", rng),
             after,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from privacy_audit import audit
+from privacy_audit import audit, scale_samplers
 
 from dpsub_dist.cli import main
 from dpsub_dist.engine.sources import array_dataset
@@ -75,16 +75,7 @@ def test_audit_catches_an_under_noised_twin(monkeypatch, level) -> None:
     Each half runs at ε/2, so the ⅛ twin stays within ε there (measured 0.85); the 1/16 twin is
     caught.
     """
-    factor = {"value": 1.0}
-    add, pure = noise.add_laplace, noise.laplace_noise
-    monkeypatch.setattr(
-        noise, "add_laplace", lambda rng, v, s, d, **kw: add(rng, v, factor["value"] * s, d, **kw)
-    )
-    monkeypatch.setattr(
-        noise,
-        "laplace_noise",
-        lambda rng, s, size=None, **kw: pure(rng, factor["value"] * s, size, **kw),
-    )
+    set_factor = scale_samplers(monkeypatch, "add_laplace", "laplace_noise")
     grid, n, grant = np.array([1.0, 2.0]), 1000, ApproxDP(1.0)
     below = 990 - 1  # the first count sits one row below the threshold 0.99·n
     before = np.array([below, n - below, 0])
@@ -98,7 +89,7 @@ def test_audit_catches_an_under_noised_twin(monkeypatch, level) -> None:
         return nb.private_user_norm_bound(counts, grant, rng, lambda u, e: 0.99, grid=grid).index
 
     def run(value: float):
-        factor["value"] = value
+        set_factor(value)
         return audit(
             mechanism,
             before,
