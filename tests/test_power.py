@@ -21,6 +21,7 @@ from privacy_audit import epsilon_lower_bound
 
 from dpsub_dist import synth
 from dpsub_dist.cli import main
+from dpsub_dist.engine import row_cache
 from dpsub_dist.engine.assign import UnitIds
 from dpsub_dist.engine.gram import clip_rows, user_squared_norms
 from dpsub_dist.engine.sources import parquet_dataset
@@ -398,7 +399,7 @@ def test_cached_and_streamed_passes_release_the_same_basis(tmp_path, dask_client
     data = _polynomial(tmp_path, 4000, 30, 2, 1.0, partitions=3)
     config = EstimateConfig(rank=2, method="power", rho=0.5, delta=1e-6, row_norm=3.0, seed=3)
     cached = run_estimate(config, _open(data.path), dask_client, noise_seed=11)
-    monkeypatch.setattr(runner, "CACHE_FRACTION", 0.0)
+    monkeypatch.setattr(row_cache, "CACHE_FRACTION", 0.0)
     streamed = run_estimate(config, _open(data.path), dask_client, noise_seed=11)
     assert cached.timings["cached_rows"] and not streamed.timings["cached_rows"]
     assert np.allclose(cached.basis, streamed.basis, atol=1e-9)
@@ -426,7 +427,7 @@ def test_user_level_passes_agree_on_the_cluster_and_in_process(tmp_path, dask_cl
         return run_estimate(config, opener, client, noise_seed=11)
 
     whole, local, cached = run(None, "one"), run(None), run(dask_client)
-    monkeypatch.setattr(runner, "CACHE_FRACTION", 0.0)
+    monkeypatch.setattr(row_cache, "CACHE_FRACTION", 0.0)
     streamed = run(dask_client)
     assert cached.timings["cached_rows"] and not streamed.timings["cached_rows"]
     for other in (streamed, local, whole):  # whole: a user scaled by all its rows, not per file

@@ -8,9 +8,10 @@ workers (:func:`dpsub_dist.engine.gram.sum_on_workers`): the driver receives one
 matrix per iteration and holds ``O(D·k')`` numbers; nothing ``D × D`` exists anywhere.
 
 The clipped rows stay in the workers' memory between iterations when ``n·D·8`` bytes (row
-count from the footers: public at row level) fit in :data:`CACHE_FRACTION` of the workers'
-memory limits; otherwise every iteration reads the Parquet files again. The choice changes
-time and memory only, never a published value.
+count from the footers: public at row level) fit as the covariance family's row cache decides
+(:func:`dpsub_dist.engine.row_cache.rows_fit`: a quarter of the workers' memory limits);
+otherwise every iteration reads the Parquet files again. The choice changes time and memory
+only, never a published value.
 
 Shared with gauss (reused, not copied): private centring (:mod:`dpsub_dist.estimators.centring`:
 the mean released first and subtracted from every row on the workers), the private row-norm
@@ -43,6 +44,7 @@ from dpsub_dist.engine.gram import (
     sum_on_workers,
     user_squared_norms,
 )
+from dpsub_dist.engine.row_cache import rows_fit
 from dpsub_dist.engine.sources import Loader
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import centring
@@ -66,12 +68,6 @@ from dpsub_dist.privacy.norm_bound import (
 if TYPE_CHECKING:
     from dpsub_dist.engine.sources import Dataset
     from dpsub_dist.methods.config import EstimateConfig
-
-CACHE_FRACTION = 0.25
-"""Cache the clipped rows on the workers when they take at most this share of their memory."""
-
-IN_PROCESS_CACHE_BYTES = 2**30
-"""Without a cluster, cache the clipped rows in this process up to this many bytes."""
 
 MAX_CLIPPED = 0.95
 """The most rows the private bound may clip: the bound targets gauss's noise-matched quantile
@@ -186,9 +182,7 @@ class RowPasses:
         self.passes = 0
         # Time and memory only, never a published value (n is private at user level: the
         # choice is operator-side there, like the wall-clock time it changes).
-        need = dataset.n_rows * dataset.dim * 8
-        limit = executor.memory_limit
-        self.cached = need <= (IN_PROCESS_CACHE_BYTES if limit is None else CACHE_FRACTION * limit)
+        self.cached = rows_fit(dataset.n_rows, dataset.dim, executor)
         self._rows: list[Any] | None = None
         self._users: Any = None
 
