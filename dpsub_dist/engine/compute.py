@@ -105,10 +105,7 @@ class Executor:
         process otherwise), as delayed values that later graphs take as inputs: nothing
         reaches the driver. Dropping the returned list frees them."""
         if self.client is None:
-            from threadpoolctl import threadpool_limits
-
-            with threadpool_limits(limits=1, user_api="blas"):
-                return list(dask.persist(*tasks, scheduler="threads"))
+            return list(compute_in_process(*tasks, how=dask.persist))
         return list(self.client.persist(list(tasks)))
 
     def map(self, function: Callable[..., Any], items: Sequence[Any], **kwargs: Any) -> list:
@@ -153,13 +150,14 @@ IN_PROCESS = Executor()
 """Dask's threads in this process: the engine's default."""
 
 
-def compute_in_process(*tasks: Any) -> tuple:
+def compute_in_process(*tasks: Any, how: Callable[..., tuple] = dask.compute) -> tuple:
     """Dask's thread pool with one BLAS thread per task, as on a worker: many small
-    factorisations run far slower when each also starts a BLAS thread pool."""
+    factorisations run far slower when each also starts a BLAS thread pool. ``how``:
+    ``dask.compute`` (the values) or ``dask.persist`` (held, as delayed values)."""
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1, user_api="blas"):
-        return dask.compute(*tasks, scheduler="threads")
+        return how(*tasks, scheduler="threads")
 
 
 def compute_on_cluster(
