@@ -586,7 +586,12 @@ def _status_json(status) -> dict:
 def cmd_stream(args: argparse.Namespace) -> int:
     import json
 
-    from dpsub_dist.estimators.online import UNTRACKED, ledger_charge, open_stream
+    from dpsub_dist.estimators.online import (
+        UNTRACKED,
+        describe_bound_and_centre,
+        ledger_charge,
+        open_stream,
+    )
     from dpsub_dist.io.output import check_output_dir, write_run
     from dpsub_dist.io.storage import StorageOptions
 
@@ -660,6 +665,8 @@ def cmd_stream(args: argparse.Namespace) -> int:
                     f"{stream.settings.rho:.6g} (epsilon={spent['epsilon']:.4g}, "
                     f"delta={spent['delta']:.3g})"
                 )
+                for line in describe_bound_and_centre(status["bound_and_centre"]):
+                    print(f"  {line}")
                 entry = stream.settings.ledger
                 print(
                     f"  charged to {entry['dataset']} in ledger {entry['location']} "

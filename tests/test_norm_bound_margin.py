@@ -4,7 +4,9 @@ empty low bins, and a bound far below every norm was released.
 
 The margin is a function of public values (row level: n and ε from n, D, ε, δ; user level: the
 released ñ and ε); where it cannot be met the run fails instead of releasing: exit 2 before any
-read at row level, ⊥ (exit 3, charged) after the count at user level.
+read at row level, ⊥ (exit 3, charged) after the count at user level. Every private bound takes
+it: gauss/gap-perturb's, power's, the stream's first batch, SuLQ's ``--private-norm`` and the
+centring's and explained variance's (both row level only, so exit 2).
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ import pytest
 from dpsub_dist.cli import main
 from dpsub_dist.engine.sources import array_dataset
 from dpsub_dist.errors import InputError
-from dpsub_dist.estimators import covariance
-from dpsub_dist.job import EstimateConfig, run_estimate
+from dpsub_dist.estimators import centring, clustering, covariance
+from dpsub_dist.job import ClusterConfig, EstimateConfig, run_cluster, run_estimate
 from dpsub_dist.privacy import norm_bound as nb
 from dpsub_dist.privacy.accountant import Accountant, ApproxDP
 
@@ -153,3 +155,131 @@ def test_enough_users_still_release_the_bound_near_the_data(users: int, epsilon:
     just above the users' median norm 57 (bench/user_norm_bound.py)."""
     median, bounds = released_bounds(users, epsilon, 10, 0)
     assert 50 < median < 64 and bounds == [64.0] * 10
+
+
+# ------------------------------------------- SuLQ's --private-norm and the explained variance
+
+
+def test_sulq_private_norm_too_few_rows_is_bad_input_before_any_read(monkeypatch) -> None:
+    """SuLQ (row level only) at ε = 1: ε_norm = 0.1 needs n ≥ 553; 500 rows are bad input
+    before a partition is read or a step charged, naming SuLQ's own fixes; 600 rows run."""
+    _, rows = _users(100)
+    config = ClusterConfig(
+        clusters=2, rank=1, epsilon=1.0, delta=1e-6, method="sulq", private_norm=True, seed=1
+    )
+    monkeypatch.setattr(Accountant, "charge", lambda *a: pytest.fail("charged"))
+    monkeypatch.setattr(clustering, "compute_norm_counts", lambda *a: pytest.fail("read"))
+    with pytest.raises(
+        InputError,
+        match=r"^500 rows are too few for a private norm bound at ε_norm = 0.1 \(needs ≥ 553\): "
+        r"drop --private-norm, pass --row-norm B, a larger ε or more rows$",
+    ):
+        run_cluster(config, lambda client: array_dataset(rows[:500]), None)
+    monkeypatch.undo()
+    result = run_cluster(config, lambda client: array_dataset(rows[:600]), None)
+    parameters = result.manifest["parameters"]
+    assert parameters["row_norm"] in nb.GRID and parameters["row_norm_source"].startswith("priv")
+
+
+VARIANCE_METHODS = {
+    "friendly": {"subsets": 20},
+    "histogram": {"subsets": 20},
+    "gap-perturb": {},
+}
+"""The methods that pay for an explained variance (step ``variance_norm_bound``, a private
+bound at NORM_QUANTILE of the public n); a public ``--row-norm`` leaves it the only private
+bound, and a small ``--subsets`` keeps the sample-and-aggregate row check out of the way."""
+
+
+@pytest.mark.parametrize("method", VARIANCE_METHODS)
+def test_explained_variance_too_few_rows_is_bad_input_before_any_read(method, monkeypatch) -> None:
+    """ε = 1: the explained variance's bound (ε = 0.03) needs n ≥ 1,842: 1,800 rows are bad
+    input before the mean's pass or any charge (was: its sparse vector could fire on an empty
+    low bin and clip every row to far below its norm); 1,900 rows run and release it."""
+    _, rows = _users(400)
+    options = VARIANCE_METHODS[method]
+    config = EstimateConfig(1, epsilon=1.0, delta=1e-6, method=method, row_norm=10.0, **options)
+    monkeypatch.setattr(Accountant, "charge", lambda *a: pytest.fail("charged"))
+    monkeypatch.setattr(centring, "centre", lambda *a: pytest.fail("read"))
+    with pytest.raises(
+        InputError,
+        match=r"^1800 rows are too few for the explained variance's private norm bound at "
+        r"ε_norm = 0.03 \(needs ≥ 1842\): pass a larger ε or more rows$",
+    ):
+        run_estimate(config, lambda client: array_dataset(rows[:1800]), None)
+    monkeypatch.undo()
+    result = run_estimate(config, lambda client: array_dataset(rows[:1900]), None, noise_seed=1)
+    steps = [s["step"] for s in result.manifest["privacy"]["budget"]["steps"]]
+    assert steps[0] == "mean"  # past the check: the rows were read and centred
+    if method == "gap-perturb":  # 20 subsets are too few for friendly/histogram to agree: ⊥
+        assert steps[-2:] == ["variance_norm_bound", "explained_variance"]
+        assert result.manifest["release"]["variance_row_norm"] in nb.GRID
+    else:
+        assert result.basis is None and result.manifest["release"]["failed_step"]
+
+
+def test_the_mean_bound_takes_the_margin_too() -> None:
+    """The centring's own bound (step ``norm_bound``, the mean's) goes through the same rule:
+    at NORM_QUANTILE it is unchanged where n suffices, refused where it does not."""
+    grants = {"norm_bound": ApproxDP(0.05)}
+    assert centring.row_quantile("norm_bound", grants, 1106) == nb.NORM_QUANTILE
+    with pytest.raises(InputError, match=r"1105 rows .* pass --row-norm B, a larger ε or more"):
+        centring.row_quantile("norm_bound", grants, 1105)
+
+
+def test_cli_sulq_private_norm_too_few_rows_exits_2_and_writes_nothing(
+    users_parquet, scheduler_address, tmp_path, capsys
+) -> None:
+    """3,000 rows at ε = 0.1: ε_norm = 0.01 needs 5,533 rows."""
+    out = tmp_path / "out"
+    code = main(
+        ["cluster", str(users_parquet), "--out", str(out), "--clusters", "2", "--rank", "1"]
+        + ["--quiet", "--method", "sulq", "--private-norm", "--epsilon", "0.1"]
+        + ["--delta", "1e-6", "--columns", "x0,x1,x2,x3,x4", "--scheduler", scheduler_address]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists() and len(err.splitlines()) == 1
+    assert "3000 rows are too few" in err and "drop --private-norm" in err
+
+
+@pytest.mark.parametrize("method", VARIANCE_METHODS)
+def test_cli_explained_variance_too_few_rows_exits_2_and_writes_nothing(
+    method, users_parquet, scheduler_address, tmp_path, capsys
+) -> None:
+    """3,000 rows at ε = 0.5: the explained variance's ε = 0.015 needs 3,684 rows."""
+    out = tmp_path / "out"
+    extra = [f"--{k}={v}" for k, v in VARIANCE_METHODS[method].items()]
+    code = _estimate(
+        users_parquet, out, method, "0.5", "--row-norm", "20", *extra,
+        "--scheduler", scheduler_address,
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists() and len(err.splitlines()) == 1
+    assert "3000 rows are too few for the explained variance's private norm bound" in err
+
+
+def test_job_too_few_rows_for_the_explained_variance_leaves_the_ledger_untouched(
+    users_parquet, scheduler_address, tmp_path, capsys
+) -> None:
+    """Under the ledger (``dpsub run``): exit 2, the reservation given back, nothing written."""
+    ledger, out = tmp_path / "ledger.db", tmp_path / "runs"
+    out.mkdir()
+    grant = ["--ledger", str(ledger), "--dataset", str(users_parquet), "--epsilon", "2"]
+    assert main(["budget", "init", *grant, "--delta", "1e-5"]) == 0
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"dataset: {users_parquet}\ncolumns: [x0, x1, x2, x3, x4]\nrank: 2\n"
+        "method: gap-perturb\nparameters: {row_norm: 20}\n"
+        f"budget: {{epsilon: 0.5, delta: 1.0e-6}}\noutput: {out}/{{run_id}}\nledger: {ledger}\n"
+    )
+    capsys.readouterr()
+    code = main(["run", str(job), "--run-id", "r1", "--quiet", "--scheduler", scheduler_address])
+    assert code == 2 and "explained variance's private norm bound" in capsys.readouterr().err
+    assert not any(out.iterdir())
+    assert main(["budget", "show", "--ledger", str(ledger), "--json"]) == 0
+    [status] = json.loads(capsys.readouterr().out)
+    assert status["remaining"]["epsilon"] == pytest.approx(2.0)
+    assert status["reserved"]["epsilon"] == 0 and status["published"]["epsilon"] == 0
+    assert main(["budget", "history", "--ledger", str(ledger), "--json"]) == 0
+    [run] = json.loads(capsys.readouterr().out)
+    assert (run["run_id"], run["state"], run["outcome"]) == ("r1", "returned", "bad input: public")

@@ -735,6 +735,72 @@ def test_a_stream_made_before_centring_opens_and_appends_as_before(tmp_path, bat
     assert first.manifest["parameters"]["row_norm_source"] == "public (--clip-norm)"
 
 
+def _show(state: str, capsys) -> tuple[str, dict]:
+    """``stream show`` as text, then as JSON (its ``bound_and_centre``)."""
+    capsys.readouterr()
+    assert main(["stream", "show", state]) == 0
+    text = capsys.readouterr().out
+    assert main(["stream", "show", state, "--json"]) == 0
+    return text, json.loads(capsys.readouterr().out)["bound_and_centre"]
+
+
+def test_stream_show_prints_the_released_bound_and_centre(tmp_path, batches, dask_client, capsys):
+    """A private bound and centre (the default): pending before the first append, then the
+    released B and ‖μ̂‖ (the first batch's, as every manifest publishes them), no budget."""
+    files, _ = batches
+    state = str(tmp_path / "s.db")
+    init_stream(state, horizon=2, rank=2, rho=0.5, delta=1e-6, center=None)
+    text, shown = _show(state, capsys)
+    assert "B: private, released by the first append (none yet)" in text
+    assert "centred: the private mean μ̂ is released by the first append (none yet)" in text
+    assert shown == {
+        "row_norm": None,
+        "row_norm_source": "private, from the first batch",
+        "center": True,
+        "mean_norm": None,
+        "mean_dim": None,
+    }
+    with open_stream(state) as stream:
+        manifest = stream.append(files[0], client=dask_client).manifest
+        spent = stream.accountant().spent.rho
+    bound, mean = manifest["parameters"]["row_norm"], np.array(manifest["release"]["mean"])
+    assert bound > 0 and np.linalg.norm(mean) > 0
+    text, shown = _show(state, capsys)
+    assert f"row-norm bound B = {bound:.6g}, private, from the first batch\n" in text
+    assert f"private mean μ̂: ‖μ̂‖ = {np.linalg.norm(mean):.6g}, 10 dimensions" in text
+    assert shown["row_norm"] == bound and shown["center"] is True and shown["mean_dim"] == 10
+    assert shown["mean_norm"] == pytest.approx(np.linalg.norm(mean), rel=1e-12)
+    with open_stream(state) as stream:
+        assert stream.accountant().spent.rho == spent  # showing charges nothing
+
+
+def test_stream_show_of_a_public_bound_and_of_an_old_file(tmp_path, batches, dask_client, capsys):
+    """--clip-norm and --no-center: the public B and "uncentred", before and after the first
+    append; an old stream file (no first-batch values at all) says the same."""
+    files, _ = batches
+    state = str(tmp_path / "s.db")
+    init_stream(state, horizon=2, rank=2, clip_norm=1.5, rho=1.0, delta=1e-6, center=False)
+    expected = {
+        "row_norm": 1.5,
+        "row_norm_source": "public (--clip-norm)",
+        "center": False,
+        "mean_norm": None,
+        "mean_dim": None,
+    }
+    for append in (False, True):
+        if append:
+            with open_stream(state) as stream:
+                stream.append(files[0], client=dask_client)
+        text, shown = _show(state, capsys)
+        assert "row-norm bound B = 1.5, public (--clip-norm)\n" in text
+        assert "uncentred" in text and shown == expected
+    _as_before_the_plan(state)
+    with open_stream(state) as stream:
+        assert stream.settings.first_batch is None
+    text, shown = _show(state, capsys)
+    assert "B = 1.5, public (--clip-norm)" in text and "uncentred" in text and shown == expected
+
+
 def test_bad_stream_input_is_refused_with_nothing_made_or_charged(tmp_path, batches, capsys):
     """--clip-norm 0 with a ledger: exit 2, no stream file, the grant untouched; an empty
     first batch of a centred stream: exit 2 before anything is charged."""

@@ -14,6 +14,10 @@ of the centred rows (step ``variance_norm_bound``), then a Gaussian on the k squ
 and the squared norm of the rows clipped to ``C`` (:mod:`dpsub_dist.privacy.variance`, step
 ``explained_variance``). Components are ordered by the released variances (post-processing).
 
+Both private bounds (the mean's ``norm_bound`` and ``variance_norm_bound``) take the low-side
+margin of :func:`dpsub_dist.privacy.norm_bound.margined_quantile` at the public n: where n is
+too small for it the run is bad input before any read (:func:`check_bounds`).
+
 User level: the mean needs a count, private there, and both sums move by a user's row count:
 centring is refused (``--center``) or off (default), and no explained variance is released.
 """
@@ -41,12 +45,15 @@ from dpsub_dist.estimators.norm_pass import (
 )
 from dpsub_dist.linalg import top_eigenvectors
 from dpsub_dist.privacy import mechanism
-from dpsub_dist.privacy.accountant import Accountant, Budget
+from dpsub_dist.privacy.accountant import Accountant, Budget, laplace_epsilon
 from dpsub_dist.privacy.covariance import SENSITIVITY, gaussian_mean
 from dpsub_dist.privacy.norm_bound import (
+    FIX,
     GRID,
     NORM_QUANTILE,
     NormBound,
+    TooFewForBound,
+    margined_quantile,
     norm_bound_mechanism,
     private_norm_bound,
     private_user_norm_bound,
@@ -123,6 +130,40 @@ def plan_shares(
     return {**before, **scaled, **after}
 
 
+BOUND_STEPS = {
+    "norm_bound": ("a private norm bound", FIX),
+    "variance_norm_bound": ("the explained variance's private norm bound", "pass a larger ε"),
+}
+"""This module's private bounds at row level: (what the message calls it, its fix). The mean's
+bound is replaced by ``--row-norm``; the explained variance's is always private."""
+
+
+def row_quantile(
+    step: str, grants: dict[str, Budget], n_rows: int, quantile: float = NORM_QUANTILE
+) -> float:
+    """Row level: ``quantile`` with the margins of
+    :func:`~dpsub_dist.privacy.norm_bound.margined_quantile` for the bound charged as ``step``
+    (at ε of its grant); :class:`InputError` where the public n is too small for them (exit 2).
+    At the default 0.99 the quantile is unchanged wherever n is large enough."""
+    bound, fix = BOUND_STEPS[step]
+    epsilon = laplace_epsilon(grants[step])
+    try:
+        return margined_quantile(quantile, n_rows, epsilon, "rows", bound, fix)
+    except TooFewForBound as err:
+        raise InputError(str(err)) from None
+
+
+def check_bounds(config: EstimateConfig, grants: dict[str, Budget], n_rows: int) -> None:
+    """Before any read, at row level: :func:`row_quantile` of every step of
+    :data:`BOUND_STEPS` in the plan (``grants``), so a run this module's bounds would refuse
+    is bad input with nothing read or charged (n and the grants are public)."""
+    if config.unit_column is not None:
+        return
+    for step in BOUND_STEPS:
+        if step in grants:
+            row_quantile(step, grants, n_rows)
+
+
 @dataclass(frozen=True)
 class CentredLoader:
     """The dataset's loader, with the released mean subtracted from every row (on a worker)."""
@@ -188,15 +229,19 @@ def centre(
     """The loader the local step reads (centred or not), the parameters and the release."""
     if not resolve_center(config):
         return dataset.loader, {"center": False, "center_note": UNCENTRED_NOTE}, {}
-    source = NORM_SOURCE.format(q=NORM_QUANTILE, step="norm_bound")
+    if config.row_norm is None:
+        quantile = row_quantile("norm_bound", grants, dataset.n_rows)  # the low-side margin
+        source = NORM_SOURCE.format(q=quantile, step="norm_bound")
+    else:
+        bound, source = float(config.row_norm), "public (--row-norm)"
     if config.row_norm is None and fused_mean(dataset):
-        bound, row_sum = _bound_and_sum(dataset, accountant, grants, rng, executor, progress)
+        bound, row_sum = _bound_and_sum(
+            dataset, accountant, grants, rng, executor, progress, quantile
+        )
     else:
         if config.row_norm is None:
             args = (dataset, dataset.loader, accountant, grants, rng, executor, progress)
-            bound = private_bound("norm_bound", *args)
-        else:
-            bound, source = float(config.row_norm), "public (--row-norm)"
+            bound = private_bound("norm_bound", *args, quantile=quantile)
         total = dask.delayed(_clipped_row_sum, pure=True)
         tasks = [total(dataset.loader, bound, part) for part in dataset.parts]
         label = f"{len(tasks)} partitions → clipped row sum"
@@ -230,8 +275,10 @@ def _bound_and_sum(
     rng: np.random.Generator,
     executor: Executor,
     progress: bool,
+    quantile: float,
 ) -> tuple[float, np.ndarray]:
-    """The private bound (step ``norm_bound``) and the rows' clipped sum at it, in one read.
+    """The private bound (step ``norm_bound``, at ``quantile``) and the rows' clipped sum at it,
+    in one read.
 
     The workers keep, per bin of the public grid, the count, ``Σ x`` and ``Σ x/‖x‖``
     (:class:`~dpsub_dist.estimators.norm_pass.LevelSums`); the driver gets the counts, runs
@@ -246,7 +293,7 @@ def _bound_and_sum(
     """
     counts, held = compute_level_sums(dataset.parts, dataset.loader, executor, progress)
     accountant.charge("norm_bound", norm_bound_mechanism(grants["norm_bound"]))
-    released = private_norm_bound(counts, dataset.n_rows, grants["norm_bound"], rng)
+    released = private_norm_bound(counts, dataset.n_rows, grants["norm_bound"], rng, quantile)
     return released.bound, gather_clipped_sum(held, released.bound, executor)
 
 
@@ -281,8 +328,9 @@ def explain(
             "explained_variance_note": "not released at user level: the sums move by a user's "
             "row count and n is private",
         }
+    quantile = row_quantile("variance_norm_bound", grants, dataset.n_rows)
     args = (dataset, loader, accountant, grants, rng, executor, progress)
-    bound = private_bound("variance_norm_bound", *args)
+    bound = private_bound("variance_norm_bound", *args, quantile=quantile)
     part_sums = dask.delayed(_projected_sums, pure=True)
     tasks = [part_sums(loader, basis, bound, part) for part in dataset.parts]
     label = f"{len(tasks)} partitions → projected variances"

@@ -79,6 +79,8 @@ from dpsub_dist.privacy.clustering import (
 from dpsub_dist.privacy.noise import noise_rng
 from dpsub_dist.privacy.norm_bound import (
     NormBound,
+    TooFewForBound,
+    margined_quantile,
     noise_matched_quantile,
     norm_bound_mechanism,
     private_norm_bound,
@@ -539,6 +541,11 @@ def run_sulq(config, dataset, accountant, grants, executor, progress, noise_seed
     return bases, parameters, release, gathered
 
 
+SULQ_FIX = "drop --private-norm, pass --row-norm B, a larger ε"
+"""Where n is too few for ``--private-norm``'s bound: unit-length rows (the default), a public
+bound, or more budget."""
+
+
 def sulq_norm_bound(
     dataset: Dataset,
     accountant: Any,
@@ -552,14 +559,21 @@ def sulq_norm_bound(
 
     Same mechanism and cost as gauss's (sparse vector over the public grid's cumulative counts,
     Δ = 1 at row level, ε_norm-DP, no δ); its quantile follows the noise of one iteration's
-    Gram release (σ at Δ = 2), from public n, D and grants. The released B then plays the part
-    of a public --row-norm: each iteration's sensitivity is for rows of norm ≤ 1 after /B.
+    Gram release (σ at Δ = 2), from public n, D and grants, with the low-side margin of
+    :func:`~dpsub_dist.privacy.norm_bound.margined_quantile`: where n is too small for it,
+    :class:`InputError` before any read or charge (SuLQ is row level: n is public). The
+    released B then plays the part of a public --row-norm: each iteration's sensitivity is for
+    rows of norm ≤ 1 after /B.
     """
     grant = grants["norm_bound"]
+    epsilon, sigma = laplace_epsilon(grant), iteration_mechanism(iteration).sigma
+    quantile = noise_matched_quantile(dataset.n_rows, dataset.dim, sigma, epsilon)
+    try:
+        quantile = margined_quantile(quantile, dataset.n_rows, epsilon, "rows", fix=SULQ_FIX)
+    except TooFewForBound as err:
+        raise InputError(str(err)) from None
     counts = compute_norm_counts(dataset.parts, dataset.loader, executor, progress)
     accountant.charge("norm_bound", norm_bound_mechanism(grant))
-    sigma = iteration_mechanism(iteration).sigma
-    quantile = noise_matched_quantile(dataset.n_rows, dataset.dim, sigma, laplace_epsilon(grant))
     return private_norm_bound(counts, dataset.n_rows, grant, rng, quantile=quantile)
 
 

@@ -253,6 +253,48 @@ class StreamSettings:
 PUBLIC_BOUND = "public (--clip-norm)"
 
 
+def bound_and_centre(settings: StreamSettings) -> dict[str, Any]:
+    """The bound B and the centre μ̂ every batch is read with, summarised for ``stream show``:
+    values released by the first append (and paid for there) or public settings, so showing
+    them costs nothing. ``row_norm`` (or ``mean_norm``) is None until the first append releases
+    it; old stream files (no first-batch values) have their public ``--clip-norm`` and no
+    centring."""
+    fixed = settings.first_batch
+    if fixed is None:  # nothing appended yet, or a stream file from before the first batch's
+        bound, center, mean = settings.clip_norm, settings.center, None
+        public = bound is not None
+    else:
+        bound, center, mean = fixed["row_norm"], bool(fixed.get("center")), fixed.get("mean")
+        public = fixed["row_norm_source"] == PUBLIC_BOUND
+    return {
+        "row_norm": bound,
+        "row_norm_source": PUBLIC_BOUND if public else "private, from the first batch",
+        "center": center,
+        "mean_norm": None if mean is None else float(np.linalg.norm(mean)),
+        "mean_dim": None if mean is None else len(mean),
+    }
+
+
+def describe_bound_and_centre(shown: dict[str, Any]) -> list[str]:
+    """:func:`bound_and_centre` as the lines of ``stream show``."""
+    bound = shown["row_norm"]
+    lines = [
+        f"row-norm bound B = {bound:.6g}, {shown['row_norm_source']}"
+        if bound is not None
+        else "row-norm bound B: private, released by the first append (none yet)"
+    ]
+    if not shown["center"]:
+        lines.append("uncentred: rows are read as they are (no mean subtracted)")
+    elif shown["mean_norm"] is None:
+        lines.append("centred: the private mean μ̂ is released by the first append (none yet)")
+    else:
+        lines.append(
+            f"centred at the first batch's private mean μ̂: ‖μ̂‖ = {shown['mean_norm']:.6g}, "
+            f"{shown['mean_dim']} dimensions (in full: --json)"
+        )
+    return lines
+
+
 def tree_steps(share: float, levels: int) -> dict[str, tuple[float, float]]:
     """The tree's steps: ``batch 2^h`` for each level h < L, ``share/L`` each (no δ)."""
     return {f"batch {1 << h}": (share / levels, 0.0) for h in range(levels)}
@@ -567,6 +609,7 @@ class Stream:
             "step": len(batches),
             "settings": asdict(self.settings),
             "budget": self.accountant().report(),
+            "bound_and_centre": bound_and_centre(self.settings),
             "batches": [asdict(b) for b in batches],
         }
 

@@ -153,12 +153,25 @@ def min_count(norm_epsilon: float) -> float:
     return (LOW_MARGIN + SV_MARGIN) / norm_epsilon
 
 
-def margined_quantile(quantile: float, count: float, norm_epsilon: float, unit: str) -> float:
+FIX = "pass --row-norm B, a larger ε"
+"""The fix :func:`margined_quantile` names by default (a bound the caller's ``--row-norm``
+replaces); the message ends "or more rows" (or users)."""
+
+
+def margined_quantile(
+    quantile: float,
+    count: float,
+    norm_epsilon: float,
+    unit: str,
+    bound: str = "a private norm bound",
+    fix: str = FIX,
+) -> float:
     """The quantile whose threshold ``q·n`` is ``max(quantile·n, LOW_MARGIN/ε)``; raises
     :class:`TooFewForBound` where ``[LOW_MARGIN/ε, n − SV_MARGIN/ε]`` is empty.
 
     ``count``: the public n (``unit="rows"``) or the released ñ (``unit="users"``);
-    ``norm_epsilon``: the sparse vector's ε. A function of public or released values only, so
+    ``norm_epsilon``: the sparse vector's ε; ``bound`` and ``fix`` name the bound and the
+    options that avoid it in the message. A function of public or released values only, so
     the threshold, the failure and its message are too. Below the interval the empty low bins
     fire w.p. > LOW_FIRE (a bound far below the data, :data:`LOW_MARGIN`); above it the search
     fires late or never (:data:`SV_MARGIN`). The top side is the floor of
@@ -171,8 +184,8 @@ def margined_quantile(quantile: float, count: float, norm_epsilon: float, unit: 
     if low > high:
         what = f"{count:.0f} rows are" if unit == "rows" else f"the noisy user count {count:.0f} is"
         raise TooFewForBound(
-            f"{what} too few for a private norm bound at ε_norm = {norm_epsilon:.3g} (needs "
-            f"≥ {math.ceil(min_count(norm_epsilon))}): pass --row-norm B, a larger ε or more {unit}"
+            f"{what} too few for {bound} at ε_norm = {norm_epsilon:.3g} (needs "
+            f"≥ {math.ceil(min_count(norm_epsilon))}): {fix} or more {unit}"
         )
     return max(quantile, low / count)
 
