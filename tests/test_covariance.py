@@ -423,14 +423,15 @@ def test_gap_perturb_without_an_eigengap_is_no_stable_subspace() -> None:
     assert result.manifest["release"]["gap_lower_bound"] <= 0.0
 
 
-def test_gap_perturb_on_too_few_rows_is_bad_input() -> None:
-    """40 rows at ε = 1 (was ⊥ at the gap test): the explained variance's private bound
-    (ε = 0.03) needs n ≥ 1,842 for its low-side margin, so the run is refused before any read
-    (tests/test_norm_bound_margin.py)."""
+def test_gap_perturb_on_too_few_rows_is_no_stable_subspace() -> None:
+    """40 rows at ε = 1: ⊥ at the gap test (the explained variance, whose private bound needs
+    1,842 rows here, is never reached)."""
     rows, _ = _planted(40, 10, 2, seed=13)
     config = EstimateConfig(rank=2, method="gap-perturb", epsilon=1, delta=1e-6, row_norm=2.0)
-    with pytest.raises(InputError, match="40 rows are too few for the explained variance's"):
-        run_estimate(config, lambda client: array_dataset(rows), None)
+    result = run_estimate(config, lambda client: array_dataset(rows), None)
+    assert result.basis is None and result.outcome == "no_stable_subspace"
+    assert result.manifest["release"]["failed_step"] == "gap_test"
+    assert result.manifest["release"]["gap_lower_bound"] <= 3.0
 
 
 def test_user_level_run_is_add_remove(tmp_path) -> None:
@@ -507,8 +508,7 @@ def test_cli_gauss_and_gap_perturb_end_to_end(small_dataset, scheduler_address, 
 def test_cli_gap_perturb_bottom_exits_3(tmp_path, scheduler_address, capsys) -> None:
     from dpsub_dist.synth import generate
 
-    # Noise (γ = 3) swamps the planted 2-plane: no eigengap. (60 rows, the earlier case, are now
-    # too few for the explained variance's private bound: exit 2, test_norm_bound_margin.py.)
+    # Noise (γ = 3) swamps the planted 2-plane: no eigengap.
     tiny = generate(tmp_path / "tiny", rows=2000, dim=8, rank=2, gamma=3.0, partitions=2, seed=3)
     out = tmp_path / "run"
     args = ["--method", "gap-perturb", "--row-norm", "3", "--epsilon", "1", "--delta", "1e-6"]

@@ -15,8 +15,11 @@ and the squared norm of the rows clipped to ``C`` (:mod:`dpsub_dist.privacy.vari
 ``explained_variance``). Components are ordered by the released variances (post-processing).
 
 Both private bounds (the mean's ``norm_bound`` and ``variance_norm_bound``) take the low-side
-margin of :func:`dpsub_dist.privacy.norm_bound.margined_quantile` at the public n: where n is
-too small for it the run is bad input before any read (:func:`check_bounds`).
+margin of :func:`dpsub_dist.privacy.norm_bound.margined_quantile` at the public n. Where n is
+too small for the mean's, the run is bad input before any read (:func:`check_bounds`; a public
+``--row-norm`` replaces that bound); where it is too small for the explained variance's, the
+basis is released without it (nothing drawn or charged for those two steps: a function of the
+public n and ε only).
 
 User level: the mean needs a count, private there, and both sums move by a user's row count:
 centring is refused (``--center``) or off (default), and no explained variance is released.
@@ -138,30 +141,32 @@ BOUND_STEPS = {
 bound is replaced by ``--row-norm``; the explained variance's is always private."""
 
 
-def row_quantile(
-    step: str, grants: dict[str, Budget], n_rows: int, quantile: float = NORM_QUANTILE
-) -> float:
-    """Row level: ``quantile`` with the margins of
+def margined_row_quantile(step: str, grants: dict[str, Budget], n_rows: int) -> float:
+    """Row level: :data:`NORM_QUANTILE` with the margins of
     :func:`~dpsub_dist.privacy.norm_bound.margined_quantile` for the bound charged as ``step``
-    (at ε of its grant); :class:`InputError` where the public n is too small for them (exit 2).
-    At the default 0.99 the quantile is unchanged wherever n is large enough."""
+    (at ε of its grant); raises :class:`TooFewForBound` where the public n is too small. At
+    0.99 the quantile is unchanged wherever n is large enough."""
     bound, fix = BOUND_STEPS[step]
-    epsilon = laplace_epsilon(grants[step])
+    return margined_quantile(
+        NORM_QUANTILE, n_rows, laplace_epsilon(grants[step]), "rows", bound, fix
+    )
+
+
+def row_quantile(step: str, grants: dict[str, Budget], n_rows: int) -> float:
+    """:func:`margined_row_quantile`, with too few rows as bad input (exit 2)."""
     try:
-        return margined_quantile(quantile, n_rows, epsilon, "rows", bound, fix)
+        return margined_row_quantile(step, grants, n_rows)
     except TooFewForBound as err:
         raise InputError(str(err)) from None
 
 
 def check_bounds(config: EstimateConfig, grants: dict[str, Budget], n_rows: int) -> None:
-    """Before any read, at row level: :func:`row_quantile` of every step of
-    :data:`BOUND_STEPS` in the plan (``grants``), so a run this module's bounds would refuse
-    is bad input with nothing read or charged (n and the grants are public)."""
-    if config.unit_column is not None:
-        return
-    for step in BOUND_STEPS:
-        if step in grants:
-            row_quantile(step, grants, n_rows)
+    """Before any read, at row level: the mean's private bound (step ``norm_bound``, when the
+    plan has it) must meet its margin, or the run is bad input with nothing read or charged
+    (n and the grants are public). The explained variance's bound is not checked here: where
+    it cannot meet its margin the basis is released without it (:func:`explain`)."""
+    if config.unit_column is None and "norm_bound" in grants:
+        row_quantile("norm_bound", grants, n_rows)
 
 
 @dataclass(frozen=True)
@@ -328,7 +333,14 @@ def explain(
             "explained_variance_note": "not released at user level: the sums move by a user's "
             "row count and n is private",
         }
-    quantile = row_quantile("variance_norm_bound", grants, dataset.n_rows)
+    try:
+        quantile = margined_row_quantile("variance_norm_bound", grants, dataset.n_rows)
+    except TooFewForBound as err:  # public n and ε: skipped, nothing drawn or charged
+        return basis, {
+            "explained_variance": None,
+            "explained_variance_ratio": None,
+            "explained_variance_note": f"not released, nothing charged for it: {err}",
+        }
     args = (dataset, loader, accountant, grants, rng, executor, progress)
     bound = private_bound("variance_norm_bound", *args, quantile=quantile)
     part_sums = dask.delayed(_projected_sums, pure=True)
