@@ -21,7 +21,7 @@ import pytest
 from dpsub_dist.cli import main
 from dpsub_dist.engine.sources import array_dataset
 from dpsub_dist.errors import InputError
-from dpsub_dist.estimators import covariance
+from dpsub_dist.estimators import covariance, power
 from dpsub_dist.job import EstimateConfig, run_estimate
 from dpsub_dist.privacy import norm_bound as nb
 from dpsub_dist.privacy.accountant import Accountant, ApproxDP
@@ -143,8 +143,9 @@ def test_cli_user_level_500_users_at_eps_1_fails_instead_of_a_bound_below_the_da
     assert manifest["parameters"]["row_norm"] is None and not (out / "basis.npy").exists()
     assert "partitions" not in manifest["parameters"]  # withheld at user level, as on success
     steps = {s["step"]: s for s in manifest["privacy"]["budget"]["steps"]}
-    assert steps["norm_bound"]["epsilon"] == pytest.approx(0.1)
-    assert manifest["privacy"]["budget"]["spent"]["epsilon"] == pytest.approx(0.1)
+    share = power.NORM_SHARE if method == "power" else covariance.NORM_SHARE  # of ε = 1
+    assert steps["norm_bound"]["epsilon"] == pytest.approx(share)
+    assert manifest["privacy"]["budget"]["spent"]["epsilon"] == pytest.approx(share)
 
 
 @pytest.mark.parametrize(("users", "epsilon"), [(5000, 1.0), (500, 3.0)])
