@@ -25,10 +25,11 @@ run's rule (:func:`dpsub_dist.estimators.power.bound_quantile`; ``--quantiles ru
 default) or fixed values. At n = D = 10⁵ the sample Gram is within a few percent of ``n·Σ`` in
 the top directions (effective rank tr Σ/λ₁ ≈ 1.6), so the population stands in for the rows.
 The noise is a continuous Gaussian of each iteration's σ_t (the grid sampler draws the same
-distribution on a 2⁻³⁰σ grid), unless ``--exact-noise``. ``--growths``, ``--norm-shares`` and
-``--noise-factors`` set :data:`dpsub_dist.privacy.power.SPLIT_GROWTH`,
-:data:`dpsub_dist.estimators.power.NORM_SHARE` and :data:`~dpsub_dist.estimators.power.NOISE_FACTOR`
-for the sweep (the defaults: the library's; 1, 0.1 and 1 were the defaults before).
+distribution on a 2⁻³⁰σ grid), unless ``--exact-noise``. ``--growths``, ``--norm-shares``,
+``--noise-factors`` and ``--mean-shares`` set :data:`dpsub_dist.privacy.power.SPLIT_GROWTH`,
+:data:`dpsub_dist.estimators.power.NORM_SHARE`, :data:`~dpsub_dist.estimators.power.NOISE_FACTOR`
+and the mean's share (:data:`dpsub_dist.estimators.centring.MEAN_SHARE` as gauss's plan reads it)
+for the sweep (the defaults: the library's; 1, 0.1, 1 and 0.2 were the defaults before).
 
 Score: captured variance ``tr(V̂ᵀΣV̂)/Σ_{i≤k}λᵢ`` (the non-private top-k captures 1).
 
@@ -47,6 +48,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from dpsub_dist.estimators import covariance as cov
 from dpsub_dist.estimators import power as runner
 from dpsub_dist.estimators.common import plan
 from dpsub_dist.job import EstimateConfig
@@ -112,14 +114,16 @@ def continuous_noise() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def defaults(growth: float, norm_share: float, factor: float) -> Iterator[None]:
-    """The split's growth, power's bound share and its rule's noise factor for one point."""
-    saved = power.SPLIT_GROWTH, runner.NORM_SHARE, runner.NOISE_FACTOR
+def defaults(growth: float, norm_share: float, factor: float, mean: float) -> Iterator[None]:
+    """The split's growth, power's bound share, its rule's noise factor and the mean's share
+    (gauss's plan's, which power's takes) for one sweep point."""
+    saved = power.SPLIT_GROWTH, runner.NORM_SHARE, runner.NOISE_FACTOR, cov.MEAN_SHARE
     power.SPLIT_GROWTH, runner.NORM_SHARE, runner.NOISE_FACTOR = growth, norm_share, factor
+    cov.MEAN_SHARE = mean
     try:
         yield
     finally:
-        power.SPLIT_GROWTH, runner.NORM_SHARE, runner.NOISE_FACTOR = saved
+        power.SPLIT_GROWTH, runner.NORM_SHARE, runner.NOISE_FACTOR, cov.MEAN_SHARE = saved
 
 
 def run_config(
@@ -202,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--growths", type=float_list, default=[power.SPLIT_GROWTH])
     parser.add_argument("--norm-shares", type=float_list, default=[runner.NORM_SHARE])
     parser.add_argument("--noise-factors", type=float_list, default=[runner.NOISE_FACTOR])
+    parser.add_argument("--mean-shares", type=float_list, default=[cov.MEAN_SHARE])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--exact", type=int, default=2000, help="coordinates by Monte Carlo")
     parser.add_argument("--draws", type=int, default=20_000)
@@ -220,15 +225,16 @@ def main(argv: list[str] | None = None) -> int:
         args.growths,
         args.norm_shares,
         args.noise_factors,
+        args.mean_shares,
         args.quantiles,
         args.ranks,
         args.iterations,
     )
     with noise:
-        for dim, growth, share, factor, q, rank, steps in sweep:
+        for dim, growth, share, factor, mean, q, rank, steps in sweep:
             lam = spectrum(dim, args.decay)
             squares, tail = squared_norms(lam, min(dim, args.exact), args.draws, 0)
-            with defaults(growth, share, factor):
+            with defaults(growth, share, factor, mean):
                 mark = time.monotonic()
                 public = None if q == "rule" or not args.public_bound else 1.0  # B set below
                 config, grants = run_config(
@@ -267,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                         "growth": growth,
                         "norm_share": share,
                         "noise_factor": factor,
+                        "mean_share": mean if args.center else None,
                         "quantile": quantile,
                         "bound": bound,
                         "mean_noise_squared_norm": shift,
@@ -281,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                     records.append(record)
                     print(
                         f"D={dim} k={rank} center={args.center} g={growth} norm={share} f={factor} "
+                        f"mean={mean if args.center else '-'} "
                         f"q={quantile:.3g} B={bound:.3g} |e|²={shift:.3g} T={steps} "
                         f"k'={k_prime}: captured {np.mean(scores):.3f} ± {np.std(scores):.3f} "
                         f"(min {min(scores):.3f}) [{time.monotonic() - mark:.0f}s]",

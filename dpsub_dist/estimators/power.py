@@ -75,29 +75,29 @@ MAX_CLIPPED = 0.95
 iterations' σ), capped at 95% clipped instead of gauss's 50%. Where the noise dominates (wide
 D, small n), clipping most rows raises the signal n·λ/B² against the noise σ√D, which does not
 depend on B, and on elliptical data keeps the eigenvectors (bench/power_sim.py, λᵢ = i⁻²,
-D = n = 10⁵, ε = 1, T = 6, k = 3: 0.891 captured at 5% covered, 0.760 at the median). Where
-the noise is small the rule clips few rows: on the real flights table (D = 13) a fixed 5% or
-50% quantile tilted the basis (error 1.0 at ε = 1, 3 and even 1000), the noise-matched one did
-not (docs/power.md)."""
+D = n = 10⁵, ε = 1, T = 6, k = 3, with the even split and 10% bound share of the time: 0.891
+captured at 5% covered, 0.760 at the median). Where the noise is small the rule clips few
+rows: on the real flights table (D = 13) a fixed 5% or 50% quantile tilted the basis (error
+1.0 at ε = 1, 3 and even 1000), the noise-matched one did not (docs/power.md)."""
 
 NORM_SHARE = 0.03
-"""Power's share of ε (or ρ) for its private bound (no δ; halved between the raw rows' bound and
-the centred rows' bound when centring), where gauss spends
+"""Power's share of ε (or ρ) for its private bound (no δ; halved between the raw rows' bound
+and the centred rows' bound when centring), where gauss spends
 :data:`dpsub_dist.estimators.covariance.NORM_SHARE` = 0.1. The bound only has to land on the
-right point of a √2 grid, which the sparse vector does with a few hundred rows of count error
+right step of a √2 grid, which the sparse vector does with a few hundred rows of count error
 at n = 10⁵ (Lap(4/ε_norm) per query), so the budget is worth more to the iterations: measured
 (bench/power_sim.py, λᵢ = i⁻², D = n = 10⁵, ε = 1, k = 3, T = 6, growth 1.3, B = 0.71,
-uncentred) 0.905 captured at 0.1, 0.913 at 0.03 (docs/power.md "The defaults"). The price is
-the low-side margin (:func:`dpsub_dist.privacy.norm_bound.margined_quantile`): a private bound
-needs n ≥ 55.3/(0.03·ε) ≈ 1,843/ε rows uncentred, twice that centred (exit 2 below: pass
-``--row-norm``). The mean's share, when centring, is gauss's
-(:data:`dpsub_dist.estimators.centring.MEAN_SHARE` = 0.2: measured against 0.1 and 0.35, the
-docs' table)."""
+uncentred, 5 runs) 0.903 captured at 0.1, 0.911 at 0.03 (docs/power.md "The defaults"). The
+price is the low-side margin (:func:`dpsub_dist.privacy.norm_bound.margined_quantile`): a
+private bound needs n ≥ 55.3/(0.03·ε) ≈ 1,843/ε rows uncentred, twice that centred (exit 2
+below: pass ``--row-norm``). The mean's share, when centring, is gauss's
+(:data:`dpsub_dist.estimators.centring.MEAN_SHARE` = 0.2: 0.827 captured centred, against
+0.782 at 0.1 and 0.830 at 0.3, the docs' table)."""
 
 NOISE_FACTOR = 2.0
 """The bound's noise-matched quantile reads this multiple of the iterations' σ (gauss's rule
 reads 1×). At D = n = 10⁵, ε = 1 the smaller :data:`NORM_SHARE` leaves σ low enough that 1×
-gives q = 0.18, B = 1 on the grid (0.897 captured), 2× gives the 5% cap, B = 0.71 (0.913);
+gives q = 0.18, B = 1 on the grid (0.896 captured), 2× gives the 5% cap, B = 0.71 (0.911);
 measured at D = 10³ and 10⁴ and on the flights table too (docs/power.md "The defaults")."""
 
 
