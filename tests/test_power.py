@@ -26,6 +26,7 @@ from dpsub_dist.engine.assign import UnitIds
 from dpsub_dist.engine.gram import clip_rows, user_squared_norms
 from dpsub_dist.engine.sources import parquet_dataset
 from dpsub_dist.errors import InputError
+from dpsub_dist.estimators import centring, covariance
 from dpsub_dist.estimators import power as runner
 from dpsub_dist.job import EstimateConfig, run_estimate
 from dpsub_dist.linalg import subspace_error
@@ -77,6 +78,32 @@ def test_each_iteration_draws_sigma_t_for_its_share_of_rho(relation, delta_y) ->
     assert mechanism.sigma == pytest.approx(delta_y / math.sqrt(2 * rho / steps), rel=1e-12)
     assert release.basis.shape == (dim, 2)
     assert np.allclose(release.basis.T @ release.basis, np.eye(2))
+
+
+def _same_plan(plan: dict, expected: dict) -> None:
+    assert list(plan) == list(expected)
+    assert all(plan[step] == pytest.approx(shares) for step, shares in expected.items())
+    assert math.fsum(p for p, _ in plan.values()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("zcdp", [False, True])
+def test_plan_gives_the_private_bound_powers_own_share(zcdp) -> None:
+    """Power's plan: its bound share (NORM_SHARE, not gauss's), halved between the two bounds
+    when centring, the mean's share of the rest, the power step the remainder; ε (or ρ)
+    shares sum to 1, δ goes to the Gaussians only (none under zCDP)."""
+    share, mean = runner.NORM_SHARE, centring.MEAN_SHARE
+    assert share < covariance.NORM_SHARE
+    delta = 0.0 if zcdp else 1.0
+    plan = runner.budget_plan(False, zcdp, True)
+    _same_plan(plan, {"norm_bound": (share, 0.0), "power": (1 - share, delta)})
+    centred = {
+        "norm_bound": (share / 2, 0.0),
+        "mean": (mean * (1 - share), mean * delta),
+        "centred_norm_bound": (share / 2, 0.0),
+        "power": ((1 - mean) * (1 - share), (1 - mean) * delta),
+    }
+    _same_plan(runner.budget_plan(True, zcdp, True), centred)
+    _same_plan(runner.budget_plan(False, zcdp, False), {"power": (1.0, delta)})
 
 
 def test_one_iteration_noise_has_the_calibrated_spread() -> None:

@@ -16,8 +16,9 @@ only, never a published value.
 Shared with gauss (reused, not copied): private centring (:mod:`dpsub_dist.estimators.centring`:
 the mean released first and subtracted from every row on the workers), the private row-norm
 bound of the (centred) rows (:mod:`dpsub_dist.privacy.norm_bound`, at gauss's noise-matched
-quantile with this method's σ, clipping at most :data:`MAX_CLIPPED`) and their budget shares
-(:func:`dpsub_dist.estimators.covariance.budget_plan`).
+quantile with this method's σ, clipping at most :data:`MAX_CLIPPED`) and their budget plan
+(:func:`dpsub_dist.estimators.covariance.budget_plan`, with this method's bound share
+:data:`NORM_SHARE`).
 User level (``--unit-column``): each user's clipped, scaled rows are scaled jointly so that
 their squared norms sum to ≤ 1, exactly as gauss's Gram pass does
 (:func:`dpsub_dist.engine.gram.scale_users`), and the bound is gauss's private user-level bound
