@@ -106,7 +106,9 @@ def stated_multipliers(mech: object) -> set[tuple[str, float]]:
         }
     if isinstance(mech, mechanism.TruncatedLaplace):
         return {("truncated_laplace", mech.scale / mech.sensitivity)}
-    if hasattr(mech, "sigma"):  # Gaussian, and the power method's T Gaussian releases
+    if hasattr(mech, "sigmas"):  # the power method's T Gaussian releases, each at its σ_t
+        return {("gaussian", sigma / mech.sensitivity) for sigma in mech.sigmas}
+    if hasattr(mech, "sigma"):  # Gaussian
         return {("gaussian", mech.sigma / mech.sensitivity)}
     scale = getattr(mech, "scale", None)  # Laplace
     return set() if scale is None else {("laplace", scale / mech.sensitivity)}

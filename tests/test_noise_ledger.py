@@ -135,16 +135,20 @@ def _tree_node(run: Run, step: dict[str, Any]) -> list[float]:
 
 
 def _power_iterations(run: Run, step: dict[str, Any]) -> list[float]:
-    """T Gaussians at ρ_it each: ρ_it = ρ/T for a zCDP grant; for (ε, δ) valid only if
-    T·ρ_it-zCDP implies the grant (CKS conversion)."""
+    """T Gaussians, iteration t at ρ_t (the manifest's ``rho_per_iteration``, split by
+    ``privacy.power.iteration_shares``): valid only if Σ ρ_t is within the grant (ρ for a zCDP
+    grant; for (ε, δ), if (Σ ρ_t)-zCDP implies it: CKS conversion)."""
     grant, release = _grant(step), run.manifest["release"]
-    rho, steps = release["rho_per_iteration"], run.manifest["parameters"]["iterations"]
-    if isinstance(grant, ZCDP):
-        if steps * rho > grant.rho * (1 + 1e-9):
-            return []  # the T iterations together would overspend the charged grant
-    elif zcdp_epsilon(steps * rho, grant.delta) > grant.epsilon:
+    rhos = release["rho_per_iteration"]
+    if len(rhos) != run.manifest["parameters"]["iterations"]:
         return []
-    return [POWER_PRODUCT[release["neighbours"]] / math.sqrt(2 * rho)]
+    total = math.fsum(rhos)
+    if isinstance(grant, ZCDP):
+        if total > grant.rho * (1 + 1e-9):
+            return []  # the T iterations together would overspend the charged grant
+    elif zcdp_epsilon(total, grant.delta) > grant.epsilon:
+        return []
+    return [POWER_PRODUCT[release["neighbours"]] / math.sqrt(2 * rho) for rho in rhos]
 
 
 Formula = Callable[["Run", dict[str, Any]], list[float]]

@@ -23,7 +23,7 @@ import pytest
 from dpsub_dist.cli import main
 from dpsub_dist.engine.sources import array_dataset
 from dpsub_dist.errors import InputError
-from dpsub_dist.estimators import centring, clustering, covariance
+from dpsub_dist.estimators import centring, clustering, covariance, power
 from dpsub_dist.job import ClusterConfig, EstimateConfig, run_cluster, run_estimate
 from dpsub_dist.privacy import norm_bound as nb
 from dpsub_dist.privacy.accountant import Accountant, ApproxDP
@@ -145,8 +145,9 @@ def test_cli_user_level_500_users_at_eps_1_fails_instead_of_a_bound_below_the_da
     assert manifest["parameters"]["row_norm"] is None and not (out / "basis.npy").exists()
     assert "partitions" not in manifest["parameters"]  # withheld at user level, as on success
     steps = {s["step"]: s for s in manifest["privacy"]["budget"]["steps"]}
-    assert steps["norm_bound"]["epsilon"] == pytest.approx(0.1)
-    assert manifest["privacy"]["budget"]["spent"]["epsilon"] == pytest.approx(0.1)
+    share = power.NORM_SHARE if method == "power" else covariance.NORM_SHARE  # of ε = 1
+    assert steps["norm_bound"]["epsilon"] == pytest.approx(share)
+    assert manifest["privacy"]["budget"]["spent"]["epsilon"] == pytest.approx(share)
 
 
 @pytest.mark.parametrize(("users", "epsilon"), [(5000, 1.0), (500, 3.0)])
@@ -235,8 +236,8 @@ def test_cli_explained_variance_too_few_rows_publishes_the_basis_without_it(
     users_parquet, scheduler_address, tmp_path, capsys
 ) -> None:
     """3,000 rows at ε = 0.6: the explained variance's ε = 0.018 needs 3,070 rows; gap-perturb
-    still publishes its rank-1 basis (exit 0), the manifest saying why there is no explained variance,
-    and charges nothing for those two steps."""
+    still publishes its rank-1 basis (exit 0), the manifest saying why there is no explained
+    variance, and charges nothing for those two steps."""
     out = tmp_path / "out"
     code = _estimate(users_parquet, out, "gap-perturb", "0.6", "--row-norm", "10", "--rank", "1",
                      "--scheduler", scheduler_address)  # fmt: skip

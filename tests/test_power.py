@@ -26,6 +26,7 @@ from dpsub_dist.engine.assign import UnitIds
 from dpsub_dist.engine.gram import clip_rows, user_squared_norms
 from dpsub_dist.engine.sources import parquet_dataset
 from dpsub_dist.errors import InputError
+from dpsub_dist.estimators import centring, covariance
 from dpsub_dist.estimators import power as runner
 from dpsub_dist.job import EstimateConfig, run_estimate
 from dpsub_dist.linalg import subspace_error
@@ -43,8 +44,9 @@ def _zero_product(dim: int, width: int):
 
 
 @pytest.mark.parametrize("relation,delta_y", [("replace", SQRT2), ("add_remove", 1.0)])
-def test_each_iteration_draws_sigma_for_rho_over_t(relation, delta_y) -> None:
-    """T iterations of a ρ-zCDP grant: T draws of D·k' values, each σ = Δ/√(2ρ/T)."""
+def test_each_iteration_draws_sigma_t_for_its_share_of_rho(relation, delta_y) -> None:
+    """T iterations of a ρ-zCDP grant: T draws of D·k' values, draw t at σ_t = Δ/√(2ρ_t) with
+    ρ_t = ρ·g^(t−1)/Σ_s g^(s−1) (g = SPLIT_GROWTH > 1: later iterations less noise), Σ ρ_t = ρ."""
     dim, width, steps, rho = 30, 4, 5, 0.2
     start = power.start_basis(dim, width, seed=1)
     charged: list[int] = []
@@ -59,15 +61,49 @@ def test_each_iteration_draws_sigma_for_rho_over_t(relation, delta_y) -> None:
             np.random.default_rng(0),
             charged.append,
         )
-    sigma = delta_y / math.sqrt(2 * rho / steps)
+    growth = power.SPLIT_GROWTH
+    assert growth > 1
+    rhos = [rho * growth**t / sum(growth**s for s in range(steps)) for t in range(steps)]
+    sigmas = [delta_y / math.sqrt(2 * r) for r in rhos]
     assert charged == [1, 2, 3, 4, 5]
     assert [(d.kind, d.size, d.sensitivity) for d in log] == [
         ("gaussian", dim * width, delta_y)
     ] * 5
-    assert all(d.scale == pytest.approx(sigma, rel=1e-12) for d in log)
-    assert release.sigma == pytest.approx(sigma) and release.rho_per_iteration == rho / steps
+    assert [d.scale for d in log] == pytest.approx(sigmas, rel=1e-12)
+    assert release.sigmas == pytest.approx(sigmas, rel=1e-12)
+    assert release.rho_per_iteration == pytest.approx(rhos, rel=1e-12)
+    assert math.fsum(release.rho_per_iteration) == pytest.approx(rho, rel=1e-12)
+    mechanism = power.power_mechanism(ZCDP(rho), steps, relation)
+    assert mechanism.cost().rho == pytest.approx(rho, rel=1e-12)
+    assert mechanism.sigma == pytest.approx(delta_y / math.sqrt(2 * rho / steps), rel=1e-12)
     assert release.basis.shape == (dim, 2)
     assert np.allclose(release.basis.T @ release.basis, np.eye(2))
+
+
+def _same_plan(plan: dict, expected: dict) -> None:
+    assert list(plan) == list(expected)
+    assert all(plan[step] == pytest.approx(shares) for step, shares in expected.items())
+    assert math.fsum(p for p, _ in plan.values()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("zcdp", [False, True])
+def test_plan_gives_the_private_bound_powers_own_share(zcdp) -> None:
+    """Power's plan: its bound share (NORM_SHARE, not gauss's), halved between the two bounds
+    when centring, the mean's share of the rest, the power step the remainder; ε (or ρ)
+    shares sum to 1, δ goes to the Gaussians only (none under zCDP)."""
+    share, mean = runner.NORM_SHARE, centring.MEAN_SHARE
+    assert share < covariance.NORM_SHARE
+    delta = 0.0 if zcdp else 1.0
+    plan = runner.budget_plan(False, zcdp, True)
+    _same_plan(plan, {"norm_bound": (share, 0.0), "power": (1 - share, delta)})
+    centred = {
+        "norm_bound": (share / 2, 0.0),
+        "mean": (mean * (1 - share), mean * delta),
+        "centred_norm_bound": (share / 2, 0.0),
+        "power": ((1 - mean) * (1 - share), (1 - mean) * delta),
+    }
+    _same_plan(runner.budget_plan(True, zcdp, True), centred)
+    _same_plan(runner.budget_plan(False, zcdp, False), {"power": (1.0, delta)})
 
 
 def test_one_iteration_noise_has_the_calibrated_spread() -> None:
@@ -118,7 +154,7 @@ def test_one_iteration_audit_catches_half_noise(monkeypatch) -> None:
     (privacy.power). The runs are drawn as one stack of independent copies of the
     ``2 × 2`` release (the noise is i.i.d. per entry), so 2·10⁵ runs take a second.
     """
-    grant = power.iteration_grant(ApproxDP(AUDIT_EPSILON, AUDIT_DELTA), 1)
+    grant = power.iteration_grants(ApproxDP(AUDIT_EPSILON, AUDIT_DELTA), 1)[0]
     factor = {"value": 1.0}
     real = gaussian_sigma
     monkeypatch.setattr(power, "gaussian_sigma", lambda g, s: factor["value"] * real(g, s))
@@ -182,7 +218,7 @@ def test_user_level_contribution_moves_the_product_by_at_most_one() -> None:
 
 def _user_audit(runs: int) -> tuple[float, float]:
     """(honest, twin) ε lower bounds of one iteration at user level (module-level audit doc)."""
-    grant = power.iteration_grant(ApproxDP(AUDIT_EPSILON, AUDIT_DELTA), 1)
+    grant = power.iteration_grants(ApproxDP(AUDIT_EPSILON, AUDIT_DELTA), 1)[0]
     sensitivity = power.product_sensitivity("add_remove")
     sigma = gaussian_sigma(grant, sensitivity)
     rng = np.random.default_rng(2024)
@@ -232,7 +268,7 @@ def _user_table(path: Path, rows: np.ndarray, users: np.ndarray) -> Path:
 
 def test_user_level_run_scales_users_and_publishes_nothing_from_n(tmp_path) -> None:
     """End to end at user level, private bound: steps norm_bound then power, every draw at
-    Δ = 1 with σ = 1/√(2ρ_it), no n, no eigenvalue estimates (they divide by n); the top
+    Δ = 1 with σ_t = 1/√(2ρ_t), no n, no eigenvalue estimates (they divide by n); the top
     direction of a 1/i² spectrum is found."""
     rng = np.random.default_rng(8)
     rows = rng.standard_normal((20_000, 30)) * np.arange(1, 31) ** -1.0
@@ -248,9 +284,10 @@ def test_user_level_run_scales_users_and_publishes_nothing_from_n(tmp_path) -> N
     assert [s["step"] for s in manifest["privacy"]["budget"]["steps"]] == ["norm_bound", "power"]
     gaussians = [d for d in log if d.kind == "gaussian"]
     rho_it = manifest["release"]["rho_per_iteration"]
-    assert len(gaussians) == 3
+    assert len(gaussians) == 3 == len(rho_it)
     assert all(d.sensitivity == 1.0 for d in gaussians)
-    assert all(d.scale == pytest.approx(1.0 / math.sqrt(2 * rho_it)) for d in gaussians)
+    assert [d.scale for d in gaussians] == pytest.approx([1 / math.sqrt(2 * r) for r in rho_it])
+    assert manifest["release"]["noise_sigma"] == pytest.approx([d.scale for d in gaussians])
     assert manifest["n_rows"] is None and "partitions" not in manifest["parameters"]
     assert manifest["release"]["explained_variance"] is None
     assert manifest["parameters"]["row_norm_source"].startswith("private at user level")
@@ -283,9 +320,12 @@ def _open(path: Path):
 
 
 def test_composition_matches_dp_accounting(tmp_path) -> None:
-    """The T per-iteration charges compose (zCDP) to the (ε, δ) that dp-accounting's RDP
-    accountant gives for the T Gaussians actually drawn; under an (ε, δ) total the T drawn
-    Gaussians are within the power step's (ε_p, δ_p) by dp-accounting too."""
+    """The T Gaussians actually drawn (each at its own σ_t) spend exactly the power step's ρ,
+    split as documented (ρ_t = ρ·g^(t−1)/Σ g^(s−1), in iteration order) and as the manifest
+    states; they compose (zCDP) to the (ε, δ) that dp-accounting's RDP accountant gives for
+    them; under an (ε, δ) total they are within the power step's (ε_p, δ_p) by dp-accounting
+    too. A split whose shares do not sum to 1, or out of order, or a σ_t other than the one
+    stated, fails here."""
     dp_accounting = pytest.importorskip("dp_accounting")
     data = _polynomial(tmp_path, 2000, 12, 2, 1.0)
 
@@ -307,8 +347,14 @@ def test_composition_matches_dp_accounting(tmp_path) -> None:
     budget = manifest["privacy"]["budget"]
     (step,) = budget["steps"]  # one step: its mechanism states the T iterations' composition
     assert step["step"] == "power" and step["rho"] == pytest.approx(0.7)
-    assert manifest["release"]["rho_per_iteration"] == pytest.approx(0.1)
     assert len(multipliers) == 7 and manifest["parameters"]["passes"] == 7
+    drawn = [1 / (2 * z**2) for z in multipliers]  # ρ_t = Δ²/(2σ_t²) of each draw
+    assert drawn == pytest.approx(manifest["release"]["rho_per_iteration"], rel=1e-9)
+    assert math.fsum(drawn) == pytest.approx(0.7, rel=1e-9)
+    growth = power.SPLIT_GROWTH
+    assert drawn == pytest.approx(
+        [0.7 * growth**t / sum(growth**s for s in range(7)) for t in range(7)], rel=1e-9
+    )
     ours = budget["spent_as_approx_dp"]["epsilon"]
     theirs = rdp_epsilon(multipliers, budget["conversion_delta"])
     assert ours <= theirs * (1 + 1e-6) and ours >= theirs / 1.1
@@ -318,7 +364,9 @@ def test_composition_matches_dp_accounting(tmp_path) -> None:
     assert step["step"] == "power" and step["epsilon"] == pytest.approx(1.0)
     assert len(multipliers) == 7
     assert rdp_epsilon(multipliers, step["delta"]) <= 1.0 * 1.1  # RDP grid is a bit looser
-    assert zcdp_epsilon(7 * manifest["release"]["rho_per_iteration"], step["delta"]) <= 1.0
+    drawn = math.fsum(1 / (2 * z**2) for z in multipliers)
+    assert drawn == pytest.approx(power.rho_for(ApproxDP(1.0, 1e-6)), rel=1e-9)
+    assert zcdp_epsilon(drawn, step["delta"]) <= 1.0
 
 
 def test_huge_budget_recovers_the_exact_top_k(tmp_path) -> None:

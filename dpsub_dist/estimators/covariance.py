@@ -80,13 +80,18 @@ def neighbours(config: EstimateConfig) -> Neighbours:
 
 
 def budget_plan(
-    method: str, center: bool, zcdp: bool, private_norm: bool = False
+    method: str,
+    center: bool,
+    zcdp: bool,
+    private_norm: bool = False,
+    norm_share: float = NORM_SHARE,
 ) -> dict[str, tuple[float, float]]:
     """Each step's (share of ε or ρ, share of δ); zCDP Gaussians need no δ, the gap test does.
 
-    ``private_norm`` (no ``--row-norm``): the pure-DP ``norm_bound`` step first, NORM_SHARE of
-    ε or ρ and no δ, the other steps scaled by the rest. Centred, the share is split between
-    ``norm_bound`` (raw rows, for the mean) and ``centred_norm_bound`` (the rows the Gram sums).
+    ``private_norm`` (no ``--row-norm``): the pure-DP ``norm_bound`` step first, ``norm_share``
+    (default NORM_SHARE) of ε or ρ and no δ, the other steps scaled by the rest. Centred, the
+    share is split between ``norm_bound`` (raw rows, for the mean) and ``centred_norm_bound``
+    (the rows the Gram sums).
     """
     delta_share = 0.0 if zcdp else 1.0
     if method == "gauss":
@@ -103,20 +108,22 @@ def budget_plan(
     if not private_norm:
         return steps
     if not center:
-        return norm_bound_first(steps)
-    rest = 1.0 - NORM_SHARE
+        return norm_bound_first(steps, norm_share)
+    rest = 1.0 - norm_share
     scaled = {name: (p * rest, q) for name, (p, q) in steps.items()}
-    half = (NORM_SHARE / 2, 0.0)  # the raw rows' bound (for the mean), the centred rows'
+    half = (norm_share / 2, 0.0)  # the raw rows' bound (for the mean), the centred rows'
     mean = scaled.pop("mean")
     return {"norm_bound": half, "mean": mean, "centred_norm_bound": half, **scaled}
 
 
-def norm_bound_first(steps: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
-    """A plan with the pure-DP ``norm_bound`` step first (NORM_SHARE of ε or ρ, no δ) and the
-    other steps' privacy shares (summing to 1) scaled by the rest (every method with a private
-    bound)."""
-    rest = 1.0 - NORM_SHARE
-    return {"norm_bound": (NORM_SHARE, 0.0)} | {n: (p * rest, q) for n, (p, q) in steps.items()}
+def norm_bound_first(
+    steps: dict[str, tuple[float, float]], norm_share: float = NORM_SHARE
+) -> dict[str, tuple[float, float]]:
+    """A plan with the pure-DP ``norm_bound`` step first (``norm_share`` of ε or ρ, no δ) and
+    the other steps' privacy shares (summing to 1) scaled by the rest (every method with a
+    private bound)."""
+    rest = 1.0 - norm_share
+    return {"norm_bound": (norm_share, 0.0)} | {n: (p * rest, q) for n, (p, q) in steps.items()}
 
 
 def plan_shares(config: EstimateConfig) -> dict[str, tuple[float, float]]:

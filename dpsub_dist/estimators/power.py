@@ -16,8 +16,9 @@ only, never a published value.
 Shared with gauss (reused, not copied): private centring (:mod:`dpsub_dist.estimators.centring`:
 the mean released first and subtracted from every row on the workers), the private row-norm
 bound of the (centred) rows (:mod:`dpsub_dist.privacy.norm_bound`, at gauss's noise-matched
-quantile with this method's σ, clipping at most :data:`MAX_CLIPPED`) and their budget shares
-(:func:`dpsub_dist.estimators.covariance.budget_plan`).
+quantile with this method's σ, clipping at most :data:`MAX_CLIPPED`) and their budget plan
+(:func:`dpsub_dist.estimators.covariance.budget_plan`, with this method's bound share
+:data:`NORM_SHARE`).
 User level (``--unit-column``): each user's clipped, scaled rows are scaled jointly so that
 their squared norms sum to ≤ 1, exactly as gauss's Gram pass does
 (:func:`dpsub_dist.engine.gram.scale_users`), and the bound is gauss's private user-level bound
@@ -71,23 +72,45 @@ if TYPE_CHECKING:
 
 MAX_CLIPPED = 0.95
 """The most rows the private bound may clip: the bound targets gauss's noise-matched quantile
-(:func:`dpsub_dist.privacy.norm_bound.noise_matched_quantile`, with the iterations' σ), capped
-at 95% clipped instead of gauss's 50%. Where the noise dominates (wide D, small n), clipping
-most rows raises the signal n·λ/B² against the noise σ√D, which does not depend on B, and on
-elliptical data keeps the eigenvectors (bench/power_sim.py, λᵢ = i⁻², D = n = 10⁵, ε = 1,
-T = 6, k = 3: 0.891 captured at 5% covered, 0.760 at the median). Where the noise is small
-the rule clips few rows: on the real flights table (D = 13) a fixed 5% or 50% quantile tilted
-the basis (error 1.0 at ε = 1, 3 and even 1000), the noise-matched one did not (docs/power.md)."""
+(:func:`dpsub_dist.privacy.norm_bound.noise_matched_quantile`, with :data:`NOISE_FACTOR` × the
+iterations' σ), capped at 95% clipped instead of gauss's 50%. Where the noise dominates (wide
+D, small n), clipping most rows raises the signal n·λ/B² against the noise σ√D, which does not
+depend on B, and on elliptical data keeps the eigenvectors (bench/power_sim.py, λᵢ = i⁻²,
+D = n = 10⁵, ε = 1, T = 6, k = 3, with the even split and 10% bound share of the time: 0.891
+captured at 5% covered, 0.760 at the median). Where the noise is small the rule clips few
+rows: on the real flights table (D = 13) a fixed 5% or 50% quantile tilted the basis (error
+1.0 at ε = 1, 3 and even 1000), the noise-matched one did not (docs/power.md)."""
+
+NORM_SHARE = 0.03
+"""Power's share of ε (or ρ) for its private bound (no δ; halved between the raw rows' bound
+and the centred rows' bound when centring), where gauss spends
+:data:`dpsub_dist.estimators.covariance.NORM_SHARE` = 0.1. The bound only has to land on the
+right step of a √2 grid, which the sparse vector does with a few hundred rows of count error
+at n = 10⁵ (Lap(4/ε_norm) per query), so the budget is worth more to the iterations: measured
+(bench/power_sim.py, λᵢ = i⁻², D = n = 10⁵, ε = 1, k = 3, T = 6, growth 1.3, B = 0.71,
+uncentred, 5 runs) 0.903 captured at 0.1, 0.911 at 0.03 (docs/power.md "The defaults"). The
+price is the low-side margin (:func:`dpsub_dist.privacy.norm_bound.margined_quantile`): a
+private bound needs n ≥ 55.3/(0.03·ε) ≈ 1,843/ε rows uncentred, twice that centred (exit 2
+below: pass ``--row-norm``). The mean's share, when centring, is gauss's
+(:data:`dpsub_dist.estimators.centring.MEAN_SHARE` = 0.2: 0.827 captured centred, against
+0.782 at 0.1 and 0.830 at 0.3, the docs' table)."""
+
+NOISE_FACTOR = 2.0
+"""The bound's noise-matched quantile reads this multiple of the iterations' σ (gauss's rule
+reads 1×). At D = n = 10⁵, ε = 1 the smaller :data:`NORM_SHARE` leaves σ low enough that 1×
+gives q = 0.18, B = 1 on the grid (0.896 captured), 2× gives the 5% cap, B = 0.71 (0.911);
+measured at D = 10³ and 10⁴ and on the flights table too (docs/power.md "The defaults")."""
 
 
 def bound_quantile(
     grants: dict[str, Any], steps: int, relation: str, count: float, dim: int, epsilon: float
 ) -> float:
     """The private bound's quantile, from public values only: n at row level (the released ñ
-    at user level), D, the iterations' σ and the sparse vector's ε, with the margins of
-    :func:`~dpsub_dist.privacy.norm_bound.margined_quantile` (raises
+    at user level), D, the iterations' σ (:attr:`~dpsub_dist.privacy.power.PowerIterations.sigma`,
+    the even split's σ for their ρ) times :data:`NOISE_FACTOR` and the sparse vector's ε, with
+    the margins of :func:`~dpsub_dist.privacy.norm_bound.margined_quantile` (raises
     :class:`~dpsub_dist.privacy.norm_bound.TooFewForBound`)."""
-    sigma = power.power_mechanism(grants["power"], steps, relation).sigma
+    sigma = NOISE_FACTOR * power.power_mechanism(grants["power"], steps, relation).sigma
     quantile = noise_matched_quantile(int(max(count, 1)), dim, sigma, epsilon, MAX_CLIPPED)
     unit = "users" if relation == "add_remove" else "rows"
     return margined_quantile(quantile, count, epsilon, unit)
@@ -127,8 +150,9 @@ def width(config: EstimateConfig, dim: int) -> int:
 
 
 def budget_plan(center: bool, zcdp: bool, private_norm: bool) -> dict[str, tuple[float, float]]:
-    """Step shares: gauss's plan (norm bounds, mean) with its Gram step as the power step."""
-    plan = cov.budget_plan("gauss", center, zcdp, private_norm)
+    """Step shares: gauss's plan (norm bounds, mean) with its Gram step as the power step and
+    the bounds' share :data:`NORM_SHARE`."""
+    plan = cov.budget_plan("gauss", center, zcdp, private_norm, NORM_SHARE)
     return {("power" if step == "gram_noise" else step): share for step, share in plan.items()}
 
 
@@ -236,7 +260,7 @@ def run_power(
     timings: dict[str, Any] = {}
     accountant, grants = plan(config, plan_shares(config))
     steps = iterations(config)
-    power.iteration_grant(grants["power"], steps)  # a grant no ρ fits: refused before any read
+    power.iteration_grants(grants["power"], steps)  # a grant no ρ fits: refused before any read
     executor = Executor(client)
     dataset = open_checked(config, open_dataset, executor)
     relation = cov.neighbours(config)
@@ -308,7 +332,7 @@ def run_power(
         "neighbours": relation,
         **mean_release,
         "product_sensitivity": release.sensitivity,
-        "noise_sigma": release.sigma,
+        "noise_sigma": release.sigmas,
         "rho_per_iteration": release.rho_per_iteration,
         "explained_variance": None if user_level else (top * row_norm**2 / dataset.n_rows).tolist(),
         "explained_variance_ratio": None,
