@@ -206,8 +206,11 @@ def test_native_loaders_keep_float32_and_refuse_nan() -> None:
     assert load_native(loader, block32)[0].dtype == np.float32
     assert load_native(loader, block32.astype(np.int64))[0].dtype == np.float64
     assert loader(block32)[0].dtype == np.float64  # the Loader contract is unchanged
-    with pytest.raises(DataError, match="NaN"):
-        load_native(loader, np.array([[np.nan, 1.0]], dtype=np.float32))
+    for bad in (np.nan, np.inf):
+        with pytest.raises(DataError, match="column x1 has 1 NaN or infinite"):
+            load_native(loader, np.array([[1.0, bad], [1.0, 2.0]], dtype=np.float32))
+    huge = np.array([[1e308, 1e308]])  # finite, though its row sum overflows: accepted
+    assert np.array_equal(load_native(loader, huge)[0], huge)
     before = block32.copy()
     centred, _ = load_native(centring.CentredLoader(loader, np.array([1.0, 1.0])), block32)
     assert centred.dtype == np.float32 and np.array_equal(centred, block32 - 1)

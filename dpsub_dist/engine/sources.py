@@ -137,11 +137,14 @@ class _ArrayBlock:
 
     def native(self, block: Any) -> tuple[np.ndarray, None]:
         """float32 blocks as they are (possibly the caller's array: read only), any other
-        type as float64 (:func:`load_native`)."""
+        type as float64 (:func:`load_native`). NaN/inf first by the rows' float64 sums (no
+        array as large as the block: a sum is NaN or infinite if one of its terms is, and
+        float32 terms cannot overflow it), then, only if one is, by :func:`check_finite`."""
         rows = np.asarray(block)
         if rows.dtype != np.float32:
             rows = np.asarray(rows, dtype=np.float64)
-        check_finite(rows, self.columns, "input array")
+        if not np.isfinite(np.einsum("ij->i", rows, dtype=np.float64)).all():
+            check_finite(rows, self.columns, "input array")
         return rows, None
 
 

@@ -2,16 +2,20 @@
 
 Mechanism and privacy argument: :mod:`dpsub_dist.privacy.power`. This module runs it: each
 iteration is one pass over the rows on the workers, where every partition computes
-``Xₚᵀ(Xₚ V)`` (``D × k'``) for the current public iterate ``V`` of its clipped, scaled rows
-(:func:`dpsub_dist.engine.gram.clip_rows`), and the partial products are tree-summed on the
-workers (:func:`dpsub_dist.engine.gram.sum_on_workers`): the driver receives one ``D × k'``
-matrix per iteration and holds ``O(D·k')`` numbers; nothing ``D × D`` exists anywhere.
+``Zₚᵀ(Zₚ V)`` (``D × k'``) for the current public iterate ``V`` of its clipped, scaled rows
+``Zₚ``, as ``Xₚᵀ(w ⊙ Xₚ V)`` from the rows as the source gives them and per-row clipping
+weights (:func:`dpsub_dist.engine.gram.clip_weights`: no clipped copy of the rows; float32
+sources stay float32, multiplied by SGEMM), and the partial products are tree-summed in float64
+on the workers (:func:`dpsub_dist.engine.gram.sum_on_workers`): the driver receives one
+``D × k'`` matrix per iteration and holds ``O(D·k')`` numbers; nothing ``D × D`` exists
+anywhere. Costs per pass: docs/power.md, "Speed at D = 10⁵".
 
-The clipped rows stay in the workers' memory between iterations when ``n·D·8`` bytes (row
-count from the footers: public at row level) fit as the covariance family's row cache decides
-(:func:`dpsub_dist.engine.row_cache.rows_fit`: a quarter of the workers' memory limits);
-otherwise every iteration reads the Parquet files again. The choice changes time and memory
-only, never a published value.
+The rows and their weights stay in the workers' memory between iterations when ``n·D·8``
+bytes (row count from the footers: public at row level) fit as the covariance family's row
+cache decides (:func:`dpsub_dist.engine.row_cache.rows_fit`: a quarter of the workers' memory
+limits); otherwise every iteration reads the Parquet files again. Both compute the same
+product with the same arithmetic: the choice changes time and memory only, never a published
+value.
 
 Shared with gauss (reused, not copied): private centring (:mod:`dpsub_dist.estimators.centring`:
 the mean released first and subtracted from every row on the workers), the private row-norm
@@ -19,11 +23,12 @@ bound of the (centred) rows (:mod:`dpsub_dist.privacy.norm_bound`, at gauss's no
 quantile with this method's σ, clipping at most :data:`MAX_CLIPPED`) and their budget shares
 (:func:`dpsub_dist.estimators.covariance.budget_plan`).
 User level (``--unit-column``): each user's clipped, scaled rows are scaled jointly so that
-their squared norms sum to ≤ 1, exactly as gauss's Gram pass does
-(:func:`dpsub_dist.engine.gram.scale_users`), and the bound is gauss's private user-level bound
-(:func:`dpsub_dist.estimators.centring.private_user_bound`, at :func:`bound_quantile` of the
-users' norms); n is private there, so no published value uses it (no eigenvalue estimates, no
-refusal of an empty input) — privacy argument in :mod:`dpsub_dist.privacy.power`.
+their squared norms sum to ≤ 1, as gauss's Gram pass does
+(:func:`dpsub_dist.engine.gram.scale_users`; here through the weights), and the bound is
+gauss's private user-level bound (:func:`dpsub_dist.estimators.centring.private_user_bound`,
+at :func:`bound_quantile` of the users' norms); n is private there, so no published value uses
+it (no eigenvalue estimates, no refusal of an empty input) — privacy argument in
+:mod:`dpsub_dist.privacy.power`.
 """
 
 from __future__ import annotations
@@ -179,14 +184,14 @@ def _load_weighted(
 
 
 class RowPasses:
-    """One pass over the clipped rows per call: ``Σ_p X_pᵀ(X_p V)`` summed on the workers.
+    """One pass over the clipped rows per call: ``Σ_p X_pᵀ(w ⊙ X_p V)`` summed on the workers.
 
     ``loader`` gives the rows (centred by the released mean when centring). Holds the cached
-    rows (futures on the workers, or arrays in process) when they fit. ``user_level``: one
-    extra pass first sums each user's squared norms of the clipped rows (a per-user table
-    kept on the workers, :func:`dpsub_dist.engine.gram.user_squared_norms`), and every pass
-    scales each user's rows by ``1/√max(1, total)`` (:func:`dpsub_dist.engine.gram.scale_users`),
-    as gauss's Gram pass does.
+    rows and weights (futures on the workers, or arrays in process) when they fit.
+    ``user_level``: one extra pass first sums each user's squared norms of the clipped rows (a
+    per-user table kept on the workers, :func:`dpsub_dist.engine.gram.user_squared_norms`),
+    and every pass divides each row's weight by its user's ``max(1, total)``
+    (:func:`dpsub_dist.engine.gram.user_totals`), as gauss's Gram pass scales the rows.
     """
 
     def __init__(
