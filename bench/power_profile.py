@@ -6,13 +6,15 @@ on a worker), in two forms, interleaved ``--repeats`` times (medians; CPU second
 process, which on a shared machine move much less than wall seconds):
 
 - ``float64``: the loader's float64 copy (with its NaN check), a clipped float64 copy
-  (``clip_rows``), ``Z V`` and ``Zᵀ(Z V)`` by DGEMM — the product before the float32 path;
-- ``native``: the float32 rows as generated (NaN check only), the clipping weights
-  (``clip_weights``: norms accumulated in float64), ``X V``, the weighting and ``Xᵀ(w ⊙ X V)``
-  by SGEMM — :func:`dpsub_dist.estimators.power._load_product` now.
+  (``clip_rows``) and ``Zᵀ(Z V)`` by two DGEMMs — the partition task before the float32 path;
+- ``native``: the float32 rows as generated (NaN check by float64 row sums), the clipping
+  weights (``clip_weights``: norms accumulated in float64) and ``Xᵀ(w ⊙ X V)`` by two SGEMMs —
+  :func:`dpsub_dist.estimators.power._load_product` now.
 
-Also the ``D × k'`` float64 addition of the tree sum. Example (docs/power.md):
-``nice -n 10 python -m bench.power_profile --dims 10000,100000 --rows 1000``.
+Also the ``D × k'`` float64 addition of the tree sum, the partition tasks of a centred run's
+three preliminary passes (bound of the raw rows, clipped row sum, bound of the centred rows:
+float64, shared with gauss) and the centred float32 rows of the native form. Example
+(docs/power.md): ``nice -n 10 python -m bench.power_profile --dims 10000,100000 --rows 1000``.
 """
 
 from __future__ import annotations
@@ -34,13 +36,17 @@ def cpu_seconds(stage: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def stages(block: np.ndarray, basis: np.ndarray, bound: float) -> dict[str, Callable[[], Any]]:
-    """The stages of both forms, each a closure over the previous stage's output."""
+    """The stages of both forms (each a closure over the previous stage's output) and the
+    partition tasks of the three preliminary passes of a centred run (shared with gauss)."""
     from dpsub_dist.engine.gram import clip_rows, clip_weights
     from dpsub_dist.engine.sources import array_dataset, load_native
+    from dpsub_dist.estimators import centring
+    from dpsub_dist.estimators import power as runner
+    from dpsub_dist.estimators.norm_pass import _partition_norm_counts
 
     loader = array_dataset(block).loader
+    centred = centring.CentredLoader(loader, np.full(block.shape[1], 1e-3))
     held: dict[str, Any] = {}
-    basis32 = basis.astype(np.float32)
 
     def put(name: str, value: Any) -> Any:
         held[name] = value
@@ -51,15 +57,21 @@ def stages(block: np.ndarray, basis: np.ndarray, bound: float) -> dict[str, Call
         "float64: clip_rows (norms + clipped copy)": lambda: put(
             "z", clip_rows(held["x64"], bound)
         ),
-        "float64: Z V (DGEMM)": lambda: put("y64", held["z"] @ basis),
-        "float64: Zᵀ(Z V) (DGEMM)": lambda: held["z"].T @ held["y64"],
-        "native: loader (NaN check, no copy)": lambda: put("x32", load_native(loader, block)[0]),
-        "native: clip_weights (float64 norms)": lambda: put("w", clip_weights(held["x32"], bound)),
-        "native: X V (SGEMM)": lambda: put("y32", held["x32"] @ basis32),
-        "native: weighting + Xᵀ(w ⊙ X V) (SGEMM)": lambda: np.asarray(
-            held["x32"].T @ (held["y32"] * held["w"][:, None]).astype(np.float32), np.float64
+        "float64: Zᵀ(Z V) (2 DGEMMs)": lambda: runner._product(held["z"], basis),
+        "native: loader (NaN check by row sums, no copy)": lambda: put(
+            "x32", load_native(loader, block)[0]
         ),
+        "native: clip_weights (float64 norms)": lambda: put("w", clip_weights(held["x32"], bound)),
+        "native: Xᵀ(w ⊙ X V) (2 SGEMMs)": lambda: runner._product(held["x32"], basis, held["w"]),
         "tree sum: D × k' float64 addition": lambda: basis + basis,
+        "prelim 1: row-norm counts (float64 loader)": lambda: _partition_norm_counts(loader, block),
+        "prelim 2: clipped row sum (float64 loader, clip_rows)": lambda: centring._clipped_row_sum(
+            loader, bound, block
+        ),
+        "prelim 3: centred row-norm counts (float64)": lambda: _partition_norm_counts(
+            centred, block
+        ),
+        "centred native rows (float32 copy minus the mean)": lambda: load_native(centred, block),
     }
 
 
@@ -91,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                 for name, stage in stages(block, basis, bound).items():
                     times.setdefault(name, []).append(cpu_seconds(stage)[0])
             medians = {name: float(np.median(t)) for name, t in times.items()}
-            for form in ("float64", "native"):
+            for form in ("float64", "native"):  # the iteration pass's partition task
                 medians[f"{form}: total"] = sum(v for k, v in medians.items() if k.startswith(form))
             for name, value in medians.items():
                 ns = value / (args.rows * dim) * 1e9
