@@ -9,11 +9,15 @@ in any orthonormal frame (``dpsub synth --model polynomial`` writes the same spe
 random-sign DCT frame). Truth: the population top-k, ``e₁ … e_k``.
 
 Per run: subspace error ‖Π̂ − Π‖ against the population top-k, captured-variance ratio
-``tr(V̂ᵀΣV̂)/Σ_{i≤k}λᵢ``, wall time, peak worker RSS and peak driver RSS (this process,
-polled). ``gauss`` is run only while its D×D matrix fits ``--max-gram-gib``; ``friendly`` only
+``tr(V̂ᵀΣV̂)/Σ_{i≤k}λᵢ``, wall time (and power's time per pass), the workers' CPU seconds
+(user + system, summed: on a shared machine the wall time depends on the others' load, the CPU
+seconds much less), peak worker RSS and peak driver RSS (this process, polled). ``gauss`` is
+run only while its D×D matrix fits ``--max-gram-gib``; ``friendly`` only
 up to ``--max-friendly-dim``.
 
-Example (docs/power.md): ``nice -n 10 python -m bench.power --dims 1000,10000 --rows 100000``.
+Example (docs/power.md): ``nice -n 10 python -m bench.power --dims 1000,10000 --rows 100000``;
+the speed runs of docs/power.md ("Speed at D = 10⁵") add ``--methods power --center
+--memory-limit 2.5GiB``.
 """
 
 from __future__ import annotations
@@ -77,6 +81,27 @@ class DriverPeak:
         self._thread.join()
 
 
+def worker_cpu_seconds(client: Any) -> float:
+    """User + system CPU seconds of the workers' processes so far, summed."""
+
+    def cpu() -> float:
+        import psutil
+
+        times = psutil.Process().cpu_times()
+        return times.user + times.system
+
+    return float(sum(client.run(cpu).values()))
+
+
+def passes(record: dict[str, Any]) -> str:
+    """The run's pass times (s): the bound (and centring) passes together, then each iteration."""
+    timings = record.get("timings") or {}
+    steps = sorted((int(k.split("_")[1]), v) for k, v in timings.items() if k.startswith("pass_"))
+    each = [f"{v:.1f}" for _, v in steps]
+    first = timings.get("norm_bound_s")
+    return ("" if first is None else f"prelim {first:.1f} | ") + " ".join(each)
+
+
 def captured(basis: np.ndarray, lam: np.ndarray, rank: int) -> float:
     """tr(V̂ᵀΣV̂)/Σ_{i≤k}λᵢ for Σ = diag(λ)."""
     return float(np.sum(lam[:, None] * basis**2) / lam[:rank].sum())
@@ -96,12 +121,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--oversample", type=int, help="power: k' − k (default: the library's)")
     parser.add_argument("--max-gram-gib", type=float, default=1.0)
     parser.add_argument("--max-friendly-dim", type=int, default=10_000)
+    parser.add_argument("--center", action="store_true", help="power: --center (3 more passes)")
+    parser.add_argument("--memory-limit", help="per worker, e.g. 2.5GiB (default: Dask's share)")
     args = common.parse_args(parser, argv)
     run = common.BenchRun.start("power", args)
+    from dpsub_dist.engine.cluster import dask_client
     from dpsub_dist.engine.sources import array_dataset
 
     records: list[dict[str, Any]] = []
-    with common.local_cluster(args.workers) as client:
+    cluster = dask_client(None, quiet=True, workers=args.workers, memory_limit=args.memory_limit)
+    with cluster as client:
         for n in args.rows:
             for d in args.dims:
                 lam = spectrum(d, args.decay)
@@ -119,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                     extra = {}
                     if method == "power":
                         extra = {"iterations": args.iterations, "oversample": args.oversample}
+                        extra["center"] = True if args.center else None
+                    cpu = worker_cpu_seconds(client)
                     with common.PeakMemory(client) as memory, DriverPeak() as driver:
                         record = common.run_dpsub(
                             method,
@@ -134,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                     basis = record.get("basis")
                     record = {**base, **common.drop_arrays(record), **memory.report()}
                     record["peak_driver_rss_mib"] = round(driver.peak / 2**20, 1)
+                    record["worker_cpu_s"] = round(worker_cpu_seconds(client) - cpu, 1)
                     record["captured_variance"] = (
                         None if basis is None else captured(basis, lam, args.rank)
                     )
@@ -141,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
                     common.log(
                         f"n={n} d={d} {method}: {record['status']} "
                         f"captured={record['captured_variance']} error={record.get('error')} "
-                        f"{record['wall_s']:.1f}s driver {record['peak_driver_rss_mib']} MiB "
-                        f"worker {record['peak_worker_rss_mib']} MiB"
+                        f"{record['wall_s']:.1f}s (worker CPU {record['worker_cpu_s']}s) "
+                        f"driver {record['peak_driver_rss_mib']} MiB "
+                        f"worker {record['peak_worker_rss_mib']} MiB passes {passes(record)}"
                     )
     parameters = {
         "rows": args.rows,
@@ -152,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         "epsilon": args.epsilon,
         "delta": args.delta,
         "workers": args.workers,
+        "memory_limit": args.memory_limit,
+        "center": args.center,
+        "block_rows": args.block_rows,
         "iterations": args.iterations or "library default",
         "oversample": args.oversample or "library default",
     }

@@ -20,6 +20,7 @@ from bench import (  # noqa: E402
     mean_estimation,
     memory,
     peers,
+    power_profile,
     report,
     speed,
     utility_dim,
@@ -226,6 +227,16 @@ def test_report_prints_the_published_tables(capsys):
         assert f"### {name}\n" in out
     assert "| 1e+07 | 32 | dpsub_fraction_of_floor_throughput |" in out
     assert "| 100000 | 100000 | ok |" in out  # the D = n = 10⁵ target run
+
+
+def test_power_profile_times_both_forms_of_a_partition(dirs):
+    """docs/power.md's per-partition table: every stage of both forms, and their totals."""
+    argv = ["--dims", "300", "--rows", "50", "--repeats", "1"]
+    assert power_profile.main(argv + _common(dirs)) == 0
+    records = _read(dirs, "power_profile")["records"]
+    stages = {r["stage"] for r in records}
+    assert {"float64: total", "native: total", "generate (bench source)"} <= stages
+    assert len(stages) == 14 and all(r["cpu_s"] >= 0 for r in records)
 
 
 @pytest.mark.slow

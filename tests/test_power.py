@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import tracemalloc
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +22,11 @@ from privacy_audit import epsilon_lower_bound
 
 from dpsub_dist import synth
 from dpsub_dist.cli import main
-from dpsub_dist.engine import row_cache
+from dpsub_dist.engine import gram, row_cache
 from dpsub_dist.engine.assign import UnitIds
 from dpsub_dist.engine.gram import clip_rows, user_squared_norms
-from dpsub_dist.engine.sources import parquet_dataset
-from dpsub_dist.errors import InputError
+from dpsub_dist.engine.sources import array_dataset, load_native, parquet_dataset
+from dpsub_dist.errors import DataError, InputError
 from dpsub_dist.estimators import centring, covariance
 from dpsub_dist.estimators import power as runner
 from dpsub_dist.job import EstimateConfig, run_estimate
@@ -177,6 +178,80 @@ def test_one_iteration_audit_catches_half_noise(monkeypatch) -> None:
     assert honest < AUDIT_EPSILON < twin, (honest, twin)
 
 
+# --- clipping weights and float32 rows --------------------------------------------------------
+
+
+def _exact_squared_norm(row: np.ndarray) -> Fraction:
+    return sum((Fraction(float(v)) ** 2 for v in row), Fraction(0))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_clip_weights_keep_rows_at_the_bound_inside_the_unit_ball_exactly(dtype) -> None:
+    """Rows whose norm is the bound (rounded to the dtype: on either side of it), above it and
+    below it: every weighted row's squared norm ``w‖x‖²`` is ≤ 1 in exact rational arithmetic
+    of the floats used (a plain ``1/max(‖x‖, B)²`` exceeds 1 on some of these rows)."""
+    rng = np.random.default_rng(5)
+    bound = 3.0
+    directions = rng.standard_normal((120, 200))
+    at_bound = directions * (bound / np.linalg.norm(directions, axis=1))[:, None]
+    rows = np.vstack(
+        [at_bound, 10 * at_bound[:20], 0.5 * at_bound[:20], [[bound] + [0.0] * 199]]
+    ).astype(dtype)
+    weights = gram.clip_weights(rows, bound)
+    assert weights.dtype == np.float64
+    pairs = zip(weights, rows, strict=True)
+    exact = [Fraction(float(w)) * _exact_squared_norm(row) for w, row in pairs]
+    assert max(exact) <= 1
+    assert float(max(exact)) > 1 - 1e-7  # the margin is tiny: the rows at the bound stay ~1
+    plain = [
+        Fraction(float(1.0 / np.maximum(np.linalg.norm(r.astype(np.float64)), bound) ** 2))
+        * _exact_squared_norm(r)
+        for r in rows
+    ]
+    assert max(plain) > 1  # what the margin is for
+
+
+def test_float32_rows_give_the_float64_product_within_1e_5() -> None:
+    """A float32 source stays float32 (no float64 copy of the rows: SGEMM) and its partition
+    product ``Xᵀ diag(w) X V`` agrees with the float64 product of the same values to 10⁻⁵ of
+    the largest entry (float32 rounding, ≲ √D·2⁻²⁴); both equal the clipped rows' ``Zᵀ(Z V)``."""
+    rng = np.random.default_rng(11)
+    dim, width, bound = 3000, 11, 4.0
+    rows32 = (rng.standard_normal((500, dim)) * np.arange(1, dim + 1) ** -0.5).astype(np.float32)
+    basis = power.orthonormalise(rng.standard_normal((dim, width)))
+    loaded, _ = load_native(array_dataset(rows32).loader, rows32)
+    assert loaded.dtype == np.float32 and np.shares_memory(loaded, rows32)  # no copy
+    product32 = runner._load_product(array_dataset(rows32).loader, bound, rows32, None, basis)
+    rows64 = rows32.astype(np.float64)
+    product64 = runner._load_product(array_dataset(rows64).loader, bound, rows64, None, basis)
+    clipped = clip_rows(rows64, bound)
+    reference = clipped.T @ (clipped @ basis)
+    scale = np.abs(reference).max()
+    assert product32.dtype == np.float64
+    assert np.abs(product32 - reference).max() <= 1e-5 * scale
+    assert np.abs(product64 - reference).max() <= 1e-7 * scale  # only the 2⁻²⁴ margin
+    assert np.abs(product32 - product64).max() > 0  # it did run in float32
+
+
+def test_native_loaders_keep_float32_and_refuse_nan() -> None:
+    """The array loader's native rows: float32 as is, other types as float64, NaN refused;
+    centred: float32 rows minus the float32-rounded mean, the caller's array untouched."""
+    block32 = np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32)
+    loader = array_dataset(block32).loader
+    assert load_native(loader, block32)[0].dtype == np.float32
+    assert load_native(loader, block32.astype(np.int64))[0].dtype == np.float64
+    assert loader(block32)[0].dtype == np.float64  # the Loader contract is unchanged
+    for bad in (np.nan, np.inf):
+        with pytest.raises(DataError, match="column x1 has 1 NaN or infinite"):
+            load_native(loader, np.array([[1.0, bad], [1.0, 2.0]], dtype=np.float32))
+    huge = np.array([[1e308, 1e308]])  # finite, though its row sum overflows: accepted
+    assert np.array_equal(load_native(loader, huge)[0], huge)
+    before = block32.copy()
+    centred, _ = load_native(centring.CentredLoader(loader, np.array([1.0, 1.0])), block32)
+    assert centred.dtype == np.float32 and np.array_equal(centred, block32 - 1)
+    assert np.array_equal(block32, before)
+
+
 # --- user level -------------------------------------------------------------------------------
 
 
@@ -193,7 +268,8 @@ def _user_rows(rows: np.ndarray, users: list[int], bound: float, scaled: bool = 
     planted bug drops it) each user's rows scaled jointly to Σ‖x‖² ≤ 1 (estimators.power)."""
     loader = _user_loader(rows, users)
     totals = user_squared_norms(loader, bound, 0) if scaled else None
-    return runner._load_clipped(loader, bound, 0, totals)
+    rows, weights = runner._load_weighted(loader, bound, 0, totals)
+    return rows * np.sqrt(weights)[:, None]  # the rows whose Σ xxᵀ the worker's weights give
 
 
 def test_user_level_contribution_moves_the_product_by_at_most_one() -> None:

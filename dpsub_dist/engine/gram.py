@@ -58,6 +58,27 @@ def clip_rows(rows: np.ndarray, bound: float) -> np.ndarray:
     return rows * (1.0 / np.maximum(row_norms(rows), bound))[:, None]
 
 
+CLIP_MARGIN = 1.0 - 2.0**-24
+"""Factor on :func:`clip_weights` (1 − 6·10⁻⁸): it absorbs the float64 rounding of the norms,
+of the weights and (user level) of the per-user totals — at most ``(4D + m + 20)·2⁻⁵³``
+relative for D features and m rows of one user, below 2⁻²⁴ while D ≤ 2²⁷ and m ≤ 2²⁸ — so a
+weighted row's squared norm is ≤ 1 exactly, not up to rounding."""
+
+
+def clip_weights(rows: np.ndarray, bound: float) -> np.ndarray:
+    """Per-row weights ``w = CLIP_MARGIN/max(‖x‖, bound)²`` (float64), so that
+    ``Σ wᵢ xᵢxᵢᵀ`` is the Gram matrix of the rows clipped to norm ≤ ``bound`` and scaled by
+    1/bound (:func:`clip_rows`), shrunk by :data:`CLIP_MARGIN`, without materialising them:
+    ``wᵢ‖xᵢ‖² ≤ 1`` holds exactly for the floats ``xᵢ`` used (norms computed in float64, also
+    for float32 rows, whose squares and sums cannot overflow there). Never modifies ``rows``.
+    """
+    if rows.dtype == np.float32:
+        norms = np.sqrt(np.einsum("ij,ij->i", rows, rows, dtype=np.float64))
+    else:
+        norms = row_norms(rows)
+    return CLIP_MARGIN / np.maximum(norms, bound) ** 2
+
+
 def user_squared_norms(loader: Loader, bound: float | None, part: Any) -> pd.Series:
     """Pass 1 at user level: each user's Σ‖x‖² over this partition's clipped, scaled rows
     (``bound=None``: the raw rows, for the private bound's per-user histogram)."""
@@ -97,12 +118,16 @@ def scale_users(rows: np.ndarray, units: Any, user_norms: pd.Series) -> np.ndarr
     """Clipped, scaled rows (modified in place) times ``1/√max(1, Σ‖x‖² of their user)``, the
     totals from :func:`user_squared_norms` summed over all partitions: every user's rows then
     have squared norms summing to ≤ 1 (user level; also ``--method power``)."""
+    rows *= (1.0 / np.sqrt(user_totals(units, user_norms)))[:, None]
+    return rows
+
+
+def user_totals(units: Any, user_norms: pd.Series) -> np.ndarray:
+    """Each row's ``max(1, Σ‖x‖² of its user)`` (the totals of :func:`user_squared_norms`)."""
     index = user_norms.index.get_indexer(units.keys)
     if (index < 0).any():  # pragma: no cover - pass 1 saw every user
         raise RuntimeError("a user is missing from the per-user norms: the input changed")
-    totals = user_norms.to_numpy()[index][units.inverse]
-    rows *= (1.0 / np.sqrt(np.maximum(totals, 1.0)))[:, None]
-    return rows
+    return np.maximum(user_norms.to_numpy()[index][units.inverse], 1.0)
 
 
 def gram_of(rows: np.ndarray) -> np.ndarray:

@@ -32,6 +32,14 @@ Loader = Callable[[Any], tuple[np.ndarray, Any]]
 """Loads one partition (on a worker): its float64 rows, and its rows' user ids or None."""
 
 
+def load_native(loader: Loader, part: Any) -> tuple[np.ndarray, Any]:
+    """A partition's rows in the source's own precision where the loader has one (its
+    ``native`` method: float32 blocks stay float32, no float64 copy), else ``loader(part)``.
+    For readers only: the rows may be the caller's own array, never to be modified."""
+    native = getattr(loader, "native", None)
+    return loader(part) if native is None else native(part)
+
+
 @dataclass
 class Dataset:
     """Partitions of a table, where they are loaded, and public facts about it.
@@ -125,6 +133,18 @@ class _ArrayBlock:
     def __call__(self, block: Any) -> tuple[np.ndarray, None]:
         rows = np.asarray(block, dtype=np.float64)
         check_finite(rows, self.columns, "input array")
+        return rows, None
+
+    def native(self, block: Any) -> tuple[np.ndarray, None]:
+        """float32 blocks as they are (possibly the caller's array: read only), any other
+        type as float64 (:func:`load_native`). NaN/inf first by the rows' float64 sums (no
+        array as large as the block: a sum is NaN or infinite if one of its terms is, and
+        float32 terms cannot overflow it), then, only if one is, by :func:`check_finite`."""
+        rows = np.asarray(block)
+        if rows.dtype != np.float32:
+            rows = np.asarray(rows, dtype=np.float64)
+        if not np.isfinite(np.einsum("ij->i", rows, dtype=np.float64)).all():
+            check_finite(rows, self.columns, "input array")
         return rows, None
 
 

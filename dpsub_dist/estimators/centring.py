@@ -37,6 +37,7 @@ import numpy as np
 from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.gram import clip_rows, sum_on_workers
 from dpsub_dist.engine.row_cache import is_held
+from dpsub_dist.engine.sources import load_native
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators.norm_pass import (
     NORM_SOURCE,
@@ -179,6 +180,12 @@ class CentredLoader:
     def __call__(self, part: Any) -> tuple[np.ndarray, Any]:
         rows, units = self.loader(part)
         return np.asarray(rows, dtype=np.float64) - self.mean, units
+
+    def native(self, part: Any) -> tuple[np.ndarray, Any]:
+        """The centred rows in the source's precision (:func:`load_native`: float32 rows minus
+        the mean rounded to float32), a new array."""
+        rows, units = load_native(self.loader, part)
+        return rows - self.mean.astype(rows.dtype), units
 
 
 def private_bound(

@@ -2,16 +2,20 @@
 
 Mechanism and privacy argument: :mod:`dpsub_dist.privacy.power`. This module runs it: each
 iteration is one pass over the rows on the workers, where every partition computes
-``Xₚᵀ(Xₚ V)`` (``D × k'``) for the current public iterate ``V`` of its clipped, scaled rows
-(:func:`dpsub_dist.engine.gram.clip_rows`), and the partial products are tree-summed on the
-workers (:func:`dpsub_dist.engine.gram.sum_on_workers`): the driver receives one ``D × k'``
-matrix per iteration and holds ``O(D·k')`` numbers; nothing ``D × D`` exists anywhere.
+``Zₚᵀ(Zₚ V)`` (``D × k'``) for the current public iterate ``V`` of its clipped, scaled rows
+``Zₚ``, as ``Xₚᵀ(w ⊙ Xₚ V)`` from the rows as the source gives them and per-row clipping
+weights (:func:`dpsub_dist.engine.gram.clip_weights`: no clipped copy of the rows; float32
+sources stay float32, multiplied by SGEMM), and the partial products are tree-summed in float64
+on the workers (:func:`dpsub_dist.engine.gram.sum_on_workers`): the driver receives one
+``D × k'`` matrix per iteration and holds ``O(D·k')`` numbers; nothing ``D × D`` exists
+anywhere. Costs per pass: docs/power.md, "Speed at D = 10⁵".
 
-The clipped rows stay in the workers' memory between iterations when ``n·D·8`` bytes (row
-count from the footers: public at row level) fit as the covariance family's row cache decides
-(:func:`dpsub_dist.engine.row_cache.rows_fit`: a quarter of the workers' memory limits);
-otherwise every iteration reads the Parquet files again. The choice changes time and memory
-only, never a published value.
+The rows and their weights stay in the workers' memory between iterations when ``n·D·8``
+bytes (row count from the footers: public at row level) fit as the covariance family's row
+cache decides (:func:`dpsub_dist.engine.row_cache.rows_fit`: a quarter of the workers' memory
+limits); otherwise every iteration reads the Parquet files again. Both compute the same
+product with the same arithmetic: the choice changes time and memory only, never a published
+value.
 
 Shared with gauss (reused, not copied): private centring (:mod:`dpsub_dist.estimators.centring`:
 the mean released first and subtracted from every row on the workers), the private row-norm
@@ -20,11 +24,12 @@ quantile with this method's σ, clipping at most :data:`MAX_CLIPPED`) and their 
 (:func:`dpsub_dist.estimators.covariance.budget_plan`, with this method's bound share
 :data:`NORM_SHARE`).
 User level (``--unit-column``): each user's clipped, scaled rows are scaled jointly so that
-their squared norms sum to ≤ 1, exactly as gauss's Gram pass does
-(:func:`dpsub_dist.engine.gram.scale_users`), and the bound is gauss's private user-level bound
-(:func:`dpsub_dist.estimators.centring.private_user_bound`, at :func:`bound_quantile` of the
-users' norms); n is private there, so no published value uses it (no eigenvalue estimates, no
-refusal of an empty input) — privacy argument in :mod:`dpsub_dist.privacy.power`.
+their squared norms sum to ≤ 1, as gauss's Gram pass does
+(:func:`dpsub_dist.engine.gram.scale_users`; here through the weights), and the bound is
+gauss's private user-level bound (:func:`dpsub_dist.estimators.centring.private_user_bound`,
+at :func:`bound_quantile` of the users' norms); n is private there, so no published value uses
+it (no eigenvalue estimates, no refusal of an empty input) — privacy argument in
+:mod:`dpsub_dist.privacy.power`.
 """
 
 from __future__ import annotations
@@ -40,13 +45,13 @@ import pandas as pd
 from dpsub_dist.engine.compute import Executor, tree_sum
 from dpsub_dist.engine.gram import (
     add_user_norms,
-    clip_rows,
-    scale_users,
+    clip_weights,
     sum_on_workers,
     user_squared_norms,
+    user_totals,
 )
 from dpsub_dist.engine.row_cache import rows_fit
-from dpsub_dist.engine.sources import Loader
+from dpsub_dist.engine.sources import Loader, load_native
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators import covariance as cov
@@ -161,35 +166,56 @@ def plan_shares(config: EstimateConfig) -> dict[str, tuple[float, float]]:
     return budget_plan(bool(config.center), config.rho is not None, config.row_norm is None)
 
 
-def _product(rows: np.ndarray, basis: np.ndarray) -> np.ndarray:
-    """``Xᵀ(X V)`` (``D × k'``)."""
-    return rows.T @ (rows @ basis)
+def _product(rows: np.ndarray, basis: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """``Xᵀ diag(w) X V`` (``D × k'``, float64; ``w`` None: ``Xᵀ(X V)``), in the rows' precision:
+    float32 rows (a float32 source) take SGEMM with a float32 ``V`` (half of DGEMM's time and
+    memory traffic; relative rounding ≲ √D·2⁻²⁴ of the entries' magnitude), and the partial
+    products are summed in float64 on the tree."""
+    dtype = np.float32 if rows.dtype == np.float32 else np.float64
+    projected = rows @ basis.astype(dtype, copy=False)
+    if weights is not None:
+        projected *= weights[:, None]
+    return np.asarray(rows.T @ projected, dtype=np.float64)
+
+
+def _weighted_product(held: tuple[np.ndarray, np.ndarray], basis: np.ndarray) -> np.ndarray:
+    """:func:`_product` of one partition's held ``(rows, weights)``."""
+    rows, weights = held
+    return _product(rows, basis, weights)
 
 
 def _load_product(
     loader: Loader, bound: float, part: Any, users: pd.Series | None, basis: np.ndarray
 ) -> np.ndarray:
-    """One partition read from its source, clipped and multiplied (runs on a worker)."""
-    return _product(_load_clipped(loader, bound, part, users), basis)
+    """One partition read from its source, weighted and multiplied (runs on a worker)."""
+    return _weighted_product(_load_weighted(loader, bound, part, users), basis)
 
 
-def _load_clipped(loader: Loader, bound: float, part: Any, users: pd.Series | None) -> np.ndarray:
-    """A partition's rows clipped to ``bound`` and scaled by 1/bound; at user level (``users``:
-    every user's Σ‖x‖² of those rows) each user's rows also scaled jointly to Σ‖x‖² ≤ 1."""
-    rows, units = loader(part)
-    rows = clip_rows(rows, bound)
-    return rows if users is None else scale_users(rows, units, users)
+def _load_weighted(
+    loader: Loader, bound: float, part: Any, users: pd.Series | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """A partition's rows as the source gives them (:func:`load_native`: float32 stays float32,
+    never modified, no copy) and each row's weight ``w`` (float64): ``Σ w xxᵀ`` is the Gram
+    matrix of the rows clipped to ``bound`` and scaled by 1/bound
+    (:func:`~dpsub_dist.engine.gram.clip_weights`, ``w‖x‖² ≤ 1`` exactly); at user level
+    (``users``: every user's Σ‖x‖² of those clipped rows) also divided by ``max(1, Σ‖x‖²)``
+    of the row's user, as :func:`~dpsub_dist.engine.gram.scale_users` scales gauss's rows."""
+    rows, units = load_native(loader, part)
+    weights = clip_weights(rows, bound)
+    if users is not None:
+        weights /= user_totals(units, users)
+    return rows, weights
 
 
 class RowPasses:
-    """One pass over the clipped rows per call: ``Σ_p X_pᵀ(X_p V)`` summed on the workers.
+    """One pass over the clipped rows per call: ``Σ_p X_pᵀ(w ⊙ X_p V)`` summed on the workers.
 
     ``loader`` gives the rows (centred by the released mean when centring). Holds the cached
-    rows (futures on the workers, or arrays in process) when they fit. ``user_level``: one
-    extra pass first sums each user's squared norms of the clipped rows (a per-user table
-    kept on the workers, :func:`dpsub_dist.engine.gram.user_squared_norms`), and every pass
-    scales each user's rows by ``1/√max(1, total)`` (:func:`dpsub_dist.engine.gram.scale_users`),
-    as gauss's Gram pass does.
+    rows and weights (futures on the workers, or arrays in process) when they fit.
+    ``user_level``: one extra pass first sums each user's squared norms of the clipped rows (a
+    per-user table kept on the workers, :func:`dpsub_dist.engine.gram.user_squared_norms`),
+    and every pass divides each row's weight by its user's ``max(1, total)``
+    (:func:`dpsub_dist.engine.gram.user_totals`), as gauss's Gram pass scales the rows.
     """
 
     def __init__(
@@ -223,7 +249,7 @@ class RowPasses:
 
     def _cached_rows(self) -> list[Any]:
         if self._rows is None:
-            load = dask.delayed(_load_clipped, pure=True)
+            load = dask.delayed(_load_weighted, pure=True)
             users = self._user_norms()
             rows = [load(self.loader, self.bound, part, users) for part in self.dataset.parts]
             self._rows = self.executor.persist(rows)
@@ -237,8 +263,8 @@ class RowPasses:
         label = f"{len(self.dataset.parts)} partitions → C·V (pass {self.passes})"
         shared = dask.delayed(basis, pure=True)  # one key: V is shipped once, not per task
         if self.cached:
-            product = dask.delayed(_product, pure=True)
-            tasks = [product(rows, shared) for rows in self._cached_rows()]
+            product = dask.delayed(_weighted_product, pure=True)
+            tasks = [product(held, shared) for held in self._cached_rows()]
         else:
             product = dask.delayed(_load_product, pure=True)
             users = self._user_norms()

@@ -5,9 +5,9 @@ in §1.2): start from a public random ``D × k'`` matrix ``V₀`` with orthonorm
 columns (``k' ≥ k``, the oversampled width); for ``t = 1 … T``
 
 1. ``Y_t = C V_{t−1}`` with ``C = AᵀA`` the Gram matrix of the rows clipped to norm ≤ ``B`` and
-   scaled by ``1/B`` (every row has norm ≤ 1; :func:`dpsub_dist.engine.gram.clip_rows`),
-   computed on the workers (:mod:`dpsub_dist.estimators.power`): ``D × k'`` numbers, never
-   ``D × D``;
+   scaled by ``1/B`` (every row has norm ≤ 1), computed on the workers as ``Xᵀ diag(w) X V``
+   with per-row weights ``w = m/max(‖x‖, B)²`` (:func:`dpsub_dist.engine.gram.clip_weights`,
+   :mod:`dpsub_dist.estimators.power`): ``D × k'`` numbers, never ``D × D``;
 2. release ``Ŷ_t = Y_t + G_t``, ``G_t`` i.i.d. Gaussian (:func:`noisy_product`);
 3. ``V_t = orth(Ŷ_t − n·μ̂(μ̂ᵀV_{t−1}))`` (QR; the centring term uses the released mean μ̂ only).
 
@@ -27,10 +27,24 @@ together) is the same constant as the Gram matrix's Frobenius bound of Analyze G
 — whatever ``V_{t−1}`` is, because ``V_{t−1}`` is a function of earlier releases only
 (adaptive composition). ``V₀`` is public randomness (the run's public seed), not DP noise.
 
+**The clip in floating point.** The rows are never rounded after clipping: each row ``x`` (the
+source's floats, float32 kept as float32) enters ``C`` as ``w·xxᵀ``, i.e. as the row
+``a = √w·x``, with ``w = m/max(‖x‖, B)²`` computed in float64 (the norms too, for float32
+rows) and ``m = 1 − 2⁻²⁴`` (:data:`dpsub_dist.engine.gram.CLIP_MARGIN`) covering the float64
+rounding of ``‖x‖``, ``w`` and the user totals, so ``‖a‖² = w‖x‖² ≤ 1`` holds *exactly* for
+the floats used, not only up to rounding (tests/test_power.py checks it in rational
+arithmetic on rows at the bound; a plain ``1/max(‖x‖, B)²`` exceeds 1 there by ~10⁻¹⁶, and
+float32 rows clipped and then rounded would by ~10⁻⁷). What is not exact, here as in every
+floating-point sum of this library, is the product's own rounding: float32 sources are
+multiplied in float32 (relative error ≲ √D·2⁻²⁴ of the entries' magnitude per partition,
+summed in float64), float64 sources in float64.
+
 **User level** (``--unit-column``: neighbours add or remove all rows of one user). Every row
 is clipped to ``B`` and scaled by ``1/B``, then all rows ``x_1 … x_m`` of one user are
-multiplied by ``1/√max(1, Σ_r‖x_r‖²)`` (:func:`dpsub_dist.engine.gram.scale_users`, the same
-scaling as gauss), so ``Σ_r‖x_r‖² ≤ 1``; the factor depends on that user's rows only, so the
+multiplied by ``1/√max(1, Σ_r‖x_r‖²)`` (the same scaling as gauss's
+:func:`dpsub_dist.engine.gram.scale_users`; here the row weight ``w`` is divided by
+``max(1, Σ_r‖x_r‖²)``, and the margin ``m`` covers that total's rounding), so
+``Σ_r‖x_r‖² ≤ 1``; the factor depends on that user's rows only, so the
 other users' scaled rows are identical in both neighbours. The user changes ``C`` by
 ``E = ±Σ_r x_r x_rᵀ``, positive semidefinite with ``‖E‖_F ≤ tr E = Σ_r‖x_r‖² ≤ 1``, and the
 release moves by ``EV`` with ``‖EV‖_F ≤ ‖E‖_F‖V‖₂ ≤ 1``: Δ = 1
