@@ -64,7 +64,12 @@ def _assert_gram_close(actual: np.ndarray, expected: np.ndarray) -> None:
     np.testing.assert_array_equal(actual, actual.T)  # symmetric, as gram_of's
 
 
-def test_level_grams_give_the_clipped_gram_at_every_grid_value() -> None:
+@pytest.mark.parametrize("chunk_bytes", [norm_pass.LEVEL_GRAMS_CHUNK_BYTES, 8 * 5 * 7])
+def test_level_grams_give_the_clipped_gram_at_every_grid_value(
+    monkeypatch, chunk_bytes: int
+) -> None:
+    """In one block of rows, and in blocks of 7 rows (bins split across blocks)."""
+    monkeypatch.setattr(norm_pass, "LEVEL_GRAMS_CHUNK_BYTES", chunk_bytes)
     rows = _heavy_rows()
     grams = partition_level_grams(_own, rows)
     np.testing.assert_array_equal(grams.counts, norm_counts(rows))  # the counting pass's

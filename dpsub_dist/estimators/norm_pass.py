@@ -22,7 +22,13 @@ import numpy as np
 from scipy import sparse
 
 from dpsub_dist.engine.compute import Executor, tree_sum
-from dpsub_dist.engine.gram import add_user_norms, gram_of, sum_on_workers, user_squared_norms
+from dpsub_dist.engine.gram import (
+    add_gram,
+    add_user_norms,
+    sum_on_workers,
+    symmetric,
+    user_squared_norms,
+)
 from dpsub_dist.engine.sources import Loader
 from dpsub_dist.linalg import row_norms
 from dpsub_dist.privacy.norm_bound import GRID, norm_counts, norm_histogram
@@ -227,25 +233,44 @@ class LevelGrams:
         return self.raw[inside].sum(axis=0) * (scale * scale) + self.unit[~inside].sum(axis=0)
 
 
+LEVEL_GRAMS_CHUNK_BYTES = 4 * 2**20
+"""Rows a partition's :class:`LevelGrams` sorts and sums at a time (a cache-sized block)."""
+
+
 def partition_level_grams(loader: Loader, part: Any) -> LevelGrams:
-    """One partition's :class:`LevelGrams` (runs on a worker): its rows sorted by bin, then per
-    non-empty bin two ``syrk`` (the rows, and the rows scaled to unit norm)."""
+    """One partition's :class:`LevelGrams` (runs on a worker). Block by block of rows: the
+    block sorted by bin, then per bin two accumulating ``syrk`` (its rows, then the same rows
+    scaled to unit norm), so the rows are gathered and scaled while in cache."""
     rows = np.asarray(loader(part)[0], dtype=np.float64)
     norms = row_norms(rows)
-    bins = norm_bins(norms).astype(np.uint8)  # ≤ 101: a radix sort below
+    bins = norm_bins(norms).astype(np.uint8)  # ≤ 101: argsort sorts by radix
     counts = np.bincount(bins, minlength=len(GRID) + 1).astype(np.int64)
     levels = np.flatnonzero(counts)
-    order = np.argsort(bins, kind="stable")
-    rows, norms = rows[order], norms[order]
-    unit_scale = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
     dim = rows.shape[1]
-    raw, unit = np.empty((len(levels), dim, dim)), np.empty((len(levels), dim, dim))
-    stops = np.cumsum(counts[levels])
-    for i, (start, stop) in enumerate(zip(stops - counts[levels], stops, strict=True)):
-        block = rows[start:stop]
-        raw[i] = gram_of(block)
-        unit[i] = gram_of(block * unit_scale[start:stop, None])
-    return LevelGrams(counts, levels, raw, unit)
+    raw = [np.zeros((dim, dim), order="F") for _ in levels]
+    unit = [np.zeros((dim, dim), order="F") for _ in levels]
+    slot = dict(zip(levels.tolist(), range(len(levels)), strict=True))
+    unit_scale = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
+    step = max(1, LEVEL_GRAMS_CHUNK_BYTES // (8 * max(dim, 1)))
+    for start in range(0, len(rows), step):
+        chunk = slice(start, start + step)
+        order = np.argsort(bins[chunk], kind="stable")
+        block, scale = rows[chunk][order], unit_scale[chunk][order]
+        sizes = np.bincount(bins[chunk], minlength=len(GRID) + 1)
+        present = np.flatnonzero(sizes)
+        stops = np.cumsum(sizes[present])
+        for level, stop, size in zip(present.tolist(), stops, sizes[present], strict=True):
+            i, own = slot[level], block[stop - size : stop]
+            raw[i] = add_gram(raw[i], own)
+            own *= scale[stop - size : stop, None]  # block is this chunk's own copy
+            unit[i] = add_gram(unit[i], own)
+    shape = (len(levels), dim, dim)
+    return LevelGrams(
+        counts,
+        levels,
+        np.array([symmetric(m) for m in raw]).reshape(shape),
+        np.array([symmetric(m) for m in unit]).reshape(shape),
+    )
 
 
 def compute_level_grams(
