@@ -34,7 +34,7 @@ TOOLS = (
     "dpsub_reread",
     "dpsub_reread_gram_apart",
     "dpsub_before",
-    "dpsub_held_fused",
+    "dpsub_held_apart",
     "dask_ml_randomized",
     "dask_ml_tsqr",
     "floor",
@@ -45,7 +45,7 @@ def parquet_files(path: Path) -> list[str]:
     return sorted(str(p) for p in Path(path).glob("*.parquet"))
 
 
-REREAD = ("dpsub_reread", "dpsub_reread_gram_apart", "dpsub_before", "dpsub_held_fused")
+REREAD = ("dpsub_reread", "dpsub_reread_gram_apart", "dpsub_before", "dpsub_held_apart")
 """Variants of dpsub's covariance route for issue #16's before/after (:func:`route_variant`)."""
 
 
@@ -101,33 +101,22 @@ def route_variant(tool: str) -> Iterator[None]:
     the route at n too large to hold; 2 reads); ``dpsub_reread_gram_apart`` also with the
     centred rows' bound and Gram in two reads (that route before the fused Gram: 3 reads);
     ``dpsub_before`` also with the mean's bound and sum apart (before issue #16: 4 reads);
-    ``dpsub_held_fused`` with rows held and the bound and Gram fused there too."""
+    ``dpsub_held_apart`` with rows held and the bound and Gram in two passes (the held route
+    before the fused Gram)."""
     from dpsub_dist.engine import row_cache
-    from dpsub_dist.estimators import covariance, norm_pass
+    from dpsub_dist.estimators import norm_pass
 
-    saved = (
-        row_cache.CACHE_FRACTION,
-        norm_pass.LEVEL_SUMS_BYTES,
-        norm_pass.LEVEL_GRAMS_BYTES,
-        covariance.is_held,
-    )
+    saved = row_cache.CACHE_FRACTION, norm_pass.LEVEL_SUMS_BYTES, norm_pass.LEVEL_GRAMS_BYTES
     if tool in ("dpsub_reread", "dpsub_reread_gram_apart", "dpsub_before"):
         row_cache.CACHE_FRACTION = 0.0
-    if tool in ("dpsub_reread_gram_apart", "dpsub_before"):
+    if tool in ("dpsub_reread_gram_apart", "dpsub_before", "dpsub_held_apart"):
         norm_pass.LEVEL_GRAMS_BYTES = 0
     if tool == "dpsub_before":
         norm_pass.LEVEL_SUMS_BYTES = 0
-    if tool == "dpsub_held_fused":
-        covariance.is_held = lambda _dataset: False  # fuse as where rows are re-read
     try:
         yield
     finally:
-        (
-            row_cache.CACHE_FRACTION,
-            norm_pass.LEVEL_SUMS_BYTES,
-            norm_pass.LEVEL_GRAMS_BYTES,
-            covariance.is_held,
-        ) = saved
+        row_cache.CACHE_FRACTION, norm_pass.LEVEL_SUMS_BYTES, norm_pass.LEVEL_GRAMS_BYTES = saved
 
 
 def run_tool(tool: str, path: Path, truth: np.ndarray, args: Any, client: Any) -> dict[str, Any]:
@@ -300,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         default=["dpsub", "dpsub_t2000", *(t for t in TOOLS[1:] if t not in REREAD)],
         help=f"from {','.join(TOOLS)}; dpsub_tT = dpsub with --subsets T; "
         "dpsub_contiguous = dpsub with --assign contiguous; dpsub_reread, "
-        "dpsub_reread_gram_apart, dpsub_before, dpsub_held_fused: the covariance route with "
+        "dpsub_reread_gram_apart, dpsub_before, dpsub_held_apart: the covariance route with "
         "parts of issue #16 off (route_variant)",
     )
     parser.add_argument(

@@ -77,12 +77,12 @@ def test_route_variants_turn_off_the_parts_of_issue_16_they_name_and_restore_the
         return held is not data, fused_mean(held), fused_gram(held)
 
     default = route()
-    assert default == (True, False, False)  # rows held: one read, nothing to fuse
+    assert default == (True, False, True)  # rows held: one read, the bound and Gram one pass
     expected = {
         "dpsub_reread": (False, True, True),  # 2 reads
         "dpsub_reread_gram_apart": (False, True, False),  # 3 reads
         "dpsub_before": (False, False, False),  # 4 reads
-        "dpsub_held_fused": (True, False, True),
+        "dpsub_held_apart": (True, False, False),
     }
     for tool, decisions in expected.items():
         with speed.route_variant(tool):

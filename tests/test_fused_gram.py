@@ -125,13 +125,14 @@ def test_the_pass_on_a_cluster_sends_the_counts_then_the_gram_at_one_bound(dask_
 
 def test_fusion_is_decided_by_public_facts_only() -> None:
     """D alone decides the fusion's memory (the worst case, every bin filled); held rows
-    keep their separate passes (no read to save)."""
+    fuse too (a round of tasks saved)."""
     assert fuse_level_grams(202) and not fuse_level_grams(203)
     worst = 2 * (len(GRID) + 1) * 202 * 202 * 8
     assert worst <= norm_pass.LEVEL_GRAMS_BYTES
     data = array_dataset(np.ones((10, 4)))
     assert fused_gram(data)
-    assert not fused_gram(row_cache.cache_rows(data, Executor(), user_level=False))
+    held = row_cache.cache_rows(data, Executor(), user_level=False)
+    assert held is not data and fused_gram(held)
     assert not fused_gram(array_dataset(np.ones((10, 203))))
 
 

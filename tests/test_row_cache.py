@@ -1,6 +1,8 @@
 """Rows read once and held between the covariance family's passes (engine/row_cache.py, #16).
 
-The cached run must release exactly what re-reading releases (same private noise seed), read
+The cached run must release exactly what re-reading releases (same private noise seed; with
+rows held the centred bound and the Gram share a pass, and the noisy Gram, rounded to its noise
+grid, comes out the same bytes as the separate passes' here: tests/test_fused_gram.py), read
 each partition once where re-reading reads it once per pass, turn itself off where the rows
 do not fit the workers' memory limits (and at user level), and work on a real cluster.
 """

@@ -30,7 +30,7 @@ import numpy as np
 
 from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.gram import GramSummary, compute_gram
-from dpsub_dist.engine.row_cache import cache_rows, is_held
+from dpsub_dist.engine.row_cache import cache_rows
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators.centring import MEAN_SHARE
@@ -209,10 +209,11 @@ def bound_quantile(
 
 def fused_gram(dataset: Dataset) -> bool:
     """Whether the private row-level bound and the Gram take one pass (public facts only):
-    D small enough for the per-bin Grams (:func:`norm_pass.fuse_level_grams`) and rows
-    re-read from the files (:mod:`dpsub_dist.engine.row_cache`), where the fused pass saves a
-    read. Either way the same values are released (:func:`bound_and_gram`)."""
-    return bool(dataset.parts) and not is_held(dataset) and fuse_level_grams(dataset.dim)
+    D small enough for the per-bin Grams (:func:`norm_pass.fuse_level_grams`). Where rows are
+    re-read (:mod:`dpsub_dist.engine.row_cache`) it saves a read; where they are held, a
+    round of tasks (measured no slower: docs/scale.md). Either way the same values are
+    released (:func:`bound_and_gram`)."""
+    return bool(dataset.parts) and fuse_level_grams(dataset.dim)
 
 
 def bound_and_gram(
