@@ -157,14 +157,17 @@ def run_tool(tool: str, path: Path, truth: np.ndarray, args: Any, client: Any) -
 
 
 def driver_matrix_gib(args: Any, rows: int, dim: int, rank: int) -> float:
-    """GiB of the friendly aggregator's t×t distance matrix at dpsub's default t."""
+    """GiB of the friendly aggregator's t×t distance matrix at dpsub's default t (0 for the
+    other methods: ``--method auto`` has no plan of its own to read t from)."""
+    if args.method != "friendly":
+        return 0.0
     from dpsub_dist.estimators import sample_aggregate as sa
     from dpsub_dist.job import EstimateConfig, plan_budget
 
     config = EstimateConfig(rank=rank, epsilon=args.epsilon, delta=args.delta, method=args.method)
     _, grants = plan_budget(config)
     t = sa.default_subsets(args.method, grants, rows, dim, rank)
-    return t * t * 8 / 2**30 if args.method == "friendly" else 0.0
+    return t * t * 8 / 2**30
 
 
 def task_breakdown(stream: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
