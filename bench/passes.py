@@ -5,6 +5,9 @@ one BLAS thread) the loader alone and each per-partition function of the default
 ``dpsub estimate`` (gauss, centred, private row-norm bound), and the floor's task on the
 same rows. The per-pass cost is decode + its row work, so the sum over passes beside the
 floor shows how much of the gap is re-reading and how much is work per row.
+``centred_counts_then_gram`` (the centred rows' counting pass and Gram pass, decode left out)
+beside ``centred_level_grams`` (the fused pass, :class:`norm_pass.LevelGrams`) is the row
+work the fusion trades for one decode.
 
 Example: ``python -m bench.passes --rows 2000000 --dim 32``.
 """
@@ -36,7 +39,7 @@ def profile(path: Any, repeats: int) -> dict[str, float]:
 
     from dpsub_dist.engine.gram import clip_rows, gram_of
     from dpsub_dist.engine.sources import parquet_dataset
-    from dpsub_dist.estimators.norm_pass import partition_level_sums
+    from dpsub_dist.estimators.norm_pass import partition_level_grams, partition_level_sums
     from dpsub_dist.privacy.norm_bound import norm_counts
 
     dataset = parquet_dataset(str(path), None, None, None, None)
@@ -51,9 +54,14 @@ def profile(path: Any, repeats: int) -> dict[str, float]:
         "level_sums": lambda: partition_level_sums(lambda part: (part, None), rows),
         "centre": lambda: rows - mean,
         "gram": lambda: gram_of(clip_rows(rows - mean, 1.0)),
+        "level_grams": lambda: partition_level_grams(lambda part: (part - mean, None), rows),
     }
     with threadpool_limits(limits=1, user_api="blas"):
         seconds = {name: timed(step, repeats) for name, step in steps.items()}
+    seconds["centred_counts_then_gram"] = (
+        2 * seconds["centre"] + seconds["norm_counts"] + seconds["gram"]
+    )
+    seconds["centred_level_grams"] = seconds["level_grams"]  # centring included
     seconds["rows"] = float(len(rows))
     seconds["partitions"] = float(len(dataset.parts))
     return seconds

@@ -75,7 +75,7 @@ def summarise(records: list[dict[str, Any]], dims: list[int], rows: list[int]) -
                 "error": _median(dpsub_large, "error"),
             }
         )
-        for variant in speed.REREAD:  # issue #16's row cache off (and its fused mean pass)
+        for variant in speed.REREAD:  # issue #16 route variants (speed.route_variant)
             walls = pick(variant, large)
             if walls:
                 name = variant.removeprefix("dpsub_")

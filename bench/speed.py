@@ -32,7 +32,9 @@ TOOLS = (
     "dpsub",
     "dpsub_contiguous",
     "dpsub_reread",
+    "dpsub_reread_gram_apart",
     "dpsub_before",
+    "dpsub_held_apart",
     "dask_ml_randomized",
     "dask_ml_tsqr",
     "floor",
@@ -43,8 +45,8 @@ def parquet_files(path: Path) -> list[str]:
     return sorted(str(p) for p in Path(path).glob("*.parquet"))
 
 
-REREAD = ("dpsub_reread", "dpsub_before")
-"""Variants of dpsub with issue #16's row cache (and fused mean pass) off, for before/after."""
+REREAD = ("dpsub_reread", "dpsub_reread_gram_apart", "dpsub_before", "dpsub_held_apart")
+"""Variants of dpsub's covariance route for issue #16's before/after (:func:`route_variant`)."""
 
 
 def speed_dataset(args: Any, rows: int, dim: int) -> tuple[Path, np.ndarray]:
@@ -93,20 +95,28 @@ def run_dask_ml(path: Path, rank: int, solver: str, client: Any) -> dict[str, An
 
 
 @contextmanager
-def rows_reread(fuse: bool) -> Iterator[None]:
-    """dpsub without issue #16's row cache: every pass reads the files again (the decisions
-    are the driver's, so patching them here holds for the run); ``fuse=False`` also keeps the
-    mean's bound and sum in two reads (the route before issue #16)."""
+def route_variant(tool: str) -> Iterator[None]:
+    """dpsub with parts of issue #16 off (the decisions are the driver's, so patching them here
+    holds for the run): ``dpsub_reread`` without the row cache (every pass reads the files:
+    the route at n too large to hold; 2 reads); ``dpsub_reread_gram_apart`` also with the
+    centred rows' bound and Gram in two reads (that route before the fused Gram: 3 reads);
+    ``dpsub_before`` also with the mean's bound and sum apart (before issue #16: 4 reads);
+    ``dpsub_held_apart`` with rows held and the bound and Gram in two passes (the held route
+    before the fused Gram)."""
     from dpsub_dist.engine import row_cache
     from dpsub_dist.estimators import norm_pass
 
-    saved = row_cache.CACHE_FRACTION, norm_pass.LEVEL_SUMS_BYTES
-    row_cache.CACHE_FRACTION = 0.0
-    norm_pass.LEVEL_SUMS_BYTES = saved[1] if fuse else 0
+    saved = row_cache.CACHE_FRACTION, norm_pass.LEVEL_SUMS_BYTES, norm_pass.LEVEL_GRAMS_BYTES
+    if tool in ("dpsub_reread", "dpsub_reread_gram_apart", "dpsub_before"):
+        row_cache.CACHE_FRACTION = 0.0
+    if tool in ("dpsub_reread_gram_apart", "dpsub_before", "dpsub_held_apart"):
+        norm_pass.LEVEL_GRAMS_BYTES = 0
+    if tool == "dpsub_before":
+        norm_pass.LEVEL_SUMS_BYTES = 0
     try:
         yield
     finally:
-        row_cache.CACHE_FRACTION, norm_pass.LEVEL_SUMS_BYTES = saved
+        row_cache.CACHE_FRACTION, norm_pass.LEVEL_SUMS_BYTES, norm_pass.LEVEL_GRAMS_BYTES = saved
 
 
 def run_tool(tool: str, path: Path, truth: np.ndarray, args: Any, client: Any) -> dict[str, Any]:
@@ -114,10 +124,7 @@ def run_tool(tool: str, path: Path, truth: np.ndarray, args: Any, client: Any) -
     from dpsub_dist.linalg import subspace_error
 
     rank = truth.shape[1]
-    reread = {
-        "dpsub_reread": lambda: rows_reread(fuse=True),
-        "dpsub_before": lambda: rows_reread(fuse=False),
-    }.get(tool, nullcontext)()
+    reread = route_variant(tool) if tool in REREAD else nullcontext()
     with common.PeakMemory(client, interval=0.05) as memory, reread:
         started = time.monotonic()
         if tool.startswith("dpsub"):
@@ -150,14 +157,17 @@ def run_tool(tool: str, path: Path, truth: np.ndarray, args: Any, client: Any) -
 
 
 def driver_matrix_gib(args: Any, rows: int, dim: int, rank: int) -> float:
-    """GiB of the friendly aggregator's t×t distance matrix at dpsub's default t."""
+    """GiB of the friendly aggregator's t×t distance matrix at dpsub's default t (0 for the
+    other methods: ``--method auto`` has no plan of its own to read t from)."""
+    if args.method != "friendly":
+        return 0.0
     from dpsub_dist.estimators import sample_aggregate as sa
     from dpsub_dist.job import EstimateConfig, plan_budget
 
     config = EstimateConfig(rank=rank, epsilon=args.epsilon, delta=args.delta, method=args.method)
     _, grants = plan_budget(config)
     t = sa.default_subsets(args.method, grants, rows, dim, rank)
-    return t * t * 8 / 2**30 if args.method == "friendly" else 0.0
+    return t * t * 8 / 2**30
 
 
 def task_breakdown(stream: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -281,9 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         type=common.str_list,
         default=["dpsub", "dpsub_t2000", *(t for t in TOOLS[1:] if t not in REREAD)],
         help=f"from {','.join(TOOLS)}; dpsub_tT = dpsub with --subsets T; "
-        "dpsub_contiguous = dpsub with --assign contiguous; dpsub_reread = dpsub with the "
-        "row cache off (every pass reads the files); dpsub_before = also without the fused "
-        "mean pass (the route before issue #16)",
+        "dpsub_contiguous = dpsub with --assign contiguous; dpsub_reread, "
+        "dpsub_reread_gram_apart, dpsub_before, dpsub_held_apart: the covariance route with "
+        "parts of issue #16 off (route_variant)",
     )
     parser.add_argument(
         "--driver-matrix-limit-gib",

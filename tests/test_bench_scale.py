@@ -56,3 +56,35 @@ def test_generated_rows_draw_the_same_rows_per_chunk_and_fit():
     truth = generated_rows.truth(5, 2, 3)
     residual = rows - (rows @ truth) @ truth.T
     assert np.abs(residual).max() < 0.1 and np.abs(rows).max() > 1
+
+
+def test_route_variants_turn_off_the_parts_of_issue_16_they_name_and_restore_them():
+    """bench.speed's before/after variants: which reads each one's route takes."""
+    from bench import speed
+    from dpsub_dist.engine import row_cache
+    from dpsub_dist.engine.compute import Executor
+    from dpsub_dist.engine.sources import array_dataset
+    from dpsub_dist.estimators.centring import fused_mean
+    from dpsub_dist.estimators.covariance import fused_gram
+
+    class Cluster(Executor):  # in process, with a cluster's memory limits (CACHE_FRACTION)
+        memory_limit = 2**30
+
+    data = array_dataset(np.ones((10, 4)))
+
+    def route() -> tuple[bool, bool, bool]:
+        held = row_cache.cache_rows(data, Cluster(), user_level=False)
+        return held is not data, fused_mean(held), fused_gram(held)
+
+    default = route()
+    assert default == (True, False, True)  # rows held: one read, the bound and Gram one pass
+    expected = {
+        "dpsub_reread": (False, True, True),  # 2 reads
+        "dpsub_reread_gram_apart": (False, True, False),  # 3 reads
+        "dpsub_before": (False, False, False),  # 4 reads
+        "dpsub_held_apart": (True, False, False),
+    }
+    for tool, decisions in expected.items():
+        with speed.route_variant(tool):
+            assert route() == decisions, tool
+        assert route() == default

@@ -1,6 +1,8 @@
 """Rows read once and held between the covariance family's passes (engine/row_cache.py, #16).
 
-The cached run must release exactly what re-reading releases (same private noise seed), read
+The cached run must release exactly what re-reading releases (same private noise seed; with
+rows held the centred bound and the Gram share a pass, and the noisy Gram, rounded to its noise
+grid, comes out the same bytes as the separate passes' here: tests/test_fused_gram.py), read
 each partition once where re-reading reads it once per pass, turn itself off where the rows
 do not fit the workers' memory limits (and at user level), and work on a real cluster.
 """
@@ -75,6 +77,7 @@ def test_cached_rows_release_the_same_values_and_are_read_once(
         if not cached:  # every pass reads, as before the cache (and without fusing passes)
             monkeypatch.setattr(row_cache, "IN_PROCESS_CACHE_BYTES", 0)
             monkeypatch.setattr("dpsub_dist.estimators.norm_pass.LEVEL_SUMS_BYTES", 0)
+            monkeypatch.setattr("dpsub_dist.estimators.norm_pass.LEVEL_GRAMS_BYTES", 0)
         loader = CountingLoader(data.loader)
         counted = dataclasses.replace(data, loader=loader)
         results[cached] = _released(_run(options, open_dataset=lambda _e, c=counted: c))
@@ -128,9 +131,12 @@ def test_cached_and_fused_runs_on_a_cluster_release_what_rereading_does(
     monkeypatch.setattr(row_cache, "CACHE_FRACTION", 0.0)
     fused = _run({"method": "gauss"}, dask_client, open_dataset)  # level sums held there
     monkeypatch.setattr("dpsub_dist.estimators.norm_pass.LEVEL_SUMS_BYTES", 0)
+    monkeypatch.setattr("dpsub_dist.estimators.norm_pass.LEVEL_GRAMS_BYTES", 0)
     reread = _run({"method": "gauss"}, dask_client, open_dataset)
     assert _released(cached) == _released(reread)
+    assert fused.timings["fused_gram"] and not reread.timings["fused_gram"]
     assert fused.manifest["parameters"] == reread.manifest["parameters"]
+    np.testing.assert_allclose(fused.basis, reread.basis, atol=1e-6)
     mean = (fused.manifest["release"]["mean"], reread.manifest["release"]["mean"])
     np.testing.assert_allclose(*mean, rtol=1e-9)
 

@@ -132,7 +132,18 @@ def user_totals(units: Any, user_norms: pd.Series) -> np.ndarray:
 
 def gram_of(rows: np.ndarray) -> np.ndarray:
     """``XᵀX`` (exactly symmetric) by BLAS ``syrk``: half the flops of a general product."""
-    upper = dsyrk(1.0, np.asarray(rows, dtype=np.float64).T, lower=0)
+    return symmetric(dsyrk(1.0, np.asarray(rows, dtype=np.float64).T, lower=0))
+
+
+def add_gram(total: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``total + XᵀX`` in the upper triangle (``syrk`` accumulating in place where ``total``
+    is a Fortran-ordered float64 D × D), for sums over many small blocks of float64 rows;
+    :func:`symmetric` completes the sum."""
+    return dsyrk(1.0, rows.T, beta=1.0, c=total, lower=0, overwrite_c=1)
+
+
+def symmetric(upper: np.ndarray) -> np.ndarray:
+    """The exactly symmetric matrix of ``syrk``'s upper triangle."""
     return np.triu(upper) + np.triu(upper, 1).T
 
 

@@ -202,8 +202,23 @@ def private_bound(
     """The private row-norm bound of ``loader``'s rows at ``quantile``, charged as ``step``
     (norm_bound.py)."""
     counts = compute_norm_counts(dataset.parts, loader, executor, progress)
+    return release_bound(step, counts, dataset.n_rows, accountant, grants, rng, quantile)
+
+
+def release_bound(
+    step: str,
+    counts: np.ndarray,
+    n_rows: int,
+    accountant: Accountant,
+    grants: dict[str, Budget],
+    rng: np.random.Generator,
+    quantile: float = NORM_QUANTILE,
+) -> float:
+    """The driver's half of :func:`private_bound`: the sparse vector over the grid's norm
+    ``counts`` (:func:`~dpsub_dist.privacy.norm_bound.private_norm_bound`), charged as
+    ``step``; whichever pass summed the counts (a fused one too), the release is this one."""
     accountant.charge(step, norm_bound_mechanism(grants[step]))
-    return private_norm_bound(counts, dataset.n_rows, grants[step], rng, quantile=quantile).bound
+    return private_norm_bound(counts, n_rows, grants[step], rng, quantile=quantile).bound
 
 
 def private_user_bound(
@@ -304,9 +319,8 @@ def _bound_and_sum(
     release checksums did not move).
     """
     counts, held = compute_level_sums(dataset.parts, dataset.loader, executor, progress)
-    accountant.charge("norm_bound", norm_bound_mechanism(grants["norm_bound"]))
-    released = private_norm_bound(counts, dataset.n_rows, grants["norm_bound"], rng, quantile)
-    return released.bound, gather_clipped_sum(held, released.bound, executor)
+    bound = release_bound("norm_bound", counts, dataset.n_rows, accountant, grants, rng, quantile)
+    return bound, gather_clipped_sum(held, bound, executor)
 
 
 UNCENTRED_NOTE = (

@@ -16,7 +16,8 @@ rows are scaled together so their squared norms sum to ≤ 1).
 
 Without ``--row-norm`` (row level only), ``B`` is chosen first under DP from a histogram of row
 norms over a public grid (:mod:`dpsub_dist.privacy.norm_bound`), published, and then used
-exactly like a public bound.
+exactly like a public bound. The histogram and the Gram share one read where D allows
+(:func:`bound_and_gram`): the same counts, the same release of ``B``, the same Gram at it.
 """
 
 from __future__ import annotations
@@ -34,7 +35,13 @@ from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators.centring import MEAN_SHARE
 from dpsub_dist.estimators.common import EstimateResult, build_manifest, open_checked, plan
-from dpsub_dist.estimators.norm_pass import NORM_SOURCE, USER_NORM_SOURCE
+from dpsub_dist.estimators.norm_pass import (
+    NORM_SOURCE,
+    USER_NORM_SOURCE,
+    compute_level_grams,
+    fuse_level_grams,
+    gather_clipped_gram,
+)
 from dpsub_dist.linalg import top_eigenvectors
 from dpsub_dist.privacy import covariance as cov_steps
 from dpsub_dist.privacy import mechanism, norm_bound
@@ -207,6 +214,48 @@ def bound_quantile(
     return norm_bound.margined_quantile(quantile, n_rows, norm_epsilon, unit)
 
 
+def fused_gram(dataset: Dataset) -> bool:
+    """Whether the private row-level bound and the Gram take one pass (public facts only):
+    D small enough for the per-bin Grams (:func:`norm_pass.fuse_level_grams`). Where rows are
+    re-read (:mod:`dpsub_dist.engine.row_cache`) it saves a read; where they are held, a
+    round of tasks (measured no slower: docs/scale.md). Either way the same values are
+    released (:func:`bound_and_gram`)."""
+    return bool(dataset.parts) and fuse_level_grams(dataset.dim)
+
+
+def bound_and_gram(
+    step: str,
+    quantile: float,
+    dataset: Dataset,
+    loader: Any,
+    accountant: Accountant,
+    grants: dict[str, Budget],
+    rng: np.random.Generator,
+    executor: Executor,
+    progress: bool,
+) -> tuple[float, GramSummary]:
+    """The private row-norm bound ``B`` (charged as ``step``) and the Gram of the rows clipped
+    to it, in one read (issue #16), instead of a counting pass then a Gram pass.
+
+    Each partition keeps, for its rows y (centred by the released mean when centring), the
+    counts per bin of the public norm grid and, per bin holding a row, ``Σ yyᵀ`` and
+    ``Σ yyᵀ/‖y‖²`` (:class:`~dpsub_dist.estimators.norm_pass.LevelGrams`), summed in a tree
+    on the workers and held there. The driver receives the counts, releases ``B`` by the same
+    sparse vector as :func:`centring.private_bound` (same counts, same cost and noise), and
+    receives the Gram at ``B`` only: ``Σ_{bins ≤ B} Σ yyᵀ/B² + Σ_{bins > B} Σ yyᵀ/‖y‖²``,
+    which is ``Σ clip(y, B)clip(y, B)ᵀ/B²`` as :func:`compute_gram` sums it. Privacy is
+    unchanged: the released values (``B``, then the Gram at ``B`` with the same Gaussian
+    noise) are the same functions of the data as with two passes, up to float rounding
+    (rows are added by bin, then scaled: ≤ 10⁻¹² relative in the tests; the noisy Gram is
+    rounded to its noise grid, so it is the two passes' bit for bit unless an entry lies
+    within rounding of a grid midpoint). The per-bin sums, which may hold a single row, are
+    never published and never leave the workers.
+    """
+    counts, held = compute_level_grams(dataset.parts, loader, executor, progress)
+    bound = centring.release_bound(step, counts, dataset.n_rows, accountant, grants, rng, quantile)
+    return bound, GramSummary(gather_clipped_gram(held, bound, executor))
+
+
 def too_few_users(
     config: EstimateConfig,
     dataset: Dataset,
@@ -274,6 +323,7 @@ def run_covariance(
     mark = time.monotonic()
     # Centred: the private mean first, subtracted from every row on the workers; the Gram
     # then sums the centred rows, clipped to their own bound (docs/centring.md).
+    summary: GramSummary | None = None  # the Gram, where the bound's pass also summed it
     loader, centred, mean_release = centring.centre(
         config, dataset, accountant, grants, rng, executor, progress
     )
@@ -295,18 +345,22 @@ def run_covariance(
         row_norm, norm_source = released.bound, USER_NORM_SOURCE.format(q=released.quantile)
     elif config.row_norm is None:
         args = (dataset, loader, accountant, grants, rng, executor, progress)
-        row_norm = centring.private_bound(step, *args, quantile=quantile)
+        if fused_gram(dataset):  # the bound's counts and the Gram in one pass
+            row_norm, summary = bound_and_gram(step, quantile, *args)
+        else:
+            row_norm = centring.private_bound(step, *args, quantile=quantile)
         norm_source = NORM_SOURCE.format(q=quantile, step=step)
         norm_source += " of the centred rows" if config.center else ""
     else:
         row_norm, norm_source = float(config.row_norm), "public (--row-norm)"
     timings["norm_bound_s"] = time.monotonic() - mark
+    timings["fused_gram"] = summary is not None  # operator-only: which passes ran
     mark = time.monotonic()
-    if dataset.parts:
+    if summary is None and dataset.parts:
         summary = compute_gram(
             dataset.parts, loader, row_norm, False, relation == "add_remove", executor, progress
         )
-    else:
+    elif summary is None:
         summary = GramSummary(np.zeros((dataset.dim, dataset.dim)))
     timings["gram_s"] = time.monotonic() - mark
     mark = time.monotonic()

@@ -6,6 +6,10 @@ grid's 102 integer counts reach the driver (operator-only, never published).
 instead of two): the same counts, and per bin the rows' sum and their sum scaled to unit norm,
 from which the clipped sum at any grid value follows. They stay on the workers; the driver
 receives the counts, then the one clipped sum at the bound it released.
+
+:class:`LevelGrams` does the same for the covariance family's bound and Gram (issue #16): per
+non-empty bin, ``Σ yyᵀ`` and ``Σ yyᵀ/‖y‖²``, from which the clipped Gram at any grid value
+follows; the driver receives the counts, then the one Gram at the bound it released.
 """
 
 from __future__ import annotations
@@ -18,7 +22,13 @@ import numpy as np
 from scipy import sparse
 
 from dpsub_dist.engine.compute import Executor, tree_sum
-from dpsub_dist.engine.gram import add_user_norms, sum_on_workers, user_squared_norms
+from dpsub_dist.engine.gram import (
+    add_gram,
+    add_user_norms,
+    sum_on_workers,
+    symmetric,
+    user_squared_norms,
+)
 from dpsub_dist.engine.sources import Loader
 from dpsub_dist.linalg import row_norms
 from dpsub_dist.privacy.norm_bound import GRID, norm_counts, norm_histogram
@@ -89,11 +99,23 @@ class LevelSums:
         """``Σ x/max(‖x‖, bound)`` (:func:`clip_rows`, summed) for ``bound`` in the grid: rows
         with norm ≤ bound (bins ≤ its index) are scaled by 1/bound, the others by 1/‖x‖.
         Equal to the separate pass up to float rounding (the sums are grouped by bin)."""
-        index = int(np.searchsorted(GRID, bound))
-        if index >= len(GRID) or GRID[index] != bound:
-            raise ValueError(f"{bound} is not a value of the norm grid")
+        index = grid_index(bound)
         inside = self.rows[: index + 1].sum(axis=0) * (1.0 / bound)
         return inside + self.unit_rows[index + 1 :].sum(axis=0)
+
+
+def grid_index(bound: float) -> int:
+    """The index of ``bound`` in the public grid: rows with norm ≤ bound lie in bins ≤ it
+    (:func:`norm_counts`: bin j holds norms in (grid_{j-1}, grid_j])."""
+    index = int(np.searchsorted(GRID, bound))
+    if index >= len(GRID) or GRID[index] != bound:
+        raise ValueError(f"{bound} is not a value of the norm grid")
+    return index
+
+
+def norm_bins(norms: np.ndarray) -> np.ndarray:
+    """Each norm's bin of the public grid, as :func:`norm_counts` bins it."""
+    return np.searchsorted(GRID, norms, side="left")
 
 
 def fuse_level_sums(dim: int) -> bool:
@@ -105,7 +127,7 @@ def partition_level_sums(loader: Loader, part: Any) -> LevelSums:
     """One partition's :class:`LevelSums` (runs on a worker)."""
     rows = np.asarray(loader(part)[0], dtype=np.float64)
     norms = row_norms(rows)
-    bins = np.searchsorted(GRID, norms, side="left")
+    bins = norm_bins(norms)
     shape, where = (len(GRID) + 1, len(rows)), (bins, np.arange(len(rows)))
     unit = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
     return LevelSums(
@@ -120,20 +142,143 @@ def compute_level_sums(
 ) -> tuple[np.ndarray, Any]:
     """The norm counts (to the driver) and the held :class:`LevelSums` of all rows (a
     delayed value on the workers, for :func:`gather_clipped_sum`)."""
-    level_sums = dask.delayed(partition_level_sums, pure=True)
-    tasks = [level_sums(loader, part) for part in parts]
-    root = tree_sum(tasks, dask.delayed(LevelSums.__add__, pure=True), tasks)
+    label = f"{len(parts)} partitions → row-norm counts and clipped sums"
+    return _held_levels(
+        partition_level_sums, LevelSums.__add__, parts, loader, executor, progress, label
+    )
+
+
+def _held_levels(
+    partition: Any,
+    add: Any,
+    parts: list[Any],
+    loader: Loader,
+    executor: Executor,
+    progress: bool,
+    label: str,
+) -> tuple[np.ndarray, Any]:
+    """One read: ``partition(loader, part)`` per part, tree-summed by ``add`` and held on the
+    workers; only the summed counts reach the driver."""
+    tasks = [dask.delayed(partition, pure=True)(loader, part) for part in parts]
+    root = tree_sum(tasks, dask.delayed(add, pure=True), tasks)
     (held,) = executor.persist([root])  # runs the pass; progress counts its one output
     counts = dask.delayed(_counts, pure=True)(held)
-    label = f"{len(parts)} partitions → row-norm counts and clipped sums"
     return executor.compute(counts, [], label, progress), held
 
 
 def gather_clipped_sum(held: Any, bound: float, executor: Executor) -> np.ndarray:
     """The clipped sum at the released ``bound``, computed where the level sums are held."""
-    total = dask.delayed(LevelSums.clipped_sum, pure=True)(held, bound)
-    return executor.compute(total, [], "clipped row sum", False)
+    return _gather(held, LevelSums.clipped_sum, bound, executor, "clipped row sum")
 
 
-def _counts(sums: LevelSums) -> np.ndarray:
+def gather_clipped_gram(held: Any, bound: float, executor: Executor) -> np.ndarray:
+    """The clipped Gram at the released ``bound``, computed where the per-bin Grams are held:
+    only that D × D matrix reaches the driver."""
+    return _gather(held, LevelGrams.clipped_gram, bound, executor, "clipped Gram")
+
+
+def _gather(held: Any, at_bound: Any, bound: float, executor: Executor, label: str) -> Any:
+    return executor.compute(dask.delayed(at_bound, pure=True)(held, bound), [], label, False)
+
+
+def _counts(sums: LevelSums | LevelGrams) -> np.ndarray:
     return sums.counts
+
+
+LEVEL_GRAMS_BYTES = 64 * 2**20
+"""Fuse a bound with its Gram only while a partition's :class:`LevelGrams` can take at most
+this many bytes whatever the data: 2 × 102 × D² floats if every bin holds a row, so up to
+D = 202 (public: D only). Rows usually fill a few bins, so the held sums are a few D × D."""
+
+
+def fuse_level_grams(dim: int) -> bool:
+    """Whether a bound and the Gram of the rows clipped to it take one read
+    (:data:`LEVEL_GRAMS_BYTES`, a function of D only)."""
+    return 2 * (len(GRID) + 1) * dim * dim * 8 <= LEVEL_GRAMS_BYTES
+
+
+@dataclass(frozen=True)
+class LevelGrams:
+    """Per bin of the public norm grid (bins as :func:`norm_counts`): the row count, and for
+    the bins ``levels`` that hold a row, ``Σ yyᵀ`` (``raw``) and ``Σ yyᵀ/‖y‖²`` (``unit``)
+    over the bin's rows (``len(levels) × D × D`` each). Held on the workers: a bin may hold a
+    single row."""
+
+    counts: np.ndarray
+    levels: np.ndarray
+    raw: np.ndarray
+    unit: np.ndarray
+
+    def __add__(self, other: LevelGrams) -> LevelGrams:
+        counts = self.counts + other.counts
+        if np.array_equal(self.levels, other.levels):
+            return LevelGrams(counts, self.levels, self.raw + other.raw, self.unit + other.unit)
+        levels = np.union1d(self.levels, other.levels)
+        raw = np.zeros((len(levels), *self.raw.shape[1:]))
+        unit = np.zeros_like(raw)
+        for part in (self, other):
+            where = np.searchsorted(levels, part.levels)
+            raw[where] += part.raw
+            unit[where] += part.unit
+        return LevelGrams(counts, levels, raw, unit)
+
+    def clipped_gram(self, bound: float) -> np.ndarray:
+        """``Σ cc ᵀ`` over ``c = y/max(‖y‖, bound)`` (:func:`~dpsub_dist.engine.gram.clip_rows`,
+        then :func:`~dpsub_dist.engine.gram.gram_of`, summed) for ``bound`` in the grid: rows
+        in bins ≤ its index (norm ≤ bound; a row exactly on the bound included, where both
+        forms agree) add ``Σ yyᵀ/bound²``, the others ``Σ yyᵀ/‖y‖²``. Equal to the separate
+        pass up to float rounding (the rows are added by bin, then scaled)."""
+        inside = self.levels <= grid_index(bound)
+        scale = 1.0 / bound
+        return self.raw[inside].sum(axis=0) * (scale * scale) + self.unit[~inside].sum(axis=0)
+
+
+LEVEL_GRAMS_CHUNK_BYTES = 4 * 2**20
+"""Rows a partition's :class:`LevelGrams` sorts and sums at a time (a cache-sized block)."""
+
+
+def partition_level_grams(loader: Loader, part: Any) -> LevelGrams:
+    """One partition's :class:`LevelGrams` (runs on a worker). Block by block of rows: the
+    block sorted by bin, then per bin two accumulating ``syrk`` (its rows, then the same rows
+    scaled to unit norm), so the rows are gathered and scaled while in cache."""
+    rows = np.asarray(loader(part)[0], dtype=np.float64)
+    norms = row_norms(rows)
+    bins = norm_bins(norms).astype(np.uint8)  # ≤ 101: argsort sorts by radix
+    counts = np.bincount(bins, minlength=len(GRID) + 1).astype(np.int64)
+    levels = np.flatnonzero(counts)
+    dim = rows.shape[1]
+    raw = [np.zeros((dim, dim), order="F") for _ in levels]
+    unit = [np.zeros((dim, dim), order="F") for _ in levels]
+    slot = dict(zip(levels.tolist(), range(len(levels)), strict=True))
+    unit_scale = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
+    step = max(1, LEVEL_GRAMS_CHUNK_BYTES // (8 * max(dim, 1)))
+    for start in range(0, len(rows), step):
+        chunk = slice(start, start + step)
+        order = np.argsort(bins[chunk], kind="stable")
+        block, scale = rows[chunk][order], unit_scale[chunk][order]
+        sizes = np.bincount(bins[chunk], minlength=len(GRID) + 1)
+        present = np.flatnonzero(sizes)
+        stops = np.cumsum(sizes[present])
+        for level, stop, size in zip(present.tolist(), stops, sizes[present], strict=True):
+            i, own = slot[level], block[stop - size : stop]
+            raw[i] = add_gram(raw[i], own)
+            own *= scale[stop - size : stop, None]  # block is this chunk's own copy
+            unit[i] = add_gram(unit[i], own)
+    shape = (len(levels), dim, dim)
+    return LevelGrams(
+        counts,
+        levels,
+        np.array([symmetric(m) for m in raw]).reshape(shape),
+        np.array([symmetric(m) for m in unit]).reshape(shape),
+    )
+
+
+def compute_level_grams(
+    parts: list[Any], loader: Loader, executor: Executor, progress: bool
+) -> tuple[np.ndarray, Any]:
+    """The norm counts (to the driver) and the held :class:`LevelGrams` of all rows (a
+    delayed value on the workers, for :func:`gather_clipped_gram`): one read."""
+    label = f"{len(parts)} partitions → row-norm counts and per-bin Grams"
+    return _held_levels(
+        partition_level_grams, LevelGrams.__add__, parts, loader, executor, progress, label
+    )
