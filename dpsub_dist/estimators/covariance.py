@@ -314,7 +314,7 @@ def run_covariance(
             )
         except norm_bound.TooFewForBound as err:
             raise InputError(str(err)) from None
-    centring.check_bounds(config, grants, dataset.n_rows)  # the mean's, the explained variance's
+    centring.check_bounds(config, grants, dataset.n_rows)  # the private mean's bound
     # Up to four passes follow: each partition is read once and held when the rows fit
     # (row level; engine/row_cache.py), which changes no released value.
     dataset = cache_rows(dataset, executor, user_level=relation == "add_remove")

@@ -115,7 +115,7 @@ def run_sample_aggregate(
             f"use more data, fewer --subsets (≥ {sa.minimum_subsets(config.method, grants)} "
             "at this budget), or a larger budget"
         )
-    centring.check_bounds(config, grants, n)  # the private mean's and explained variance's bounds
+    centring.check_bounds(config, grants, n)  # the private mean's bound
     seed = public_seed(config)
     sa.check_scale(config.method, config.scale, sa.reference_points(seed, dim, q))
     subset_plan = SubsetPlan(
