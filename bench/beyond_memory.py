@@ -10,7 +10,11 @@ gives the error), polling every 0.2 s the resident memory of every process of th
   ledger, and ``dpsub run JOB --ledger LEDGER --scheduler ADDRESS --run-id scale-1``; with
   ``--kill-at-mib M`` the first worker whose RSS passes M MiB is sent SIGKILL (what the
   kernel's OOM killer does), then the same run id is run again. The ledger's records for
-  the run id and the published budget are reported after each attempt.
+  the run id and the published budget are reported after each attempt. With
+  ``--oom-limit-mib M`` instead, the last worker is moved into its own memory cgroup
+  (cgroup v1, ``memory.limit_in_bytes`` = M MiB; needs root) and the **kernel's OOM
+  killer** ends it when its memory passes M — a real out-of-memory kill, not a signal
+  sent by the bench (:class:`MemoryCgroup`).
 
 Reported per attempt: exit code, wall time, peak RSS per process (driver, scheduler,
 each worker), the manifest's route and bytes gathered to the driver, and the error
@@ -48,6 +52,7 @@ class TreeMemory:
         self.peak: dict[str, int] = {}
         self.kill_at: int | None = None
         self.killed: dict[str, Any] | None = None
+        self.gone: dict[str, float] = {}  # named processes that ended: seconds after the start
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._started = time.monotonic()
@@ -58,8 +63,12 @@ class TreeMemory:
         found = {}
         for name, pid in self.named.items():
             try:
-                found[name] = psutil.Process(pid)
+                proc = psutil.Process(pid)
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    raise psutil.NoSuchProcess(pid)
+                found[name] = proc
             except psutil.NoSuchProcess:
+                self.gone.setdefault(name, round(time.monotonic() - self._started, 1))
                 continue
         if self.root is not None:
             try:
@@ -101,6 +110,42 @@ class TreeMemory:
 
     def report(self) -> dict[str, float]:
         return {name: _mib(rss) for name, rss in sorted(self.peak.items())}
+
+
+CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
+
+
+class MemoryCgroup:
+    """A cgroup-v1 memory cgroup with a hard limit: the kernel OOM-kills a process in it that
+    passes the limit (``memory.oom_control`` counts the kills)."""
+
+    def __init__(self, limit_mib: float) -> None:
+        if not (CGROUP_ROOT / "memory.limit_in_bytes").exists() or os.geteuid() != 0:
+            raise SystemExit(
+                f"--oom-limit-mib needs root and the cgroup-v1 memory controller at {CGROUP_ROOT}"
+            )
+        self.path = CGROUP_ROOT / f"dpsub-bench-{os.getpid()}"
+        self.path.mkdir()
+        (self.path / "memory.limit_in_bytes").write_text(str(int(limit_mib * 2**20)))
+        self.limit_mib = limit_mib
+
+    def add(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def oom_kills(self) -> int:
+        fields = dict(
+            line.split() for line in (self.path / "memory.oom_control").read_text().splitlines()
+        )
+        return int(fields.get("oom_kill", 0))
+
+    def peak_mib(self) -> float:
+        return _mib(int((self.path / "memory.max_usage_in_bytes").read_text()))
+
+    def remove(self) -> None:
+        try:
+            self.path.rmdir()
+        except OSError as err:  # a process still inside: leave it for the operator
+            common.log(f"could not remove {self.path}: {err}")
 
 
 def _role(proc: Any) -> str:
@@ -194,9 +239,13 @@ def run_command_line(args: Any, truth: np.ndarray, work: Path) -> list[dict[str,
     cluster = start_cluster(
         work / "cluster", workers=args.workers, nanny=False, memory_limit=args.memory_limit
     )
+    cgroup = MemoryCgroup(args.oom_limit_mib) if args.oom_limit_mib else None
     try:
         named = {"scheduler": cluster.scheduler.pid}
         named.update({f"worker-{i}": p.pid for i, p in enumerate(cluster.workers)})
+        if cgroup is not None:  # the last worker: the kernel kills it past the limit
+            cgroup.add(cluster.workers[-1].pid)
+            common.log(f"worker-{len(cluster.workers) - 1} in {cgroup.path}")
         command = [DPSUB, "run", str(job), "--ledger", ledger, "--scheduler", cluster.address]
         command += ["--run-id", "scale-1"]
         for attempt in ("first", "again"):
@@ -206,6 +255,16 @@ def run_command_line(args: Any, truth: np.ndarray, work: Path) -> list[dict[str,
                 memory.kill_at = None
             record = {"attempt": attempt, **_attempt(command, memory, work / "dpsub.log")}
             record["killed"] = memory.killed
+            if cgroup is not None:
+                victim = cluster.workers[-1]
+                record["kernel_oom"] = {
+                    "worker": f"worker-{len(cluster.workers) - 1}",
+                    "limit_mib": cgroup.limit_mib,
+                    "oom_kills": cgroup.oom_kills(),
+                    "cgroup_peak_mib": cgroup.peak_mib(),
+                    "worker_exit": victim.poll(),
+                    "ended_after_s": memory.gone.get(f"worker-{len(cluster.workers) - 1}"),
+                }
             record["workers_left"] = len(cluster.worker_pids())
             record.update(_release(work / "out" / "scale-1", truth))
             record.update(_ledger_records(ledger, dataset))
@@ -213,6 +272,8 @@ def run_command_line(args: Any, truth: np.ndarray, work: Path) -> list[dict[str,
             records.append(record)
     finally:
         cluster.stop()
+        if cgroup is not None:
+            cgroup.remove()
     return records
 
 
@@ -225,8 +286,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-limit", default="1GiB", help="per worker")
     parser.add_argument("--command-line-cluster", action="store_true")
     parser.add_argument("--kill-at-mib", type=float, help="SIGKILL a worker past this RSS")
+    parser.add_argument(
+        "--oom-limit-mib",
+        type=float,
+        help="with --command-line-cluster: a memory cgroup of this size for the last worker, "
+        "so that the kernel's OOM killer ends it (root, cgroup v1)",
+    )
     parser.add_argument("--work-dir", type=Path, help="outputs and logs (default: a temp dir)")
     args = common.parse_args(parser, argv)
+    if args.oom_limit_mib and not args.command_line_cluster:
+        parser.error("--oom-limit-mib needs --command-line-cluster (its workers have no nanny)")
     run = common.BenchRun.start("beyond_memory", args)
     truth = np.load(args.data / "_truth" / "basis.npy")
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="beyond-memory-"))
@@ -244,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         "memory_limit": args.memory_limit,
         "command_line_cluster": args.command_line_cluster,
         "kill_at_mib": args.kill_at_mib,
+        "oom_limit_mib": args.oom_limit_mib,
         "epsilon": args.epsilon,
         "delta": args.delta,
     }

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -42,6 +43,16 @@ def test_beyond_memory_reports_each_process_and_the_error(tmp_path):
     assert record["error"] < 0.2 and record["bytes_gathered"] > 0
     assert record["peak_rss_mib"]["driver"] > 0 and len(record["peak_rss_mib"]) >= 2
     assert document["parameters"]["memory_limit"] == "400MiB"
+
+
+def test_beyond_memory_oom_limit_needs_a_command_line_cluster(tmp_path, capsys):
+    """The kernel-OOM option moves a nanny-less worker into a cgroup: without one, refused."""
+    from bench import beyond_memory
+
+    with pytest.raises(SystemExit) as exit_info:
+        beyond_memory.main([str(tmp_path), "--oom-limit-mib", "300"])
+    assert exit_info.value.code == 2
+    assert "--command-line-cluster" in capsys.readouterr().err
 
 
 def test_generated_rows_draw_the_same_rows_per_chunk_and_fit():
