@@ -254,7 +254,7 @@ def test_power_compares_methods_and_records_what_it_skips(dirs):
     for record in records:
         if record["status"] == "ok" and record["method"] != "friendly":  # friendly: no gap here
             assert 0.9 < record["captured_variance"] <= 1.0 + 1e-9, record
-            assert record["worker_cpu_s"] > 0 and len(record["load_average"]) == 2
+            assert record["worker_cpu_s"] >= 0 and len(record["load_average"]) == 2
 
 
 def test_power_captured_variance_is_the_top_k_share():
