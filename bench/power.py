@@ -17,7 +17,9 @@ up to ``--max-friendly-dim``.
 
 Example (docs/power.md): ``nice -n 10 python -m bench.power --dims 1000,10000 --rows 100000``;
 the speed runs of docs/power.md ("Speed at D = 10⁵") add ``--methods power --center
---memory-limit 2.5GiB``.
+--memory-limit 2.5GiB``. gauss at D = 10⁴ needs about 5.2 GiB per worker (a partition's
+800 MB Gram and its symmetrised copies, beside partial sums) and a 3.3 GiB driver: the n = 10⁶
+comparison ran it with ``--workers 1 --memory-limit 7GiB`` (2 × 4.5 GiB were killed).
 """
 
 from __future__ import annotations
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                     if method == "power":
                         extra = {"iterations": args.iterations, "oversample": args.oversample}
                         extra["center"] = True if args.center else None
-                    cpu = worker_cpu_seconds(client)
+                    cpu, load = worker_cpu_seconds(client), os.getloadavg()[0]
                     with common.PeakMemory(client) as memory, DriverPeak() as driver:
                         record = common.run_dpsub(
                             method,
@@ -166,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                     record = {**base, **common.drop_arrays(record), **memory.report()}
                     record["peak_driver_rss_mib"] = round(driver.peak / 2**20, 1)
                     record["worker_cpu_s"] = round(worker_cpu_seconds(client) - cpu, 1)
+                    # the others' load on the shared cores: 1-minute averages at start and end
+                    record["load_average"] = [round(load, 2), round(os.getloadavg()[0], 2)]
                     record["captured_variance"] = (
                         None if basis is None else captured(basis, lam, args.rank)
                     )
@@ -175,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"captured={record['captured_variance']} error={record.get('error')} "
                         f"{record['wall_s']:.1f}s (worker CPU {record['worker_cpu_s']}s) "
                         f"driver {record['peak_driver_rss_mib']} MiB "
-                        f"worker {record['peak_worker_rss_mib']} MiB passes {passes(record)}"
+                        f"worker {record['peak_worker_rss_mib']} MiB passes {passes(record)} "
+                        f"load {record['load_average']}"
                     )
     parameters = {
         "rows": args.rows,

@@ -20,6 +20,7 @@ from bench import (  # noqa: E402
     mean_estimation,
     memory,
     peers,
+    power,
     power_profile,
     report,
     speed,
@@ -237,6 +238,31 @@ def test_power_profile_times_both_forms_of_a_partition(dirs):
     stages = {r["stage"] for r in records}
     assert {"float64: total", "native: total", "generate (bench source)"} <= stages
     assert len(stages) == 14 and all(r["cpu_s"] >= 0 for r in records)
+
+
+def test_power_compares_methods_and_records_what_it_skips(dirs):
+    """docs/power.md's comparison table: every method run where it fits, skipped by name where
+    it does not, with captured variance, CPU seconds, memory and the load around each run."""
+    argv = ["--dims", "30,200", "--rows", "4000", "--block-rows", "1000", "--workers", "1"]
+    argv += ["--epsilon", "10", "--max-gram-gib", "1e-4", "--max-friendly-dim", "100"]
+    assert power.main(argv + _common(dirs)) == 0
+    records = _read(dirs, "power")["records"]
+    status = {(r["dim"], r["method"]): r["status"] for r in records}
+    assert status[(200, "gauss")] == "not_run_gram_too_large"  # 0.0003 GiB > 1e-4
+    assert status[(200, "friendly")] == "not_run_dim"
+    assert status[(30, "gauss")] == "ok" and status[(200, "power")] == "ok"
+    for record in records:
+        if record["status"] == "ok" and record["method"] != "friendly":  # friendly: no gap here
+            assert 0.9 < record["captured_variance"] <= 1.0 + 1e-9, record
+            assert record["worker_cpu_s"] >= 0 and len(record["load_average"]) == 2
+
+
+def test_power_captured_variance_is_the_top_k_share():
+    lam = power.spectrum(5, 2.0)  # 1, 1/4, 1/9, 1/16, 1/25
+    top = np.eye(5)[:, :2]
+    assert power.captured(top, lam, 2) == pytest.approx(1.0)
+    tail = np.eye(5)[:, 3:]  # e₄, e₅
+    assert power.captured(tail, lam, 2) == pytest.approx((1 / 16 + 1 / 25) / (1 + 1 / 4))
 
 
 @pytest.mark.slow
