@@ -243,9 +243,10 @@ def run_command_line(args: Any, truth: np.ndarray, work: Path) -> list[dict[str,
     try:
         named = {"scheduler": cluster.scheduler.pid}
         named.update({f"worker-{i}": p.pid for i, p in enumerate(cluster.workers)})
-        if cgroup is not None:  # the last worker: the kernel kills it past the limit
+        victim = f"worker-{len(cluster.workers) - 1}"  # the last worker
+        if cgroup is not None:  # the kernel kills it past the limit
             cgroup.add(cluster.workers[-1].pid)
-            common.log(f"worker-{len(cluster.workers) - 1} in {cgroup.path}")
+            common.log(f"{victim} in {cgroup.path}")
         command = [DPSUB, "run", str(job), "--ledger", ledger, "--scheduler", cluster.address]
         command += ["--run-id", "scale-1"]
         for attempt in ("first", "again"):
@@ -256,14 +257,13 @@ def run_command_line(args: Any, truth: np.ndarray, work: Path) -> list[dict[str,
             record = {"attempt": attempt, **_attempt(command, memory, work / "dpsub.log")}
             record["killed"] = memory.killed
             if cgroup is not None:
-                victim = cluster.workers[-1]
                 record["kernel_oom"] = {
-                    "worker": f"worker-{len(cluster.workers) - 1}",
+                    "worker": victim,
                     "limit_mib": cgroup.limit_mib,
                     "oom_kills": cgroup.oom_kills(),
                     "cgroup_peak_mib": cgroup.peak_mib(),
-                    "worker_exit": victim.poll(),
-                    "ended_after_s": memory.gone.get(f"worker-{len(cluster.workers) - 1}"),
+                    "worker_exit": cluster.workers[-1].poll(),
+                    "ended_after_s": memory.gone.get(victim),
                 }
             record["workers_left"] = len(cluster.worker_pids())
             record.update(_release(work / "out" / "scale-1", truth))
