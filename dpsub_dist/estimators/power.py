@@ -62,6 +62,14 @@ from dpsub_dist.estimators.common import (
     plan,
     public_seed,
 )
+from dpsub_dist.estimators.norm_pass import (
+    LevelProducts,
+    fuse_level_products,
+    gather_clipped_product,
+    held_levels,
+    level_products,
+)
+from dpsub_dist.linalg import row_norms
 from dpsub_dist.privacy import power
 from dpsub_dist.privacy.accountant import laplace_epsilon
 from dpsub_dist.privacy.noise import noise_rng
@@ -207,11 +215,44 @@ def _load_weighted(
     return rows, weights
 
 
+NORM_CHUNK_BYTES = 4 * 2**20
+"""float64 rows :func:`_counted_rows` converts at a time to take their norms (cache-sized)."""
+
+
+def _counted_rows(loader: Loader, part: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A partition's rows in their own precision (:func:`load_native`, as an iteration pass
+    reads them) and their norms exactly as the separate counting pass takes them
+    (:func:`~dpsub_dist.privacy.norm_bound.norm_counts` of ``loader(part)``'s float64 rows:
+    :func:`row_norms`), so that both passes bin every row alike, on a bin's edge too. Float32
+    rows are converted (and, centred, shifted by the float64 mean) a few rows at a time, as
+    the loader's float64 rows would be: per row the same float64 values and the same sum."""
+    rows, _ = load_native(loader, part)
+    if rows.dtype != np.float32:  # the loader's own float64 rows
+        return rows, row_norms(rows)
+    centred = isinstance(loader, centring.CentredLoader)
+    base = load_native(loader.loader, part)[0] if centred else rows
+    shift = loader.mean if centred else 0.0
+    step = max(1, NORM_CHUNK_BYTES // (8 * max(base.shape[1], 1)))
+    norms = [
+        row_norms(np.asarray(base[s : s + step], dtype=np.float64) - shift)
+        for s in range(0, len(base), step)
+    ]
+    return rows, np.concatenate(norms) if norms else np.zeros(0)
+
+
+def _level_products(loader: Loader, part: Any, basis: np.ndarray) -> LevelProducts:
+    """One partition's counts and per-bin products with ``V₀`` (runs on a worker)."""
+    rows, norms = _counted_rows(loader, part)
+    return level_products(rows, norms, basis)
+
+
 class RowPasses:
     """One pass over the clipped rows per call: ``Σ_p X_pᵀ(w ⊙ X_p V)`` summed on the workers.
 
     ``loader`` gives the rows (centred by the released mean when centring). Holds the cached
     rows and weights (futures on the workers, or arrays in process) when they fit.
+    ``bound`` None: the private bound is released by :meth:`fused_first` (the bound's counts
+    and the first product in one read, :func:`fuse_bound`) before the first call.
     ``user_level``: one extra pass first sums each user's squared norms of the clipped rows (a
     per-user table kept on the workers, :func:`dpsub_dist.engine.gram.user_squared_norms`),
     and every pass divides each row's weight by its user's ``max(1, total)``
@@ -222,7 +263,7 @@ class RowPasses:
         self,
         dataset: Dataset,
         loader: Loader,
-        bound: float,
+        bound: float | None,
         executor: Executor,
         progress: bool,
         user_level: bool = False,
@@ -235,6 +276,31 @@ class RowPasses:
         self.cached = rows_fit(dataset.n_rows, dataset.dim, executor)
         self._rows: list[Any] | None = None
         self._users: Any = None
+        self._first: tuple[np.ndarray, np.ndarray] | None = None
+
+    def fused_first(self, basis: np.ndarray, release: Callable[[np.ndarray], float]) -> float:
+        """The bound's pass and the first iteration's in one read (row level, rows not held):
+        every partition's norm counts on the public grid and, per filled bin, ``Σ x(xᵀV₀)``
+        and ``Σ x(xᵀV₀)/‖x‖²`` (:class:`~dpsub_dist.estimators.norm_pass.LevelProducts`),
+        tree-summed and held on the workers. ``release`` turns the summed counts into the
+        bound (the sparse vector, charged there); then only ``C V₀`` at that bound reaches
+        the driver, and the first call with ``basis`` returns it. Returns the bound."""
+        self.passes += 1
+        label = f"{len(self.dataset.parts)} partitions → row-norm counts and per-bin C·V₀"
+        shared = dask.delayed(basis, pure=True)
+        counts, held = held_levels(
+            _level_products,
+            LevelProducts.__add__,
+            self.dataset.parts,
+            self.loader,
+            self.executor,
+            self.progress,
+            label,
+            shared,
+        )
+        self.bound = release(counts)
+        self._first = (basis, gather_clipped_product(held, self.bound, self.executor))
+        return self.bound
 
     def _user_norms(self) -> Any:
         """User level: each user's Σ‖x‖² of clipped, scaled rows, on the workers (None at row
@@ -257,6 +323,9 @@ class RowPasses:
 
     def __call__(self, basis: np.ndarray) -> np.ndarray:
         """``C V`` of all clipped (and, at user level, per-user scaled) rows."""
+        if self._first is not None and self._first[0] is basis:  # :meth:`fused_first`'s
+            product, self._first = self._first[1], None
+            return product
         self.passes += 1
         if not self.dataset.parts:  # user level only (n < 1 is refused at row level): C = 0
             return np.zeros_like(basis)
@@ -272,6 +341,19 @@ class RowPasses:
                 product(self.loader, self.bound, part, users, shared) for part in self.dataset.parts
             ]
         return sum_on_workers(tasks, self.executor, label, self.progress)
+
+
+def fuse_bound(passes: RowPasses, width: int) -> bool:
+    """Whether the private bound's pass is fused into the first iteration (public facts
+    only): row level (the caller's), rows re-read every pass (not cached: held rows cost no
+    read) and D·k′ small enough for the per-bin products whatever the data
+    (:func:`~dpsub_dist.estimators.norm_pass.fuse_level_products`). T reads of the rows
+    instead of T + 1, the same released values (:meth:`RowPasses.fused_first`)."""
+    return (
+        not passes.cached
+        and bool(passes.dataset.parts)
+        and fuse_level_products(passes.dataset.dim, width)
+    )
 
 
 def run_power(
@@ -325,13 +407,27 @@ def run_power(
             )
         row_norm, norm_source = released.bound, USER_BOUND_SOURCE.format(q=released.quantile)
     elif config.row_norm is None:
-        args = (dataset, loader, accountant, grants, rng, executor, progress)
-        row_norm = centring.private_bound(step, *args, quantile=quantile)
         norm_source = BOUND_SOURCE.format(q=quantile, step=step)
+        row_norm = None  # released below: by its own pass, or with the first iteration's
     else:
         row_norm, norm_source = float(config.row_norm), "public (--row-norm)"
-    timings["norm_bound_s"] = time.monotonic() - mark
+    start = power.start_basis(dataset.dim, k_prime, seed)
     passes = RowPasses(dataset, loader, row_norm, executor, progress, user_level)
+    fused = row_norm is None and fuse_bound(passes, k_prime)
+    timings["fused_bound"] = fused  # operator-only: which passes ran
+    if row_norm is None:
+
+        def release_bound(counts: np.ndarray) -> float:
+            n_rows = dataset.n_rows
+            return centring.release_bound(step, counts, n_rows, accountant, grants, rng, quantile)
+
+        if fused:
+            row_norm = passes.fused_first(start, release_bound)
+        else:
+            args = (dataset, loader, accountant, grants, rng, executor, progress)
+            row_norm = centring.private_bound(step, *args, quantile=quantile)
+            passes.bound = row_norm
+    timings["norm_bound_s"] = time.monotonic() - mark  # fused: the first iteration's pass too
 
     def multiply(basis: np.ndarray, t: int) -> np.ndarray:
         mark = time.monotonic()
@@ -345,7 +441,7 @@ def run_power(
 
     release = power.noisy_power_method(
         multiply,
-        power.start_basis(dataset.dim, k_prime, seed),
+        start,
         config.rank,
         steps,
         grants["power"],
