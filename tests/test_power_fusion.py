@@ -152,7 +152,8 @@ def _rows() -> np.ndarray:
 
 
 def _with_empty_parts(data: Any) -> Any:
-    parts = [data.parts[0][:0], *data.parts, data.parts[0][:0]]
+    """Two empty partitions, first and last (of two dtypes: equal ones would be one task)."""
+    parts = [data.parts[0][:0], *data.parts, data.parts[0][:0].astype(np.float32)]
     offsets = [0, *data.offsets, data.n_rows]
     return dataclasses.replace(data, parts=parts, offsets=offsets)
 
@@ -242,3 +243,51 @@ def test_only_counts_and_one_product_per_pass_reach_the_driver(monkeypatch, dask
     local = run_estimate(config, lambda _e: data, None, noise_seed=NOISE_SEED)
     assert local.timings["fused_bound"]
     assert np.abs(result.basis - local.basis).max() <= 1e-10
+
+
+class _Capture:
+    """An executor that records the graph of what it is asked to compute (never runs it)."""
+
+    client = None
+    memory_limit = None
+
+    def __init__(self) -> None:
+        self.graph: dict[Any, Any] = {}
+
+    def compute(self, root: Any, tasks: list[Any], label: str, progress: bool) -> Any:
+        for task in [root, *tasks]:
+            self.graph.update(dict(task.__dask_graph__()))
+        return np.zeros(len(GRID) + 1)
+
+    def persist(self, tasks: list[Any]) -> list[Any]:
+        self.compute(tasks[0], tasks, "", False)
+        return tasks
+
+
+def test_the_loader_is_one_key_of_a_pass_not_a_copy_in_every_task() -> None:
+    """Wide array sources carry D column names in their loader: passed to every task, Dask
+    walked them once per task on the driver (0.5 s per task at D = 10⁵, docs/power.md "Where
+    the workers wait") and shipped them in every task. Each pass's graph holds them once."""
+    import pickle
+
+    rows = np.ones((40, 3000))
+    data = array_dataset(rows, [f"feature_{j}_marker" for j in range(3000)])
+    data = dataclasses.replace(data, parts=[rows[:10], rows[10:25], rows[25:]])
+    marker = b"feature_2999_marker"
+    basis = power.start_basis(3000, 2, seed=1)
+
+    def holding(graph: dict[Any, Any]) -> int:
+        return sum(marker in pickle.dumps(value) for value in graph.values())
+
+    executor = _Capture()
+    passes = runner.RowPasses(data, data.loader, 1.0, executor, False)  # type: ignore[arg-type]
+    passes.cached = False
+    passes(basis)
+    assert holding(executor.graph) == 1
+    executor = _Capture()
+    norm_pass.compute_norm_counts(data.parts, data.loader, executor, False)  # type: ignore[arg-type]
+    assert holding(executor.graph) == 1
+    executor = _Capture()
+    passes = runner.RowPasses(data, data.loader, None, executor, False)  # type: ignore[arg-type]
+    passes.fused_first(basis, lambda counts: 1.0)
+    assert holding(executor.graph) == 1

@@ -30,6 +30,7 @@ from dpsub_dist.engine.gram import (
     CLIP_MARGIN,
     add_gram,
     add_user_norms,
+    one_key,
     sum_on_workers,
     symmetric,
     user_squared_norms,
@@ -56,7 +57,8 @@ def compute_norm_counts(
 ) -> np.ndarray:
     """Row counts per bin of the public norm grid (:func:`norm_counts`), summed on the workers."""
     count = dask.delayed(_partition_norm_counts, pure=True)
-    tasks = [count(loader, part) for part in parts]
+    shared = one_key(loader)
+    tasks = [count(shared, part) for part in parts]
     return sum_on_workers(tasks, executor, f"{len(parts)} partitions → row-norm counts", progress)
 
 
@@ -70,7 +72,8 @@ def compute_user_norm_counts(
     """Counts of users per bin of the public grid by ``√Σ‖x‖²`` over their rows: the per-user
     tables are summed in a tree on the workers and binned there."""
     squares = dask.delayed(user_squared_norms, pure=True)
-    tasks = [squares(loader, None, part) for part in parts]
+    shared = one_key(loader)
+    tasks = [squares(shared, None, part) for part in parts]
     total = tree_sum(tasks, dask.delayed(add_user_norms, pure=True), tasks)
     root = dask.delayed(_user_histogram, pure=True)(total)
     label = f"{len(parts)} partitions → per-user norm counts"
@@ -165,7 +168,8 @@ def held_levels(
 ) -> tuple[np.ndarray, Any]:
     """One read: ``partition(loader, part, *extra)`` per part, tree-summed by ``add`` and held
     on the workers; only the summed counts reach the driver."""
-    tasks = [dask.delayed(partition, pure=True)(loader, part, *extra) for part in parts]
+    shared = one_key(loader)
+    tasks = [dask.delayed(partition, pure=True)(shared, part, *extra) for part in parts]
     root = tree_sum(tasks, dask.delayed(add, pure=True), tasks)
     (held,) = executor.persist([root])  # runs the pass; progress counts its one output
     counts = dask.delayed(_counts, pure=True)(held)

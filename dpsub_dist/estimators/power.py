@@ -46,6 +46,7 @@ from dpsub_dist.engine.compute import Executor, tree_sum
 from dpsub_dist.engine.gram import (
     add_user_norms,
     clip_weights,
+    one_key,
     sum_on_workers,
     user_squared_norms,
     user_totals,
@@ -269,6 +270,7 @@ class RowPasses:
         user_level: bool = False,
     ) -> None:
         self.dataset, self.loader, self.bound = dataset, loader, bound
+        self._loader = one_key(loader)  # one key, not walked per task (:func:`one_key`)
         self.executor, self.progress, self.user_level = executor, progress, user_level
         self.passes = 0
         # Time and memory only, never a published value (n is private at user level: the
@@ -308,7 +310,7 @@ class RowPasses:
         if not self.user_level or self._users is not None:
             return self._users
         norms = dask.delayed(user_squared_norms, pure=True)
-        tasks = [norms(self.loader, self.bound, part) for part in self.dataset.parts]
+        tasks = [norms(self._loader, self.bound, part) for part in self.dataset.parts]
         root = tree_sum(tasks, dask.delayed(add_user_norms, pure=True), tasks)
         (self._users,) = self.executor.persist([root])
         return self._users
@@ -317,7 +319,7 @@ class RowPasses:
         if self._rows is None:
             load = dask.delayed(_load_weighted, pure=True)
             users = self._user_norms()
-            rows = [load(self.loader, self.bound, part, users) for part in self.dataset.parts]
+            rows = [load(self._loader, self.bound, part, users) for part in self.dataset.parts]
             self._rows = self.executor.persist(rows)
         return self._rows
 
@@ -338,7 +340,8 @@ class RowPasses:
             product = dask.delayed(_load_product, pure=True)
             users = self._user_norms()
             tasks = [
-                product(self.loader, self.bound, part, users, shared) for part in self.dataset.parts
+                product(self._loader, self.bound, part, users, shared)
+                for part in self.dataset.parts
             ]
         return sum_on_workers(tasks, self.executor, label, self.progress)
 
