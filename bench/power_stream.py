@@ -28,6 +28,8 @@ from bench.power import generated_array, worker_cpu_seconds
 KINDS = {
     "polynomial_block": "generate",
     "_load_product": "product",
+    "_weighted_product": "product (held rows)",
+    "_load_weighted": "load held rows",
     "_level_products": "fused bound + product",
     "_partition_norm_counts": "bound counts",
     "add": "tree sum",

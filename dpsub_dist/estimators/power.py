@@ -10,6 +10,15 @@ on the workers (:func:`dpsub_dist.engine.gram.sum_on_workers`): the driver recei
 ``D × k'`` matrix per iteration and holds ``O(D·k')`` numbers; nothing ``D × D`` exists
 anywhere. Costs per pass: docs/power.md, "Speed at D = 10⁵".
 
+The private bound's counting pass is the first iteration's where the rows are re-read every
+pass (row level, :func:`fuse_bound`: public facts only): every partition keeps its norm
+counts and, per filled bin of the norm grid, ``Σ x(xᵀV₀)`` and ``Σ x(xᵀV₀)/‖x‖²`` for the
+public start ``V₀`` (:class:`~dpsub_dist.estimators.norm_pass.LevelProducts`), held on the
+workers; the driver releases the bound from the counts, then receives ``C V₀`` at it
+(:meth:`RowPasses.fused_first`: T reads of the rows instead of T + 1, the same released
+values; privacy argument there). Each pass's graph takes the loader as one key
+(:func:`~dpsub_dist.engine.gram.one_key`), not as an argument Dask walks for every task.
+
 The rows and their weights stay in the workers' memory between iterations when ``n·D·8``
 bytes (row count from the footers: public at row level) fit as the covariance family's row
 cache decides (:func:`dpsub_dist.engine.row_cache.rows_fit`: a quarter of the workers' memory
@@ -286,7 +295,19 @@ class RowPasses:
         and ``Σ x(xᵀV₀)/‖x‖²`` (:class:`~dpsub_dist.estimators.norm_pass.LevelProducts`),
         tree-summed and held on the workers. ``release`` turns the summed counts into the
         bound (the sparse vector, charged there); then only ``C V₀`` at that bound reaches
-        the driver, and the first call with ``basis`` returns it. Returns the bound."""
+        the driver, and the first call with ``basis`` returns it. Returns the bound.
+
+        Privacy: unchanged from the two passes. The counts are the counting pass's exactly
+        (:func:`_counted_rows`: the same float64 norms, so the same bins), so the bound is the
+        same release of them, at the same cost, with the same draws in the same order. The
+        product is ``m·(Σ_{bins ≤ B} Σ x(xᵀV₀)/B² + Σ_{bins > B} Σ x(xᵀV₀)/‖x‖²)`` — B is a
+        grid value, so every bin lies wholly on one side of it — which is
+        ``Σ w x(xᵀV₀)`` with the iteration's weights ``w = m/max(‖x‖, B)²``: the same function
+        of the rows and B up to float rounding (rows added by bin, then scaled), so its
+        sensitivity and its noise are the first iteration's (:mod:`dpsub_dist.privacy.power`).
+        ``V₀`` is public (the public seed), fixed before any read. The per-bin sums, which may
+        hold a single row, are never published and never leave the workers; the driver
+        receives the counts (as from the separate pass) and the one D × k′ product."""
         self.passes += 1
         label = f"{len(self.dataset.parts)} partitions → row-norm counts and per-bin C·V₀"
         shared = dask.delayed(basis, pure=True)
