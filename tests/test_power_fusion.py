@@ -266,7 +266,7 @@ class _Capture:
 
 def test_the_loader_is_one_key_of_a_pass_not_a_copy_in_every_task() -> None:
     """Wide array sources carry D column names in their loader: passed to every task, Dask
-    walked them once per task on the driver (0.5 s per task at D = 10⁵, docs/power.md "Where
+    walked them once per task on the driver (≈ 0.26 s per task at D = 10⁵, docs/power.md "Where
     the workers wait") and shipped them in every task. Each pass's graph holds them once."""
     import pickle
 
