@@ -13,7 +13,9 @@ process, which on a shared machine move much less than wall seconds):
 
 Also the ``D × k'`` float64 addition of the tree sum, the partition tasks of a centred run's
 three preliminary passes (bound of the raw rows, clipped row sum, bound of the centred rows:
-float64, shared with gauss) and the centred float32 rows of the native form. Example
+float64, shared with gauss), the centred float32 rows of the native form and the fused first
+pass's task (the bound's counts and the per-bin products with V₀, which replace a bound pass
+and the first iteration's task). Example
 (docs/power.md): ``nice -n 10 python -m bench.power_profile --dims 10000,100000 --rows 1000``.
 """
 
@@ -72,6 +74,9 @@ def stages(block: np.ndarray, basis: np.ndarray, bound: float) -> dict[str, Call
             centred, block
         ),
         "centred native rows (float32 copy minus the mean)": lambda: load_native(centred, block),
+        "fused: bound counts + per-bin C·V₀ (the first pass's task)": lambda: (
+            runner._level_products(loader, block, basis)
+        ),
     }
 
 

@@ -22,6 +22,7 @@ from bench import (  # noqa: E402
     peers,
     power,
     power_profile,
+    power_stream,
     report,
     speed,
     utility_dim,
@@ -237,7 +238,25 @@ def test_power_profile_times_both_forms_of_a_partition(dirs):
     records = _read(dirs, "power_profile")["records"]
     stages = {r["stage"] for r in records}
     assert {"float64: total", "native: total", "generate (bench source)"} <= stages
-    assert len(stages) == 14 and all(r["cpu_s"] >= 0 for r in records)
+    assert len(stages) == 15 and all(r["cpu_s"] >= 0 for r in records)
+    assert "fused: bound counts + per-bin C·V₀ (the first pass's task)" in stages
+
+
+def test_power_stream_splits_the_workers_time(dirs):
+    """docs/power.md "Where the workers wait": compute by kind, idle between and within passes,
+    the workers' and the driver's CPU seconds; the bound fused with the first pass."""
+    argv = ["--dims", "300", "--rows", "4000", "--block-rows", "1000", "--iterations", "3"]
+    assert power_stream.main([*argv, "--memory-limit", "1GiB", *_common(dirs)]) == 0
+    (record,) = _read(dirs, "power_stream")["records"]
+    timings = record["timings"]  # rows this small are held: the bound keeps its own pass
+    assert record["passes"] == 3 and timings["cached_rows"] and not timings["fused_bound"]
+    assert record["worker_cpu_s"] > 0 and record["driver_main_thread_cpu_s"] >= 0
+    assert len(record["workers"]) == 2
+    kinds = set()
+    for worker in record["workers"].values():
+        assert worker["compute_s"] > 0 and worker["idle_between_passes_s"] >= 0
+        kinds |= set(worker["busy_s"])
+    assert {"product (held rows)", "bound counts", "tree sum"} <= kinds
 
 
 def test_power_compares_methods_and_records_what_it_skips(dirs):

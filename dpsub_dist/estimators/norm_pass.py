@@ -10,6 +10,10 @@ receives the counts, then the one clipped sum at the bound it released.
 :class:`LevelGrams` does the same for the covariance family's bound and Gram (issue #16): per
 non-empty bin, ``Σ yyᵀ`` and ``Σ yyᵀ/‖y‖²``, from which the clipped Gram at any grid value
 follows; the driver receives the counts, then the one Gram at the bound it released.
+
+:class:`LevelProducts` does the same for ``--method power``'s bound and first iteration
+(issue #17): per non-empty bin, ``Σ x(xᵀV₀)`` and ``Σ x(xᵀV₀)/‖x‖²`` for the public start
+``V₀`` (``D × k′`` each), from which the first product ``C V₀`` at any grid value follows.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ from scipy import sparse
 
 from dpsub_dist.engine.compute import Executor, tree_sum
 from dpsub_dist.engine.gram import (
+    CLIP_MARGIN,
     add_gram,
     add_user_norms,
+    one_key,
     sum_on_workers,
     symmetric,
     user_squared_norms,
@@ -51,7 +57,8 @@ def compute_norm_counts(
 ) -> np.ndarray:
     """Row counts per bin of the public norm grid (:func:`norm_counts`), summed on the workers."""
     count = dask.delayed(_partition_norm_counts, pure=True)
-    tasks = [count(loader, part) for part in parts]
+    shared = one_key(loader)
+    tasks = [count(shared, part) for part in parts]
     return sum_on_workers(tasks, executor, f"{len(parts)} partitions → row-norm counts", progress)
 
 
@@ -65,7 +72,8 @@ def compute_user_norm_counts(
     """Counts of users per bin of the public grid by ``√Σ‖x‖²`` over their rows: the per-user
     tables are summed in a tree on the workers and binned there."""
     squares = dask.delayed(user_squared_norms, pure=True)
-    tasks = [squares(loader, None, part) for part in parts]
+    shared = one_key(loader)
+    tasks = [squares(shared, None, part) for part in parts]
     total = tree_sum(tasks, dask.delayed(add_user_norms, pure=True), tasks)
     root = dask.delayed(_user_histogram, pure=True)(total)
     label = f"{len(parts)} partitions → per-user norm counts"
@@ -143,12 +151,12 @@ def compute_level_sums(
     """The norm counts (to the driver) and the held :class:`LevelSums` of all rows (a
     delayed value on the workers, for :func:`gather_clipped_sum`)."""
     label = f"{len(parts)} partitions → row-norm counts and clipped sums"
-    return _held_levels(
+    return held_levels(
         partition_level_sums, LevelSums.__add__, parts, loader, executor, progress, label
     )
 
 
-def _held_levels(
+def held_levels(
     partition: Any,
     add: Any,
     parts: list[Any],
@@ -156,10 +164,12 @@ def _held_levels(
     executor: Executor,
     progress: bool,
     label: str,
+    *extra: Any,
 ) -> tuple[np.ndarray, Any]:
-    """One read: ``partition(loader, part)`` per part, tree-summed by ``add`` and held on the
-    workers; only the summed counts reach the driver."""
-    tasks = [dask.delayed(partition, pure=True)(loader, part) for part in parts]
+    """One read: ``partition(loader, part, *extra)`` per part, tree-summed by ``add`` and held
+    on the workers; only the summed counts reach the driver."""
+    shared = one_key(loader)
+    tasks = [dask.delayed(partition, pure=True)(shared, part, *extra) for part in parts]
     root = tree_sum(tasks, dask.delayed(add, pure=True), tasks)
     (held,) = executor.persist([root])  # runs the pass; progress counts its one output
     counts = dask.delayed(_counts, pure=True)(held)
@@ -179,6 +189,12 @@ def gather_clipped_gram(held: Any, bound: float, executor: Executor) -> np.ndarr
 
 def _gather(held: Any, at_bound: Any, bound: float, executor: Executor, label: str) -> Any:
     return executor.compute(dask.delayed(at_bound, pure=True)(held, bound), [], label, False)
+
+
+def gather_clipped_product(held: Any, bound: float, executor: Executor) -> np.ndarray:
+    """The first power iteration's ``C V₀`` at the released ``bound``, computed where the
+    per-bin products are held: only that D × k′ matrix reaches the driver."""
+    return _gather(held, LevelProducts.clipped_product, bound, executor, "first C·V")
 
 
 def _counts(sums: LevelSums | LevelGrams) -> np.ndarray:
@@ -212,7 +228,7 @@ class LevelGrams:
     def __add__(self, other: LevelGrams) -> LevelGrams:
         counts = self.counts + other.counts
         if np.array_equal(self.levels, other.levels):
-            return LevelGrams(counts, self.levels, self.raw + other.raw, self.unit + other.unit)
+            return type(self)(counts, self.levels, self.raw + other.raw, self.unit + other.unit)
         levels = np.union1d(self.levels, other.levels)
         raw = np.zeros((len(levels), *self.raw.shape[1:]))
         unit = np.zeros_like(raw)
@@ -220,7 +236,7 @@ class LevelGrams:
             where = np.searchsorted(levels, part.levels)
             raw[where] += part.raw
             unit[where] += part.unit
-        return LevelGrams(counts, levels, raw, unit)
+        return type(self)(counts, levels, raw, unit)
 
     def clipped_gram(self, bound: float) -> np.ndarray:
         """``Σ cc ᵀ`` over ``c = y/max(‖y‖, bound)`` (:func:`~dpsub_dist.engine.gram.clip_rows`,
@@ -279,6 +295,61 @@ def compute_level_grams(
     """The norm counts (to the driver) and the held :class:`LevelGrams` of all rows (a
     delayed value on the workers, for :func:`gather_clipped_gram`): one read."""
     label = f"{len(parts)} partitions → row-norm counts and per-bin Grams"
-    return _held_levels(
+    return held_levels(
         partition_level_grams, LevelGrams.__add__, parts, loader, executor, progress, label
     )
+
+
+LEVEL_PRODUCTS_BYTES = 2 * 2**30
+"""Fuse power's bound with its first iteration only while a partition's (or a tree node's)
+:class:`LevelProducts` can take at most this many bytes whatever the data: 2 × 102 × D × k′
+floats if every bin holds a row (public: D and k′ only), so up to D·k′ ≈ 1.3·10⁶ (D = 10⁵ at
+the default k′ = 11: 1.8 GB in that worst case). Rows usually fill a few bins: 17.6 MB per
+filled bin there, against a generated block of 400 MB."""
+
+
+def fuse_level_products(dim: int, width: int) -> bool:
+    """Whether power's bound and first product ``C V₀`` take one read
+    (:data:`LEVEL_PRODUCTS_BYTES`, a function of D and k′ only)."""
+    return 2 * (len(GRID) + 1) * dim * width * 8 <= LEVEL_PRODUCTS_BYTES
+
+
+class LevelProducts(LevelGrams):
+    """:class:`LevelGrams` times the public start ``V₀`` (``D × k′``): per bin holding a row,
+    ``Σ x(xᵀV₀)`` (``raw``) and ``Σ x(xᵀV₀)/‖x‖²`` (``unit``), ``len(levels) × D × k′``
+    each, float64. Held on the workers: a bin may hold a single row."""
+
+    def clipped_product(self, bound: float) -> np.ndarray:
+        """``Σ w x(xᵀV₀)`` with ``w = m/max(‖x‖, bound)²`` (m = :data:`CLIP_MARGIN`, as
+        :func:`~dpsub_dist.engine.gram.clip_weights` weighs each row) for ``bound`` in the
+        grid: ``m·(Σ_{bins ≤ bound} raw/bound² + Σ_{bins > bound} unit)``
+        (:meth:`LevelGrams.clipped_gram`; a row exactly on the bound is in the bin ≤ it, where
+        both forms agree). Equal to the separate pass's product up to float rounding."""
+        return CLIP_MARGIN * self.clipped_gram(bound)
+
+
+def level_products(rows: np.ndarray, norms: np.ndarray, basis: np.ndarray) -> LevelProducts:
+    """One partition's :class:`LevelProducts` (runs on a worker) from its rows in their own
+    precision and their float64 ``norms`` (the counting pass's: the bins of
+    :func:`norm_counts`). ``P = XV₀`` and ``P/‖x‖²`` are formed once (``r × 2k′``, SGEMM for
+    float32 rows as :func:`~dpsub_dist.estimators.power._product`), then per filled bin one
+    ``X_bᵀ[P_b, P_b/‖x‖²]`` from a copy of the bin's rows: the same flops as an iteration's
+    ``Xᵀ(w ⊙ P)`` plus one copy of the block (measured at D = 10⁵, 1000 rows over 8 bins: as
+    fast as that product, docs/power.md)."""
+    bins = norm_bins(norms)
+    counts = np.bincount(bins, minlength=len(GRID) + 1).astype(np.int64)
+    levels = np.flatnonzero(counts)
+    dim, width = basis.shape
+    dtype = np.float32 if rows.dtype == np.float32 else np.float64
+    projected = rows @ basis.astype(dtype, copy=False)
+    unit = np.divide(1.0, norms * norms, out=np.zeros_like(norms), where=norms > 0)
+    both = np.concatenate([projected, (projected * unit[:, None]).astype(dtype)], axis=1)
+    order = np.argsort(bins, kind="stable")
+    raw = np.zeros((len(levels), dim, width))
+    scaled = np.zeros_like(raw)
+    stops = np.cumsum(counts[levels])
+    for i, (stop, size) in enumerate(zip(stops.tolist(), counts[levels].tolist(), strict=True)):
+        own = order[stop - size : stop]
+        product = rows[own].T @ both[own]
+        raw[i], scaled[i] = product[:, :width], product[:, width:]
+    return LevelProducts(counts, levels, raw, scaled)

@@ -10,6 +10,15 @@ on the workers (:func:`dpsub_dist.engine.gram.sum_on_workers`): the driver recei
 ``D × k'`` matrix per iteration and holds ``O(D·k')`` numbers; nothing ``D × D`` exists
 anywhere. Costs per pass: docs/power.md, "Speed at D = 10⁵".
 
+The private bound's counting pass is the first iteration's where the rows are re-read every
+pass (row level, :func:`fuse_bound`: public facts only): every partition keeps its norm
+counts and, per filled bin of the norm grid, ``Σ x(xᵀV₀)`` and ``Σ x(xᵀV₀)/‖x‖²`` for the
+public start ``V₀`` (:class:`~dpsub_dist.estimators.norm_pass.LevelProducts`), held on the
+workers; the driver releases the bound from the counts, then receives ``C V₀`` at it
+(:meth:`RowPasses.fused_first`: T reads of the rows instead of T + 1, the same released
+values; privacy argument there). Each pass's graph takes the loader as one key
+(:func:`~dpsub_dist.engine.gram.one_key`), not as an argument Dask walks for every task.
+
 The rows and their weights stay in the workers' memory between iterations when ``n·D·8``
 bytes (row count from the footers: public at row level) fit as the covariance family's row
 cache decides (:func:`dpsub_dist.engine.row_cache.rows_fit`: a quarter of the workers' memory
@@ -46,6 +55,7 @@ from dpsub_dist.engine.compute import Executor, tree_sum
 from dpsub_dist.engine.gram import (
     add_user_norms,
     clip_weights,
+    one_key,
     sum_on_workers,
     user_squared_norms,
     user_totals,
@@ -62,6 +72,14 @@ from dpsub_dist.estimators.common import (
     plan,
     public_seed,
 )
+from dpsub_dist.estimators.norm_pass import (
+    LevelProducts,
+    fuse_level_products,
+    gather_clipped_product,
+    held_levels,
+    level_products,
+)
+from dpsub_dist.linalg import row_norms
 from dpsub_dist.privacy import power
 from dpsub_dist.privacy.accountant import laplace_epsilon
 from dpsub_dist.privacy.noise import noise_rng
@@ -207,11 +225,44 @@ def _load_weighted(
     return rows, weights
 
 
+NORM_CHUNK_BYTES = 4 * 2**20
+"""float64 rows :func:`_counted_rows` converts at a time to take their norms (cache-sized)."""
+
+
+def _counted_rows(loader: Loader, part: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A partition's rows in their own precision (:func:`load_native`, as an iteration pass
+    reads them) and their norms exactly as the separate counting pass takes them
+    (:func:`~dpsub_dist.privacy.norm_bound.norm_counts` of ``loader(part)``'s float64 rows:
+    :func:`row_norms`), so that both passes bin every row alike, on a bin's edge too. Float32
+    rows are converted (and, centred, shifted by the float64 mean) a few rows at a time, as
+    the loader's float64 rows would be: per row the same float64 values and the same sum."""
+    rows, _ = load_native(loader, part)
+    if rows.dtype != np.float32:  # the loader's own float64 rows
+        return rows, row_norms(rows)
+    centred = isinstance(loader, centring.CentredLoader)
+    base = load_native(loader.loader, part)[0] if centred else rows
+    shift = loader.mean if centred else 0.0
+    step = max(1, NORM_CHUNK_BYTES // (8 * max(base.shape[1], 1)))
+    norms = [
+        row_norms(np.asarray(base[s : s + step], dtype=np.float64) - shift)
+        for s in range(0, len(base), step)
+    ]
+    return rows, np.concatenate(norms) if norms else np.zeros(0)
+
+
+def _level_products(loader: Loader, part: Any, basis: np.ndarray) -> LevelProducts:
+    """One partition's counts and per-bin products with ``V₀`` (runs on a worker)."""
+    rows, norms = _counted_rows(loader, part)
+    return level_products(rows, norms, basis)
+
+
 class RowPasses:
     """One pass over the clipped rows per call: ``Σ_p X_pᵀ(w ⊙ X_p V)`` summed on the workers.
 
     ``loader`` gives the rows (centred by the released mean when centring). Holds the cached
     rows and weights (futures on the workers, or arrays in process) when they fit.
+    ``bound`` None: the private bound is released by :meth:`fused_first` (the bound's counts
+    and the first product in one read, :func:`fuse_bound`) before the first call.
     ``user_level``: one extra pass first sums each user's squared norms of the clipped rows (a
     per-user table kept on the workers, :func:`dpsub_dist.engine.gram.user_squared_norms`),
     and every pass divides each row's weight by its user's ``max(1, total)``
@@ -222,12 +273,13 @@ class RowPasses:
         self,
         dataset: Dataset,
         loader: Loader,
-        bound: float,
+        bound: float | None,
         executor: Executor,
         progress: bool,
         user_level: bool = False,
     ) -> None:
         self.dataset, self.loader, self.bound = dataset, loader, bound
+        self._loader = one_key(loader)  # one key, not walked per task (:func:`one_key`)
         self.executor, self.progress, self.user_level = executor, progress, user_level
         self.passes = 0
         # Time and memory only, never a published value (n is private at user level: the
@@ -235,6 +287,43 @@ class RowPasses:
         self.cached = rows_fit(dataset.n_rows, dataset.dim, executor)
         self._rows: list[Any] | None = None
         self._users: Any = None
+        self._first: tuple[np.ndarray, np.ndarray] | None = None
+
+    def fused_first(self, basis: np.ndarray, release: Callable[[np.ndarray], float]) -> float:
+        """The bound's pass and the first iteration's in one read (row level, rows not held):
+        every partition's norm counts on the public grid and, per filled bin, ``Σ x(xᵀV₀)``
+        and ``Σ x(xᵀV₀)/‖x‖²`` (:class:`~dpsub_dist.estimators.norm_pass.LevelProducts`),
+        tree-summed and held on the workers. ``release`` turns the summed counts into the
+        bound (the sparse vector, charged there); then only ``C V₀`` at that bound reaches
+        the driver, and the first call with ``basis`` returns it. Returns the bound.
+
+        Privacy: unchanged from the two passes. The counts are the counting pass's exactly
+        (:func:`_counted_rows`: the same float64 norms, so the same bins), so the bound is the
+        same release of them, at the same cost, with the same draws in the same order. The
+        product is ``m·(Σ_{bins ≤ B} Σ x(xᵀV₀)/B² + Σ_{bins > B} Σ x(xᵀV₀)/‖x‖²)`` — B is a
+        grid value, so every bin lies wholly on one side of it — which is
+        ``Σ w x(xᵀV₀)`` with the iteration's weights ``w = m/max(‖x‖, B)²``: the same function
+        of the rows and B up to float rounding (rows added by bin, then scaled), so its
+        sensitivity and its noise are the first iteration's (:mod:`dpsub_dist.privacy.power`).
+        ``V₀`` is public (the public seed), fixed before any read. The per-bin sums, which may
+        hold a single row, are never published and never leave the workers; the driver
+        receives the counts (as from the separate pass) and the one D × k′ product."""
+        self.passes += 1
+        label = f"{len(self.dataset.parts)} partitions → row-norm counts and per-bin C·V₀"
+        shared = dask.delayed(basis, pure=True)
+        counts, held = held_levels(
+            _level_products,
+            LevelProducts.__add__,
+            self.dataset.parts,
+            self.loader,
+            self.executor,
+            self.progress,
+            label,
+            shared,
+        )
+        self.bound = release(counts)
+        self._first = (basis, gather_clipped_product(held, self.bound, self.executor))
+        return self.bound
 
     def _user_norms(self) -> Any:
         """User level: each user's Σ‖x‖² of clipped, scaled rows, on the workers (None at row
@@ -242,7 +331,7 @@ class RowPasses:
         if not self.user_level or self._users is not None:
             return self._users
         norms = dask.delayed(user_squared_norms, pure=True)
-        tasks = [norms(self.loader, self.bound, part) for part in self.dataset.parts]
+        tasks = [norms(self._loader, self.bound, part) for part in self.dataset.parts]
         root = tree_sum(tasks, dask.delayed(add_user_norms, pure=True), tasks)
         (self._users,) = self.executor.persist([root])
         return self._users
@@ -251,12 +340,15 @@ class RowPasses:
         if self._rows is None:
             load = dask.delayed(_load_weighted, pure=True)
             users = self._user_norms()
-            rows = [load(self.loader, self.bound, part, users) for part in self.dataset.parts]
+            rows = [load(self._loader, self.bound, part, users) for part in self.dataset.parts]
             self._rows = self.executor.persist(rows)
         return self._rows
 
     def __call__(self, basis: np.ndarray) -> np.ndarray:
         """``C V`` of all clipped (and, at user level, per-user scaled) rows."""
+        if self._first is not None and self._first[0] is basis:  # :meth:`fused_first`'s
+            product, self._first = self._first[1], None
+            return product
         self.passes += 1
         if not self.dataset.parts:  # user level only (n < 1 is refused at row level): C = 0
             return np.zeros_like(basis)
@@ -269,9 +361,23 @@ class RowPasses:
             product = dask.delayed(_load_product, pure=True)
             users = self._user_norms()
             tasks = [
-                product(self.loader, self.bound, part, users, shared) for part in self.dataset.parts
+                product(self._loader, self.bound, part, users, shared)
+                for part in self.dataset.parts
             ]
         return sum_on_workers(tasks, self.executor, label, self.progress)
+
+
+def fuse_bound(passes: RowPasses, width: int) -> bool:
+    """Whether the private bound's pass is fused into the first iteration (public facts
+    only): row level (the caller's), rows re-read every pass (not cached: held rows cost no
+    read) and D·k′ small enough for the per-bin products whatever the data
+    (:func:`~dpsub_dist.estimators.norm_pass.fuse_level_products`). T reads of the rows
+    instead of T + 1, the same released values (:meth:`RowPasses.fused_first`)."""
+    return (
+        not passes.cached
+        and bool(passes.dataset.parts)
+        and fuse_level_products(passes.dataset.dim, width)
+    )
 
 
 def run_power(
@@ -325,13 +431,27 @@ def run_power(
             )
         row_norm, norm_source = released.bound, USER_BOUND_SOURCE.format(q=released.quantile)
     elif config.row_norm is None:
-        args = (dataset, loader, accountant, grants, rng, executor, progress)
-        row_norm = centring.private_bound(step, *args, quantile=quantile)
         norm_source = BOUND_SOURCE.format(q=quantile, step=step)
+        row_norm = None  # released below: by its own pass, or with the first iteration's
     else:
         row_norm, norm_source = float(config.row_norm), "public (--row-norm)"
-    timings["norm_bound_s"] = time.monotonic() - mark
+    start = power.start_basis(dataset.dim, k_prime, seed)
     passes = RowPasses(dataset, loader, row_norm, executor, progress, user_level)
+    fused = row_norm is None and fuse_bound(passes, k_prime)
+    timings["fused_bound"] = fused  # operator-only: which passes ran
+    if row_norm is None:
+
+        def release_bound(counts: np.ndarray) -> float:
+            n_rows = dataset.n_rows
+            return centring.release_bound(step, counts, n_rows, accountant, grants, rng, quantile)
+
+        if fused:
+            row_norm = passes.fused_first(start, release_bound)
+        else:
+            args = (dataset, loader, accountant, grants, rng, executor, progress)
+            row_norm = centring.private_bound(step, *args, quantile=quantile)
+            passes.bound = row_norm
+    timings["norm_bound_s"] = time.monotonic() - mark  # fused: the first iteration's pass too
 
     def multiply(basis: np.ndarray, t: int) -> np.ndarray:
         mark = time.monotonic()
@@ -345,7 +465,7 @@ def run_power(
 
     release = power.noisy_power_method(
         multiply,
-        power.start_basis(dataset.dim, k_prime, seed),
+        start,
         config.rank,
         steps,
         grants["power"],

@@ -14,7 +14,11 @@ columns (``k' ≥ k``, the oversampled width); for ``t = 1 … T``
 The output is the top-``k`` left singular vectors of the last release ``Ŷ_T − n·μ̂(μ̂ᵀV_{T−1})``
 (a Rayleigh–Ritz step inside the span of ``V_T``), and their singular values estimate the top
 eigenvalues of the centred ``C``. Everything after the noise is post-processing of released
-values and of ``V_{t−1}`` (itself released), so it costs nothing.
+values and of ``V_{t−1}`` (itself released), so it costs nothing. Where the runner fuses the
+private bound's counting pass into the first iteration
+(:meth:`dpsub_dist.estimators.power.RowPasses.fused_first`), ``Y_1`` is computed from per-bin
+sums after ``B`` is released, the same function of the rows and ``B`` up to float rounding:
+nothing below changes.
 
 **Privacy (sensitivity of one iteration).** Neighbours change ``C`` by ``E = C′ − C``:
 replace one row ``a`` by ``b`` (row level) gives ``E = bbᵀ − aaᵀ`` with ``‖a‖, ‖b‖ ≤ 1``, so
