@@ -282,3 +282,63 @@ def compute_level_grams(
     return _held_levels(
         partition_level_grams, LevelGrams.__add__, parts, loader, executor, progress, label
     )
+
+
+@dataclass(frozen=True)
+class LevelMoments:
+    """A partition's :class:`LevelGrams` and :class:`LevelSums` of the same rows, from one read:
+    the clipped Gram and the clipped sum at any grid value (the sampled-centre route's full
+    pass, :func:`dpsub_dist.estimators.covariance.bound_gram_and_sum`). Held on the workers."""
+
+    grams: LevelGrams
+    sums: LevelSums
+
+    @property
+    def counts(self) -> np.ndarray:
+        """The rows' counts per bin of the public grid (the counting pass's)."""
+        return self.grams.counts
+
+    def __add__(self, other: LevelMoments) -> LevelMoments:
+        return LevelMoments(self.grams + other.grams, self.sums + other.sums)
+
+    def clipped(self, bound: float) -> tuple[np.ndarray, np.ndarray]:
+        """``(Σ ccᵀ, Σ c)`` over ``c = y/max(‖y‖, bound)`` (rows clipped to ``bound``, scaled
+        by 1/bound): :meth:`LevelGrams.clipped_gram` and :meth:`LevelSums.clipped_sum`."""
+        return self.grams.clipped_gram(bound), self.sums.clipped_sum(bound)
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    """A loader returning rows already loaded (one read feeds both partition sums)."""
+
+    rows: np.ndarray
+
+    def __call__(self, part: Any) -> tuple[np.ndarray, None]:
+        return self.rows, None
+
+
+def partition_level_moments(loader: Loader, part: Any) -> LevelMoments:
+    """One partition's :class:`LevelMoments` (runs on a worker): its rows read once, then
+    :func:`partition_level_grams` and :func:`partition_level_sums` of them (neither modifies
+    the rows)."""
+    rows = _Loaded(np.asarray(loader(part)[0], dtype=np.float64))
+    return LevelMoments(partition_level_grams(rows, None), partition_level_sums(rows, None))
+
+
+def compute_level_moments(
+    parts: list[Any], loader: Loader, executor: Executor, progress: bool
+) -> tuple[np.ndarray, Any]:
+    """The norm counts (to the driver) and the held :class:`LevelMoments` of all rows (for
+    :func:`gather_clipped_moments`): one read."""
+    label = f"{len(parts)} partitions → row-norm counts, per-bin Grams and sums"
+    return _held_levels(
+        partition_level_moments, LevelMoments.__add__, parts, loader, executor, progress, label
+    )
+
+
+def gather_clipped_moments(
+    held: Any, bound: float, executor: Executor
+) -> tuple[np.ndarray, np.ndarray]:
+    """The clipped Gram and clipped sum at the released ``bound``, computed where the level
+    moments are held: only that D × D matrix and D-vector reach the driver."""
+    return _gather(held, LevelMoments.clipped, bound, executor, "clipped Gram and sum")
