@@ -112,7 +112,8 @@ def budget_plan(
     (default NORM_SHARE) of ε or ρ and no δ, the other steps scaled by the rest. Centred, the
     share is split between ``norm_bound`` (raw rows, for the mean) and ``centred_norm_bound``
     (the rows the Gram sums). ``sampled`` (the sampled-centre route, :func:`centre_sample`):
-    the mean's share is split, :data:`CORRECTION_SHARE` of it to ``centred_sum`` (last).
+    the mean's share is split, :data:`CORRECTION_SHARE` of it to ``centred_sum`` (drawn
+    after ``centred_norm_bound``, in the same pass's gather).
     """
     delta_share = 0.0 if zcdp else 1.0
     if method == "gauss":
@@ -142,8 +143,8 @@ def budget_plan(
         "norm_bound": half,
         "mean": sample,
         "centred_norm_bound": half,
-        **scaled,
         "centred_sum": correction,
+        **scaled,
     }
 
 
@@ -325,13 +326,14 @@ class CentreSample:
     def parameters(self) -> dict[str, Any]:
         """What the manifest says about S (public facts only)."""
         return {
+            "mean_n_rows": self.dataset.n_rows,  # the mean's divisor: n_S
             "centre_sample": {
                 "partitions": len(self.dataset.parts),
                 "of_partitions": self.of_partitions,
                 "rows": self.dataset.n_rows,
                 "seed": self.seed,
                 "rule": SAMPLE_RULE,
-            }
+            },
         }
 
 
@@ -553,6 +555,7 @@ def run_covariance(
         row_norm, norm_source = float(config.row_norm), "public (--row-norm)"
     timings["norm_bound_s"] = time.monotonic() - mark
     timings["fused_gram"] = summary is not None  # operator-only: which passes ran
+    timings["sampled_centre"] = sample is not None
     mark = time.monotonic()
     if summary is None and dataset.parts:
         summary = compute_gram(
