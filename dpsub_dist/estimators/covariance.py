@@ -10,6 +10,8 @@ Centring (default at row level, :mod:`dpsub_dist.estimators.centring`): the priv
 the Gram then sums the centred rows, clipped to their own bound (``centred_norm_bound`` when
 private). Subtracting ``n·μ̂μ̂ᵀ`` from the raw Gram instead would leave an error ``2n·μ·eᵀ``
 that grows with the mean's size. Centring needs the public row count, so it is row level only.
+On many partitions gauss takes the mean over a public sample of them and corrects the centre
+in its one full pass (:func:`centre_sample`, step ``centred_sum``; docs/scale.md).
 
 Neighbours: replace one row (row level) or add/remove one user (``--unit-column``: each user's
 rows are scaled together so their squared norms sum to ≤ 1).
