@@ -303,8 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         default=["dpsub", "dpsub_t2000", *(t for t in TOOLS[1:] if t not in REREAD)],
         help=f"from {','.join(TOOLS)}; dpsub_tT = dpsub with --subsets T; "
         "dpsub_contiguous = dpsub with --assign contiguous; dpsub_reread, "
-        "dpsub_reread_gram_apart, dpsub_before, dpsub_held_apart: the covariance route with "
-        "parts of issue #16 off (route_variant)",
+        "dpsub_reread_gram_apart, dpsub_before, dpsub_held_apart, dpsub_unsampled: the "
+        "covariance route with parts of issue #16 off (route_variant)",
     )
     parser.add_argument(
         "--driver-matrix-limit-gib",
