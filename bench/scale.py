@@ -58,6 +58,9 @@ def summarise(records: list[dict[str, Any]], dims: list[int], rows: list[int]) -
             {
                 "dim": dim,
                 "route": next((r.get("local_route") for r in dpsub_large), None),
+                "sampled_centre": next(
+                    (r.get("timings", {}).get("sampled_centre") for r in dpsub_large), None
+                ),
                 "dpsub_wall_s": _median(dpsub_large, "wall_s"),
                 "floor_wall_s": _median(pick("floor", large), "wall_s"),
                 "dask_ml_wall_s": _median(pick("dask_ml_randomized", large), "wall_s"),

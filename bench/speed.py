@@ -45,7 +45,13 @@ def parquet_files(path: Path) -> list[str]:
     return sorted(str(p) for p in Path(path).glob("*.parquet"))
 
 
-REREAD = ("dpsub_reread", "dpsub_reread_gram_apart", "dpsub_before", "dpsub_held_apart")
+REREAD = (
+    "dpsub_reread",
+    "dpsub_reread_gram_apart",
+    "dpsub_before",
+    "dpsub_held_apart",
+    "dpsub_unsampled",
+)
 """Variants of dpsub's covariance route for issue #16's before/after (:func:`route_variant`)."""
 
 
@@ -102,11 +108,15 @@ def route_variant(tool: str) -> Iterator[None]:
     centred rows' bound and Gram in two reads (that route before the fused Gram: 3 reads);
     ``dpsub_before`` also with the mean's bound and sum apart (before issue #16: 4 reads);
     ``dpsub_held_apart`` with rows held and the bound and Gram in two passes (the held route
-    before the fused Gram)."""
+    before the fused Gram); ``dpsub_unsampled`` without the sampled centre (the default
+    route before it: the mean over all rows, rows held where they fit, else 2 reads)."""
     from dpsub_dist.engine import row_cache
-    from dpsub_dist.estimators import norm_pass
+    from dpsub_dist.estimators import covariance, norm_pass
 
     saved = row_cache.CACHE_FRACTION, norm_pass.LEVEL_SUMS_BYTES, norm_pass.LEVEL_GRAMS_BYTES
+    sample_parts = covariance.SAMPLE_MIN_PARTITIONS
+    if tool == "dpsub_unsampled":
+        covariance.SAMPLE_MIN_PARTITIONS = 10**9
     if tool in ("dpsub_reread", "dpsub_reread_gram_apart", "dpsub_before"):
         row_cache.CACHE_FRACTION = 0.0
     if tool in ("dpsub_reread_gram_apart", "dpsub_before", "dpsub_held_apart"):
@@ -117,6 +127,7 @@ def route_variant(tool: str) -> Iterator[None]:
         yield
     finally:
         row_cache.CACHE_FRACTION, norm_pass.LEVEL_SUMS_BYTES, norm_pass.LEVEL_GRAMS_BYTES = saved
+        covariance.SAMPLE_MIN_PARTITIONS = sample_parts
 
 
 def run_tool(tool: str, path: Path, truth: np.ndarray, args: Any, client: Any) -> dict[str, Any]:
@@ -292,8 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         default=["dpsub", "dpsub_t2000", *(t for t in TOOLS[1:] if t not in REREAD)],
         help=f"from {','.join(TOOLS)}; dpsub_tT = dpsub with --subsets T; "
         "dpsub_contiguous = dpsub with --assign contiguous; dpsub_reread, "
-        "dpsub_reread_gram_apart, dpsub_before, dpsub_held_apart: the covariance route with "
-        "parts of issue #16 off (route_variant)",
+        "dpsub_reread_gram_apart, dpsub_before, dpsub_held_apart, dpsub_unsampled: the "
+        "covariance route with parts of issue #16 off (route_variant)",
     )
     parser.add_argument(
         "--driver-matrix-limit-gib",

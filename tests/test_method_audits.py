@@ -24,6 +24,7 @@ MEAN = "test_covariance_audit.py::test_gaussian_mean_audit_catches_half_noise"
 VARIANCE = "test_explained_variance.py::test_variance_audit_catches_half_noise"
 CORE = "test_audit_core.py::test_audit_catches_planted_under_noising"  # friendly, histogram
 GAUSS = "test_covariance_audit.py::test_analyze_gauss_audit_catches_half_noise"
+CENTRED_SUM = "test_sampled_centre.py::test_centred_sum_audit_catches_an_under_noised_twin"
 CONSUMER = "test_consumer_audits.py::test_published_"  # whole runs, read from the manifest
 PUBLISHED_MEAN = CONSUMER + "mean_audit_catches_an_eighth_of_the_noise"
 PUBLISHED_VARIANCE = CONSUMER + "explained_variance_audit_catches_an_eighth_of_the_noise"
@@ -37,6 +38,7 @@ AUDITS: dict[str, tuple[str, ...]] = {
         GAUSS,
         NORM_BOUND,
         MEAN,
+        CENTRED_SUM,
         PUBLISHED_MEAN,
         PUBLISHED_ROW_BOUND,
         PUBLISHED_USER_BOUND,
@@ -57,7 +59,14 @@ AUDITS: dict[str, tuple[str, ...]] = {
         CONSUMER + "power_basis_audit_catches_a_16th_of_the_noise",
         NORM_BOUND,
     ),
-    "estimate auto": (CORE, GAUSS, NORM_BOUND, MEAN, VARIANCE),  # runs friendly or gauss
+    "estimate auto": (
+        CORE,
+        GAUSS,
+        NORM_BOUND,
+        MEAN,
+        CENTRED_SUM,
+        VARIANCE,
+    ),  # runs friendly or gauss
     "cluster sample-aggregate": (CORE,),
     "cluster sulq": (
         "test_clustering_audit.py::test_one_sulq_iteration_audit_catches_half_noise",

@@ -167,6 +167,9 @@ STEP_SCALES: dict[str, Formula] = {
         gaussian_sigma(_grant(step), GRAM[run.manifest["release"]["neighbours"]])
     ],
     "mean": _mean,
+    "centred_sum": lambda run, step: [  # §7: the clipped centred rows' sum, drawn on /n
+        gaussian_sigma(_grant(step), ROW_SUM) / run.manifest["n_rows"]
+    ],
     "gap_test": _gap_test,
     "projector_noise": _projector_noise,
     "gap_max": lambda run, step: [GAP_MAX_SCORE_GAP / laplace_epsilon(_grant(step))],
@@ -235,6 +238,9 @@ def data(tmp_path_factory) -> dict[str, Path]:
         "clusters": generate(
             root / "clusters", rows=60_000, dim=8, rank=2, clusters=2, partitions=2, seed=1
         ).path,
+        "sampled": generate(  # ≥ 8 partitions, n/8 ≥ 5·10⁴: gauss's sampled centre
+            root / "sampled", rows=400_000, dim=8, rank=2, partitions=8, seed=1
+        ).path,
         "exact": generate(  # float64: exact needs rows in their span to ~1e-12
             root / "exact", rows=150, dim=5, rank=2, model="exact", dtype="float64", seed=1
         ).path,
@@ -277,6 +283,7 @@ CASES = {
     "gauss private norm": _estimate("gauss", *BUDGET, "--method", "gauss", "--center"),
     "gap-perturb private norm zcdp": _estimate("gap-perturb", *RHO, "--method", "gap-perturb"),
     "auto": _estimate("auto", *BUDGET, "--method", "auto"),  # gauss, private norm, centred
+    "auto sampled centre": Case("auto", "estimate", "sampled", (*BUDGET, "--method", "auto")),
     "power private norm centred": _estimate("power", *BUDGET, "--method", "power", "--center"),
     "power zcdp": _estimate("power", *RHO, "--method", "power", *COV, "--iterations", "3"),
     "exact": Case("exact", "api", "exact", (*BUDGET, "--method", "exact")),

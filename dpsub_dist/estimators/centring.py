@@ -27,6 +27,7 @@ centring is refused (``--center``) or off (default), and no explained variance i
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -285,6 +286,26 @@ def centre(
         "mean_noise_sigma": mean.sigma,
     }
     return CentredLoader(dataset.loader, mean.mean), parameters, release
+
+
+def sample_partitions(dataset: Dataset, target_rows: int, seed: int) -> Dataset:
+    """A public random subset S of ``dataset``'s partitions: in the order of a permutation
+    drawn from the public ``seed``, the fewest partitions holding ≥ ``target_rows`` rows (all
+    of them if they hold fewer), in file order, with ``n_rows`` their public row count n_S.
+
+    Public facts only (the seed, the partitions' row counts from the footers, public at row
+    level). Any fixed S keeps a step's sensitivity: a replace-one neighbour differs in at
+    most one row of S, and n_S does not move."""
+    sizes = np.diff([*dataset.offsets, dataset.n_rows]).astype(np.int64)
+    order = np.random.default_rng(seed).permutation(len(sizes))
+    taken = int(np.searchsorted(np.cumsum(sizes[order]), target_rows)) + 1
+    chosen = np.sort(order[:taken]).tolist()
+    return dataclasses.replace(
+        dataset,
+        parts=[dataset.parts[i] for i in chosen],
+        offsets=[int(dataset.offsets[i]) for i in chosen],
+        n_rows=int(sizes[chosen].sum()),
+    )
 
 
 def fused_mean(dataset: Dataset) -> bool:

@@ -10,6 +10,8 @@ Centring (default at row level, :mod:`dpsub_dist.estimators.centring`): the priv
 the Gram then sums the centred rows, clipped to their own bound (``centred_norm_bound`` when
 private). Subtracting ``n·μ̂μ̂ᵀ`` from the raw Gram instead would leave an error ``2n·μ·eᵀ``
 that grows with the mean's size. Centring needs the public row count, so it is row level only.
+On many partitions gauss takes the mean over a public sample of them and corrects the centre
+in its one full pass (:func:`centre_sample`, step ``centred_sum``; docs/scale.md).
 
 Neighbours: replace one row (row level) or add/remove one user (``--unit-column``: each user's
 rows are scaled together so their squared norms sum to ≤ 1).
@@ -22,8 +24,10 @@ exactly like a public bound. The histogram and the Gram share one read where D a
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,13 +38,21 @@ from dpsub_dist.engine.row_cache import cache_rows
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators.centring import MEAN_SHARE
-from dpsub_dist.estimators.common import EstimateResult, build_manifest, open_checked, plan
+from dpsub_dist.estimators.common import (
+    EstimateResult,
+    build_manifest,
+    open_checked,
+    plan,
+    public_seed,
+)
 from dpsub_dist.estimators.norm_pass import (
     NORM_SOURCE,
     USER_NORM_SOURCE,
     compute_level_grams,
+    compute_level_moments,
     fuse_level_grams,
     gather_clipped_gram,
+    gather_clipped_moments,
 )
 from dpsub_dist.linalg import top_eigenvectors
 from dpsub_dist.privacy import covariance as cov_steps
@@ -48,9 +60,11 @@ from dpsub_dist.privacy import mechanism, norm_bound
 from dpsub_dist.privacy.accountant import Accountant, Budget, gaussian_sigma, laplace_epsilon
 from dpsub_dist.privacy.covariance import (
     SENSITIVITY,
+    MeanRelease,
     Neighbours,
     analyze_gauss,
     gap_perturbation,
+    gaussian_mean,
 )
 from dpsub_dist.privacy.noise import noise_rng
 from dpsub_dist.privacy.norm_bound import noise_matched_quantile
@@ -92,13 +106,16 @@ def budget_plan(
     zcdp: bool,
     private_norm: bool = False,
     norm_share: float = NORM_SHARE,
+    sampled: bool = False,
 ) -> dict[str, tuple[float, float]]:
     """Each step's (share of ε or ρ, share of δ); zCDP Gaussians need no δ, the gap test does.
 
     ``private_norm`` (no ``--row-norm``): the pure-DP ``norm_bound`` step first, ``norm_share``
     (default NORM_SHARE) of ε or ρ and no δ, the other steps scaled by the rest. Centred, the
     share is split between ``norm_bound`` (raw rows, for the mean) and ``centred_norm_bound``
-    (the rows the Gram sums).
+    (the rows the Gram sums). ``sampled`` (the sampled-centre route, :func:`centre_sample`):
+    the mean's share is split, :data:`CORRECTION_SHARE` of it to ``centred_sum`` (drawn
+    after ``centred_norm_bound``, in the same pass's gather).
     """
     delta_share = 0.0 if zcdp else 1.0
     if method == "gauss":
@@ -120,7 +137,17 @@ def budget_plan(
     scaled = {name: (p * rest, q) for name, (p, q) in steps.items()}
     half = (norm_share / 2, 0.0)  # the raw rows' bound (for the mean), the centred rows'
     mean = scaled.pop("mean")
-    return {"norm_bound": half, "mean": mean, "centred_norm_bound": half, **scaled}
+    if not sampled:
+        return {"norm_bound": half, "mean": mean, "centred_norm_bound": half, **scaled}
+    sample = (mean[0] * (1 - CORRECTION_SHARE), mean[1] * (1 - CORRECTION_SHARE))
+    correction = (mean[0] * CORRECTION_SHARE, mean[1] * CORRECTION_SHARE)
+    return {
+        "norm_bound": half,
+        "mean": sample,
+        "centred_norm_bound": half,
+        "centred_sum": correction,
+        **scaled,
+    }
 
 
 def norm_bound_first(
@@ -133,11 +160,13 @@ def norm_bound_first(
     return {"norm_bound": (norm_share, 0.0)} | {n: (p * rest, q) for n, (p, q) in steps.items()}
 
 
-def plan_shares(config: EstimateConfig) -> dict[str, tuple[float, float]]:
-    """:func:`budget_plan` for this run; gap-perturb also pays for its explained variance
-    (row level; gauss gets it free from its noisy matrix)."""
+def plan_shares(config: EstimateConfig, sampled: bool = False) -> dict[str, tuple[float, float]]:
+    """:func:`budget_plan` for this run (``sampled``: the sampled-centre route's); gap-perturb
+    also pays for its explained variance (row level; gauss gets it free from its noisy
+    matrix)."""
     zcdp = config.rho is not None
-    shares = budget_plan(config.method, config.center, zcdp, config.row_norm is None)
+    private = config.row_norm is None
+    shares = budget_plan(config.method, config.center, zcdp, private, sampled=sampled)
     if config.method == "gap-perturb":
         shares = centring.plan_shares(shares, config, centre=False)
     return shares
@@ -153,17 +182,20 @@ def release_basis(
     grants: dict[str, Budget],
     rng: np.random.Generator,
     row_norm: float = 1.0,
+    shift: np.ndarray | None = None,
 ) -> tuple[np.ndarray | None, dict[str, Any]]:
     """Driver half: Alg. 1 or Alg. 2 and the top-k eigenvectors. When centring, the rows were
-    centred by the released mean before the Gram (:func:`run_covariance`)."""
+    centred by the released mean before the Gram (:func:`run_covariance`); ``shift`` (gauss,
+    sampled centre: a released value) is subtracted from the noisy Gram (post-processing)."""
     sens = SENSITIVITY[relation]
     details: dict[str, Any] = {"neighbours": relation}
     if method == "gauss":
         accountant.charge("gram_noise", mechanism.gaussian(grants["gram_noise"], sens.gram))
         noisy = analyze_gauss(summary.gram, grants["gram_noise"], sens.gram, rng)
         details.update(gram_sensitivity=noisy.sensitivity, gram_noise_sigma=noisy.sigma)
-        values, basis = top_eigenvectors(noisy.matrix, rank)
-        trace = float(np.trace(noisy.matrix))
+        matrix = noisy.matrix if shift is None else noisy.matrix - shift
+        values, basis = top_eigenvectors(matrix, rank)
+        trace = float(np.trace(matrix))
         details.update(released_variance(values, trace, row_norm, n_rows, relation))
         return basis, details
     accountant.charge("gap_test", cov_steps.gap_test_mechanism(grants["gap_test"], sens.gap))
@@ -256,6 +288,161 @@ def bound_and_gram(
     return bound, GramSummary(gather_clipped_gram(held, bound, executor))
 
 
+SAMPLE_MIN_PARTITIONS = 8
+"""The sampled centre needs at least this many partitions (its sample ≤ 1/8 of the rows)."""
+
+SAMPLE_FRACTION = 1 / 32
+"""The sample aims at this share of the rows (its extra read: ≈ 3 % of a full one)…"""
+
+SAMPLE_MIN_ROWS = 50_000
+"""…and at least this many rows…"""
+
+SAMPLE_NOISE = 0.05
+"""…and at least enough rows that the sample mean's noise norm, √D·σ·B/n_S, is at most this
+share of its bound B (σ: the ``mean`` step's Gaussian for Δ = 2 at its grant)."""
+
+SAMPLE_MAX_FRACTION = 1 / 8
+"""Where the partitions reaching that target hold more than this share of the rows (few
+or uneven partitions), or n_S cannot meet the mean bound's margin: today's route."""
+
+CORRECTION_SHARE = 0.5
+"""Of the mean's share on the sampled route, the part spent on ``centred_sum``; the sample's
+mean (step ``mean``) keeps the rest."""
+
+SAMPLE_RULE = (
+    "public: gauss, centred, private bound, row level, D ≤ 202, ≥ 8 partitions; partitions in "
+    "a permutation from the public seed until n_S ≥ max(5·10⁴, n/32, √D·σ_mean/0.05), used "
+    "if n_S ≤ n/8 and n_S meets the mean bound's margin"
+)
+
+
+@dataclass(frozen=True)
+class CentreSample:
+    """The sampled-centre route's public sample S of partitions (:func:`centre_sample`)."""
+
+    dataset: Dataset
+    """S's partitions, with ``n_rows`` = n_S (public)."""
+    seed: int
+    of_partitions: int
+
+    def parameters(self) -> dict[str, Any]:
+        """What the manifest says about S (public facts only)."""
+        return {
+            "mean_n_rows": self.dataset.n_rows,  # the mean's divisor: n_S
+            "centre_sample": {
+                "partitions": len(self.dataset.parts),
+                "of_partitions": self.of_partitions,
+                "rows": self.dataset.n_rows,
+                "seed": self.seed,
+                "rule": SAMPLE_RULE,
+            },
+        }
+
+
+def centre_sample(config: EstimateConfig, dataset: Dataset) -> CentreSample | None:
+    """The sample S whose private mean centres the rows on the sampled-centre route, or None
+    for today's route (public facts only: the options, n, D, the partitions' row counts, ε,
+    δ and the public seed; :data:`SAMPLE_RULE`).
+
+    The route (issue #16): the mean's steps (``norm_bound``, ``mean``) run on S only, dividing
+    by n_S, and give the centre c; then one full read releases the centred rows' bound B₂, the
+    Gram of the rows y = x − c clipped to B₂ and their clipped sum s (step ``centred_sum``,
+    :func:`release_centred_mean`), and gauss releases ``G̃ − s̃s̃ᵀ/n``: the Gram about the
+    clipped rows' own mean, so a c biased by S (data sorted across partitions) adds nothing.
+    Without s, a centre off by e = μ − c would add the rank-one n·eeᵀ (docs/scale.md)."""
+    if (
+        config.method != "gauss"
+        or not config.center
+        or config.row_norm is not None
+        or config.unit_column is not None
+        or not fused_gram(dataset)
+        or len(dataset.parts) < SAMPLE_MIN_PARTITIONS
+    ):
+        return None
+    _, grants = plan(config, plan_shares(config, sampled=True))
+    sigma = gaussian_sigma(grants["mean"], SENSITIVITY["replace"].row_sum)
+    target = max(
+        SAMPLE_MIN_ROWS,
+        math.ceil(dataset.n_rows * SAMPLE_FRACTION),
+        math.ceil(math.sqrt(dataset.dim) * sigma / SAMPLE_NOISE),
+    )
+    seed = public_seed(config)
+    sample = centring.sample_partitions(dataset, target, seed)
+    if sample.n_rows > dataset.n_rows * SAMPLE_MAX_FRACTION:
+        return None
+    try:
+        centring.margined_row_quantile("norm_bound", grants, sample.n_rows)
+    except norm_bound.TooFewForBound:
+        return None
+    return CentreSample(sample, seed, len(dataset.parts))
+
+
+def release_centred_mean(
+    clipped_sum: np.ndarray,
+    n_rows: int,
+    accountant: Accountant,
+    grants: dict[str, Budget],
+    rng: np.random.Generator,
+) -> MeanRelease:
+    """Step ``centred_sum``: the mean z̄ = s/n of the centred rows clipped to the released B₂
+    and scaled by 1/B₂ (each of norm ≤ 1), by the Gaussian mechanism.
+
+    Privacy: replacing one row moves s by ≤ 2 (L2; Δ = ``row_sum`` of
+    :data:`SENSITIVITY`), c and B₂ being released values fixed before this step; n is
+    public. Cost: the Gaussian's privacy map at σ for Δ = 2 and this step's grant, charged
+    here as the mechanism that draws the noise (:func:`gaussian_mean`, the ``mean`` step's
+    mechanism, divided by the public n)."""
+    sens = SENSITIVITY["replace"].row_sum
+    accountant.charge("centred_sum", mechanism.gaussian(grants["centred_sum"], sens))
+    return gaussian_mean(clipped_sum, n_rows, grants["centred_sum"], sens, rng)
+
+
+@dataclass(frozen=True)
+class CentredMean:
+    """The released :func:`release_centred_mean`, in units of B₂."""
+
+    release: MeanRelease
+
+    def published(self, centre: list[float], row_norm: float) -> dict[str, Any]:
+        """The manifest's mean (post-processing of released values): the sample's centre c
+        plus B₂·z̄̃, the centre the released covariance is taken about."""
+        mean = np.asarray(centre, dtype=np.float64) + row_norm * self.release.mean
+        return {
+            "mean": mean.tolist(),
+            "centre_sample_mean": centre,
+            "mean_note": "private: the mean c of the sample's rows clipped to mean_row_norm "
+            "(step mean, over centre_sample's partitions) plus row_norm × the mean of the rows "
+            "x − c clipped to row_norm, scaled by 1/row_norm (step centred_sum); the "
+            "covariance is taken about it",
+            "centred_sum_sensitivity": self.release.sensitivity,
+            "centred_sum_noise_sigma": self.release.sigma,
+        }
+
+
+def bound_gram_and_correction(
+    quantile: float,
+    dataset: Dataset,
+    loader: Any,
+    accountant: Accountant,
+    grants: dict[str, Budget],
+    rng: np.random.Generator,
+    executor: Executor,
+    progress: bool,
+) -> tuple[float, GramSummary, np.ndarray, CentredMean]:
+    """The sampled route's one full read (:func:`centre_sample`): as :func:`bound_and_gram`
+    (step ``centred_norm_bound``, same counts, release and Gram), and per bin also Σ y and
+    Σ y/‖y‖ (:class:`~dpsub_dist.estimators.norm_pass.LevelMoments`), from which the
+    workers compute the clipped sum s at B₂; only the Gram and s reach the driver. Returns
+    B₂, the Gram, the shift n·z̄̃z̄̃ᵀ = s̃s̃ᵀ/n (released) and the released z̄̃."""
+    counts, held = compute_level_moments(dataset.parts, loader, executor, progress)
+    step = "centred_norm_bound"
+    bound = centring.release_bound(step, counts, dataset.n_rows, accountant, grants, rng, quantile)
+    gram, clipped_sum = gather_clipped_moments(held, bound, executor)
+    centred = release_centred_mean(clipped_sum, dataset.n_rows, accountant, grants, rng)
+    shift = dataset.n_rows * np.outer(centred.mean, centred.mean)
+    return bound, GramSummary(gram), shift, CentredMean(centred)
+
+
 def too_few_users(
     config: EstimateConfig,
     dataset: Dataset,
@@ -294,8 +481,10 @@ def run_covariance(
     started = time.monotonic()
     executor = Executor(client)
     timings: dict[str, float] = {}
-    accountant, grants = plan(config, plan_shares(config))
     dataset = open_checked(config, open_dataset, executor)
+    sample = centre_sample(config, dataset)  # public facts only: before any read or charge
+    shares = plan_shares(config, sampled=sample is not None)
+    accountant, grants = plan(config, shares)
     relation = neighbours(config)
     # No rows is bad input at row level (n is public); at user level n is private, so an
     # empty input is summarised as the zero matrix and released with noise like any other.
@@ -314,18 +503,27 @@ def run_covariance(
             )
         except norm_bound.TooFewForBound as err:
             raise InputError(str(err)) from None
-    centring.check_bounds(config, grants, dataset.n_rows)  # the private mean's bound
-    # Up to four passes follow: each partition is read once and held when the rows fit
-    # (row level; engine/row_cache.py), which changes no released value.
-    dataset = cache_rows(dataset, executor, user_level=relation == "add_remove")
+    if sample is None:
+        centring.check_bounds(config, grants, dataset.n_rows)  # the private mean's bound
+        # Up to four passes follow: each partition is read once and held when the rows fit
+        # (row level; engine/row_cache.py), which changes no released value.
+        dataset = cache_rows(dataset, executor, user_level=relation == "add_remove")
+    # else: the sample's reads, then one full read: held rows would save nothing
     timings["inspect_s"] = time.monotonic() - started
     rng = noise_rng(noise_seed)
     mark = time.monotonic()
     # Centred: the private mean first, subtracted from every row on the workers; the Gram
     # then sums the centred rows, clipped to their own bound (docs/centring.md).
     summary: GramSummary | None = None  # the Gram, where the bound's pass also summed it
+    shift: np.ndarray | None = None  # sampled centre: the released n·z̄z̄ᵀ, subtracted
     loader, centred, mean_release = centring.centre(
-        config, dataset, accountant, grants, rng, executor, progress
+        config,
+        dataset if sample is None else sample.dataset,
+        accountant,
+        grants,
+        rng,
+        executor,
+        progress,
     )
     if config.row_norm is None and relation == "add_remove":
         try:
@@ -345,7 +543,11 @@ def run_covariance(
         row_norm, norm_source = released.bound, USER_NORM_SOURCE.format(q=released.quantile)
     elif config.row_norm is None:
         args = (dataset, loader, accountant, grants, rng, executor, progress)
-        if fused_gram(dataset):  # the bound's counts and the Gram in one pass
+        if sample is not None:  # the one full pass: bound, Gram and the centring's correction
+            row_norm, summary, shift, correction = bound_gram_and_correction(quantile, *args)
+            centred.update(sample.parameters())
+            mean_release.update(correction.published(mean_release["mean"], row_norm))
+        elif fused_gram(dataset):  # the bound's counts and the Gram in one pass
             row_norm, summary = bound_and_gram(step, quantile, *args)
         else:
             row_norm = centring.private_bound(step, *args, quantile=quantile)
@@ -355,6 +557,7 @@ def run_covariance(
         row_norm, norm_source = float(config.row_norm), "public (--row-norm)"
     timings["norm_bound_s"] = time.monotonic() - mark
     timings["fused_gram"] = summary is not None  # operator-only: which passes ran
+    timings["sampled_centre"] = sample is not None
     mark = time.monotonic()
     if summary is None and dataset.parts:
         summary = compute_gram(
@@ -374,6 +577,7 @@ def run_covariance(
         grants,
         rng,
         row_norm,
+        shift,
     )
     timings["aggregate_s"] = time.monotonic() - mark
     if config.method == "gap-perturb":  # a projector has no variances: pay for them
@@ -390,7 +594,7 @@ def run_covariance(
         "row_scaling": ROW_SCALING[relation],
         "clipped_rows": "not counted (a count would need its own privacy budget)",
         **centred,
-        "budget_shares": plan_shares(config),
+        "budget_shares": shares,
         "partitions": len(dataset.parts),
     }
     manifest = build_manifest(
@@ -400,7 +604,7 @@ def run_covariance(
         basis is not None,
         parameters,
         {**mean_release, **release},
-        summary.nbytes + (8 * dataset.dim if config.center else 0),  # + the row sum
+        summary.nbytes + (8 * dataset.dim if config.center else 0) * (1 + (shift is not None)),
     )
     manifest["privacy"].pop("assignment", None)  # no subsets in this family
     return EstimateResult(basis, manifest, timings)

@@ -1,0 +1,291 @@
+"""The sampled-centre route of the default covariance run (issue #16, covariance.centre_sample).
+
+The mean's steps run on a public sample S of partitions; one full read then releases the
+centred rows' bound, their Gram and their clipped sum (step ``centred_sum``), and gauss
+releases ``G̃ − s̃s̃ᵀ/n``. These tests check: the rule reads public facts only and keeps
+today's route below its threshold; the full pass's Gram and sum are the separate passes'
+at the released centre and bound; the rows are read once plus S's partitions, none held;
+data sorted across partitions (a biased sample centre) still gives the right subspace,
+which it does not without the correction; the new step is calibrated, charged and audited.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import numpy as np
+import pytest
+from privacy_audit import audit, scale_samplers
+from test_row_cache import CountingLoader
+
+from dpsub_dist.engine import row_cache, sources
+from dpsub_dist.engine.gram import clip_rows, gram_of
+from dpsub_dist.engine.sources import array_dataset
+from dpsub_dist.estimators import centring
+from dpsub_dist.estimators import covariance as cov
+from dpsub_dist.estimators.norm_pass import partition_level_moments
+from dpsub_dist.job import EstimateConfig, run_estimate, with_defaults
+from dpsub_dist.privacy import mechanism
+from dpsub_dist.privacy.accountant import Accountant, ApproxDP, gaussian_sigma
+from dpsub_dist.privacy.norm_bound import GRID
+
+NOISE_SEED = 0x5A3C
+"""Private noise seed planted for these tests only, so that their outcome is fixed."""
+
+PART_ROWS = 5_000
+
+
+def _config(**options: Any) -> EstimateConfig:
+    settings = {"rank": 2, "epsilon": 2.0, "delta": 1e-6, "seed": 5, **options}
+    return with_defaults(EstimateConfig(**settings))
+
+
+def _drift_rows(n: int = 160_000, sort: bool = True, seed: int = 0) -> tuple[np.ndarray, Any]:
+    """Top-2 standard deviations 3 and 2 in a plane, 0.2 noise, an offset, and a drift of
+    amplitude 6 along w ⟂ the plane over the row order (variance 3 < 2²): sorted, the
+    partitions' means differ along w, so a sample of a few is biased along it."""
+    rng = np.random.default_rng(seed)
+    q = np.linalg.qr(rng.standard_normal((8, 3)))[0]
+    plane, w = q[:, :2], q[:, 2]
+    t = np.linspace(0.0, 1.0, n) if sort else rng.random(n)
+    z = rng.standard_normal((n, 2)) * [3.0, 2.0]
+    rows = z @ plane.T + 0.2 * rng.standard_normal((n, 8)) + 1.5 + 6.0 * np.outer(t, w)
+    return rows, plane
+
+
+@pytest.fixture()
+def small_route(monkeypatch) -> None:
+    """The rule's row targets lowered to this test data (20 partitions of 5,000 rows or
+    more); the rule itself is unchanged."""
+    monkeypatch.setattr(sources, "ARRAY_PART_ROWS", PART_ROWS)
+    monkeypatch.setattr(cov, "SAMPLE_MIN_ROWS", 5_000)
+    monkeypatch.setattr(cov, "SAMPLE_NOISE", 1.0)
+
+
+def _sin(basis: np.ndarray, plane: np.ndarray) -> float:
+    return float(np.linalg.norm(basis - plane @ (plane.T @ basis), 2))
+
+
+def test_the_rule_reads_public_facts_and_keeps_todays_route_below_it(small_route) -> None:
+    rows, _ = _drift_rows(100_000)
+    data = array_dataset(rows)
+    assert len(data.parts) == 20
+    sample = cov.centre_sample(_config(method="gauss"), data)
+    assert sample is not None
+    s = sample.dataset
+    assert s.n_rows == len(s.parts) * PART_ROWS <= data.n_rows / 8
+    assert s.n_rows >= max(cov.SAMPLE_MIN_ROWS, data.n_rows * cov.SAMPLE_FRACTION)
+    assert s.offsets == sorted(s.offsets)  # file order
+    for part, offset in zip(s.parts, s.offsets, strict=True):
+        np.testing.assert_array_equal(part, rows[offset : offset + PART_ROWS])
+    again = cov.centre_sample(_config(method="gauss"), data)
+    assert again is not None and again.dataset.offsets == s.offsets  # the public seed's
+    other = cov.centre_sample(_config(method="gauss", seed=6), data)
+    assert other is not None and other.dataset.offsets != s.offsets
+    assert sample.parameters()["centre_sample"]["rows"] == s.n_rows
+    # today's route: too few partitions, the other methods, options and user level
+    assert cov.centre_sample(_config(method="gauss"), array_dataset(rows[:35_000])) is None
+    for options in (
+        {"method": "gap-perturb"},
+        {"method": "gauss", "center": False},
+        {"method": "gauss", "row_norm": 10.0},
+        {"method": "gauss", "unit_column": "u"},
+    ):
+        assert cov.centre_sample(_config(**options), data) is None, options
+    assert cov.centre_sample(_config(method="gauss"), array_dataset(np.ones((10**5, 203)))) is None
+
+
+def test_the_rule_refuses_a_sample_over_an_eighth_of_the_rows(small_route, monkeypatch) -> None:
+    data = array_dataset(_drift_rows(100_000)[0])
+    monkeypatch.setattr(cov, "SAMPLE_MIN_ROWS", 12_501)  # 3 partitions of 20 > 1/8
+    assert cov.centre_sample(_config(method="gauss"), data) is None
+    monkeypatch.setattr(cov, "SAMPLE_MIN_ROWS", 10_000)
+    assert cov.centre_sample(_config(method="gauss"), data) is not None
+    monkeypatch.setattr(cov, "SAMPLE_NOISE", 1e-6)  # the mean's noise asks for more rows
+    assert cov.centre_sample(_config(method="gauss"), data) is None
+
+
+def test_level_moments_give_the_clipped_gram_and_sum_at_every_grid_value() -> None:
+    rng = np.random.default_rng(1)
+    rows = rng.standard_normal((2000, 4)) * np.exp(2 * rng.standard_normal((2000, 1)))
+    rows[0] = 0.0
+    halves = [partition_level_moments(lambda p: (p, None), r) for r in (rows[:700], rows[700:])]
+    total = halves[0] + halves[1]
+    for bound in GRID[::5]:
+        gram, row_sum = total.clipped(bound)
+        clipped = clip_rows(rows, bound)
+        expected = gram_of(clipped)
+        assert np.abs(gram - expected).max() <= 1e-12 * np.abs(expected).max()
+        np.testing.assert_allclose(row_sum, clipped.sum(axis=0), rtol=1e-12, atol=1e-12)
+
+
+def test_the_sampled_run_reads_the_rows_once_plus_the_sample_and_holds_none(
+    small_route, monkeypatch
+) -> None:
+    """Rows that fit the cache are not held on this route: one full read, plus the sample's
+    partitions for the mean (today: the same data held, or read twice)."""
+    data = array_dataset(_drift_rows(100_000)[0])
+    loader = CountingLoader(data.loader)
+    counted = dataclasses.replace(data, loader=loader)
+    held = []
+    monkeypatch.setattr(cov, "cache_rows", lambda *a, **k: held.append(a) or a[0])
+    result = run_estimate(_config(), lambda _e: counted, None, noise_seed=NOISE_SEED)
+    assert result.manifest["method"] == "gauss"
+    sample = result.manifest["parameters"]["centre_sample"]
+    assert sample["partitions"] < len(data.parts) / 8 + 1
+    assert loader.calls[0] == len(data.parts) + sample["partitions"]
+    assert held == []  # the row cache is not asked
+    shares = result.manifest["parameters"]["budget_shares"]
+    assert set(shares) == {"norm_bound", "mean", "centred_norm_bound", "gram_noise", "centred_sum"}
+    charged = {c["step"] for c in result.manifest["privacy"]["budget"]["steps"]}
+    assert charged == set(shares)
+
+
+def test_the_full_pass_releases_the_gram_and_sum_of_the_separate_passes(
+    small_route, monkeypatch
+) -> None:
+    """At the released centre c and bound B₂, the Gram that gets the noise and the sum that
+    gets ``centred_sum``'s noise are the separate passes' (clip, then sum): within 10⁻¹²."""
+    rows, _ = _drift_rows(100_000)
+    seen: dict[str, Any] = {}
+    real_gauss, real_mean = cov.analyze_gauss, cov.release_centred_mean
+
+    def spy_gauss(gram, *args):
+        seen["gram"] = gram
+        return real_gauss(gram, *args)
+
+    def spy_mean(clipped_sum, *args):
+        seen["sum"] = clipped_sum
+        return real_mean(clipped_sum, *args)
+
+    monkeypatch.setattr(cov, "analyze_gauss", spy_gauss)
+    monkeypatch.setattr(cov, "release_centred_mean", spy_mean)
+    data = array_dataset(rows)
+    result = run_estimate(_config(), lambda _e: data, None, noise_seed=NOISE_SEED)
+    release, parameters = result.manifest["release"], result.manifest["parameters"]
+    centre = np.asarray(release["centre_sample_mean"])
+    bound = parameters["row_norm"]
+    clipped = clip_rows(rows - centre, bound)  # scaled by 1/B₂ too
+    expected = gram_of(clipped)
+    assert np.abs(seen["gram"] - expected).max() <= 1e-12 * np.abs(expected).max()
+    np.testing.assert_allclose(seen["sum"], clipped.sum(axis=0), rtol=1e-10, atol=1e-9)
+    # the published mean: the centre plus B₂ × the released mean of the clipped rows
+    assert np.abs(np.asarray(release["mean"]) - rows.mean(axis=0)).max() < 0.05
+
+
+def test_the_correction_removes_the_bias_of_a_sample_of_sorted_partitions(
+    small_route, monkeypatch
+) -> None:
+    """Known answer: rows sorted by a drift ⟂ the top-2 plane. The sample's centre is off
+    along the drift; with ``centred_sum`` the released plane is the true one, without it
+    (the shift dropped) n·eeᵀ pulls the drift into the plane."""
+    rows, plane = _drift_rows()
+    data = array_dataset(rows)
+    run = functools.partial(run_estimate, _config(), lambda _e: data, None)
+    corrected = run(noise_seed=NOISE_SEED)
+    sample_mean = np.asarray(corrected.manifest["release"]["centre_sample_mean"])
+    offset = float(np.linalg.norm(sample_mean - rows.mean(axis=0)))
+    assert offset > 1.5  # the sample is biased: its centre is ≥ 1.5 off
+    assert _sin(corrected.basis, plane) < 0.05
+    real = cov.bound_gram_and_correction
+
+    def no_shift(*args: Any) -> Any:
+        bound, gram, shift, centred = real(*args)
+        return bound, gram, np.zeros_like(shift), centred
+
+    monkeypatch.setattr(cov, "bound_gram_and_correction", no_shift)
+    assert _sin(run(noise_seed=NOISE_SEED).basis, plane) > 0.5
+
+
+def test_the_correction_step_is_calibrated_and_charged_at_its_grant() -> None:
+    grant = ApproxDP(0.3, 1e-7)
+    accountant = Accountant(ApproxDP(1.0, 1e-6))
+    grants = accountant.split({"centred_sum": (0.3, 0.1), "rest": (0.7, 0.9)})
+    assert grants["centred_sum"] == grant
+    n, dim = 1000, 20_000
+    release = cov.release_centred_mean(
+        np.zeros(dim), n, accountant, grants, np.random.default_rng(2)
+    )
+    sigma = gaussian_sigma(grant, 2.0)
+    assert release.sensitivity == 2.0 and release.sigma == pytest.approx(sigma)
+    # the noise on the mean of the scaled rows: σ/n per coordinate, centred
+    assert np.std(release.mean) == pytest.approx(sigma / n, rel=0.03)
+    assert abs(np.mean(release.mean)) < 4 * sigma / n / np.sqrt(dim)
+    stated = accountant.stated["centred_sum"]
+    assert stated.epsilon == grant.epsilon and stated.delta <= grant.delta * (1 + 1e-9)
+    assert [s["step"] for s in accountant.report()["steps"]] == ["centred_sum"]
+
+
+def test_centred_sum_audit_catches_an_under_noised_twin(monkeypatch) -> None:
+    """Neighbours: one clipped row −e₁ replaced by +e₁ moves s by 2 = Δ. The honest step's
+    ε lower bound stays under its claim; a twin with half the noise (below the accountant,
+    which cannot refuse it) is caught."""
+    epsilon, delta = 2.0, 1e-5
+    memo = functools.lru_cache(maxsize=None)(gaussian_sigma)
+    monkeypatch.setattr(mechanism, "gaussian_sigma", memo)
+    set_factor = scale_samplers(monkeypatch, "add_gaussian")
+    spread = gaussian_sigma(ApproxDP(epsilon, delta), 2.0) / 2
+
+    def step(row_sum: np.ndarray, rng: np.random.Generator) -> float:
+        accountant = Accountant(ApproxDP(epsilon, delta))
+        grants = accountant.split({"centred_sum": (1.0, 1.0)})
+        return float(cov.release_centred_mean(row_sum, 1, accountant, grants, rng).mean[0])
+
+    def run(factor: float):
+        set_factor(factor)
+        event = lambda mean: mean > -1.0 + 3.0 * spread  # noqa: E731
+        return audit(step, np.array([1.0]), np.array([-1.0]), event, 30_000, delta)
+
+    honest, twin = run(1.0), run(0.5)
+    assert honest.epsilon_lower < epsilon, honest
+    assert twin.epsilon_lower > epsilon, twin
+
+
+def test_the_sample_is_in_file_order_and_holds_the_target() -> None:
+    data = array_dataset(np.arange(60.0).reshape(30, 2))
+    data = dataclasses.replace(
+        data,
+        parts=[data.parts[0][i : i + 3] for i in range(0, 30, 3)],
+        offsets=list(range(0, 30, 3)),
+    )
+    sample = centring.sample_partitions(data, 7, seed=4)
+    assert sample.n_rows == 9 and len(sample.parts) == 3
+    assert sample.offsets == sorted(sample.offsets)
+    for part, offset in zip(sample.parts, sample.offsets, strict=True):
+        np.testing.assert_array_equal(part, data.parts[offset // 3])
+    assert centring.sample_partitions(data, 10**6, seed=4).n_rows == 30  # all of them
+
+
+def test_below_the_threshold_the_run_is_todays_bit_for_bit(monkeypatch) -> None:
+    """Too few partitions: the same manifest and basis as with the route switched off."""
+    monkeypatch.setattr(row_cache, "IN_PROCESS_CACHE_BYTES", 0)
+    data = array_dataset(_drift_rows(30_000)[0])
+    first = run_estimate(_config(), lambda _e: data, None, noise_seed=NOISE_SEED)
+    monkeypatch.setattr(cov, "SAMPLE_MIN_PARTITIONS", 10**9)
+    second = run_estimate(_config(), lambda _e: data, None, noise_seed=NOISE_SEED)
+    assert "centre_sample" not in first.manifest["parameters"]
+    assert first.manifest["release"] == second.manifest["release"]
+    np.testing.assert_array_equal(first.basis, second.basis)
+
+
+def test_on_a_cluster_only_counts_sums_and_the_gram_reach_the_driver(
+    small_route, monkeypatch, dask_client
+) -> None:
+    """The per-bin sums (a bin may hold one row) stay on the workers: what the driver
+    gathers is the two passes' 102 counts, the sample's clipped sum, the Gram and the
+    centred rows' clipped sum (plus pickling), far below one partition of rows."""
+    from test_no_raw_data import GatherMeter
+
+    rows, plane = _drift_rows(100_000)
+    data = array_dataset(rows)
+    meter = GatherMeter(monkeypatch)
+    result = run_estimate(_config(), lambda _e: data, dask_client, noise_seed=NOISE_SEED)
+    assert "centre_sample" in result.manifest["parameters"]
+    assert _sin(result.basis, plane) < 0.05
+    dim = rows.shape[1]
+    summaries = 2 * 102 * 8 + 2 * dim * 8 + dim * dim * 8
+    assert meter.calls >= 4
+    assert summaries <= meter.bytes <= summaries + 8_192, meter.bytes
+    assert meter.bytes < PART_ROWS * dim * 8 / 20
