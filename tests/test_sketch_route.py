@@ -88,14 +88,19 @@ def test_a_subset_summary_depends_on_that_subset_only():
 
 def test_the_default_route_for_wide_hashed_subsets_is_the_sketch(tmp_path):
     """t·d²·8 over the Gram size, t·d·m·8 under the sketch size: the run takes sketches,
-    says so in the manifest, and releases a basis close to the truth."""
-    source = generate(tmp_path / "data", rows=24_000, dim=48, rank=2, partitions=3, seed=4)
+    says so in the manifest, and releases a basis close to the truth.
+
+    t = 240, not friendly's minimum 91 at this ε: at t = 120 the noisy radius search stopped
+    where the core test then failed in 6 of 20 runs (exit 3, on either route); at t = 240
+    in 0 of 90."""
+    source = generate(tmp_path / "data", rows=48_000, dim=48, rank=2, partitions=3, seed=4)
     out = tmp_path / "out"
     argv = ["estimate", str(source.path), "--rank", "2", "--epsilon", "8", "--delta", "1e-6"]
-    argv += ["--subsets", "120", "--seed", "3", "--out", str(out), "--workers", "1", "--quiet"]
-    assert 120 * 48 * 48 * 8 <= routes.GRAM_ROUTE_BYTES  # so shrink the Gram size below it
+    argv += ["--subsets", "240", "--seed", "3", "--out", str(out), "--workers", "1", "--quiet"]
+    gram_bytes = 240 * 48 * 48 * 8
+    assert gram_bytes <= routes.GRAM_ROUTE_BYTES  # so shrink the Gram size below it
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(routes, "GRAM_ROUTE_BYTES", 120 * 48 * 48 * 8 - 1)
+        patch.setattr(routes, "GRAM_ROUTE_BYTES", gram_bytes - 1)
         assert main(argv) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["parameters"]["local_route"] == "per-subset sketches"
