@@ -188,3 +188,16 @@ def test_default_route_reads_the_rows_twice_where_they_are_not_held(monkeypatch)
     result = run_estimate(config, lambda _e: counted, None, noise_seed=NOISE_SEED)
     assert result.manifest["method"] == "gauss" and result.timings["fused_gram"]
     assert loader.calls[0] == 2 * len(data.parts)
+
+
+@pytest.mark.parametrize("dim", [1, 3, 4, 5, 11])
+def test_gram_is_symmetrised_in_place_across_strip_edges(monkeypatch, dim: int) -> None:
+    """``gram_of`` fills the lower triangle from the upper in strips of SYMMETRIC_BLOCK
+    columns: exactly symmetric, XᵀX's values, on both sides of every strip edge."""
+    from dpsub_dist.engine import gram
+
+    monkeypatch.setattr(gram, "SYMMETRIC_BLOCK", 4)
+    rows = np.random.default_rng(dim).standard_normal((30, dim))
+    result = gram_of(rows)
+    np.testing.assert_array_equal(result, result.T)
+    np.testing.assert_allclose(result, rows.T @ rows, rtol=1e-12, atol=1e-12)
