@@ -85,6 +85,9 @@ def run_one(args: Any, n: int) -> dict[str, Any]:
         "wall_s": round(wall, 1),
         "rows_per_s": round(n / wall),
         "method": manifest.get("method"),
+        # The default gauss route's public sample of partitions for the centre (None: no
+        # sample, e.g. with --no-center); its rows are read once more besides the full pass.
+        "centre_sample": manifest.get("parameters", {}).get("centre_sample"),
         "bytes_gathered": manifest.get("summary_bytes_gathered"),
         "error": float(error),
         **memory.report(),
