@@ -180,7 +180,12 @@ class CentredLoader:
 
     def __call__(self, part: Any) -> tuple[np.ndarray, Any]:
         rows, units = self.loader(part)
-        return np.asarray(rows, dtype=np.float64) - self.mean, units
+        # One new float64 array, centred in place: ``asarray(rows) − mean`` allocated two for
+        # float32 rows, and every large allocation costs page faults on a Dask worker (its
+        # nanny's MALLOC_TRIM_THRESHOLD_ hands freed memory back at once; docs/scale.md).
+        centred = np.array(rows, dtype=np.float64)
+        centred -= self.mean
+        return centred, units
 
     def native(self, part: Any) -> tuple[np.ndarray, Any]:
         """The centred rows in the source's precision (:func:`load_native`: float32 rows minus

@@ -274,10 +274,14 @@ def _blocked_levels(rows: np.ndarray, with_sums: bool) -> tuple[LevelGrams, Leve
     slot = dict(zip(levels.tolist(), range(len(levels)), strict=True))
     unit_scale = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
     step = max(1, LEVEL_GRAMS_CHUNK_BYTES // (8 * max(dim, 1)))
+    # One buffer for every chunk's sorted copy: a new block per chunk costs page faults on a
+    # Dask worker, whose nanny's MALLOC_TRIM_THRESHOLD_ returns each freed block to the OS.
+    buffer = np.empty((min(step, len(rows)), dim))
     for start in range(0, len(rows), step):
         chunk = slice(start, start + step)
         order = np.argsort(bins[chunk], kind="stable")
-        block, scale = rows[chunk][order], unit_scale[chunk][order]
+        block = np.take(rows[chunk], order, axis=0, out=buffer[: len(order)])
+        scale = unit_scale[chunk][order]
         sizes = np.bincount(bins[chunk], minlength=len(GRID) + 1)
         present = np.flatnonzero(sizes)
         stops = np.cumsum(sizes[present])
