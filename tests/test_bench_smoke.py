@@ -6,6 +6,7 @@ also sets up the peers' own environments (network to PyPI, minutes).
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ sys.path.insert(0, str(ROOT))
 from bench import (  # noqa: E402
     mean_estimation,
     memory,
+    passes,
     peers,
     power,
     power_profile,
@@ -229,6 +231,17 @@ def test_report_prints_the_published_tables(capsys):
         assert f"### {name}\n" in out
     assert "| 1e+07 | 32 | dpsub_fraction_of_floor_throughput |" in out
     assert "| 100000 | 100000 | ok |" in out  # the D = n = 10⁵ target run
+
+
+def test_passes_times_the_default_full_pass_task_beside_the_floor(dirs):
+    """docs/scale.md "Where the time goes": the floor's task, the decode and the default's
+    whole full-pass task, each timed on one partition of a bench.speed dataset."""
+    args = argparse.Namespace(min_files=2, data_dir=dirs["data"], rank=2, seed=1)
+    path, _ = speed.speed_dataset(args, 20_000, 8)
+    seconds = passes.profile(path, 1)
+    assert seconds["partitions"] >= 2 and 0 < seconds["rows"] < 20_000
+    for step in ("floor_task", "decode", "level_moments_task", "level_grams"):
+        assert seconds[step] > 0
 
 
 def test_power_profile_times_both_forms_of_a_partition(dirs):
