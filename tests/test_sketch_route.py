@@ -91,8 +91,8 @@ def test_the_default_route_for_wide_hashed_subsets_is_the_sketch(tmp_path):
     says so in the manifest, and releases a basis close to the truth.
 
     t = 240, not friendly's minimum 91 at this ε: at t = 120 the noisy radius search stopped
-    where the core test then failed in 6 of 20 runs (exit 3, on either route); at t = 240
-    in 0 of 90."""
+    where the core test then failed (exit 3) in 4 of 20 runs on this route and 6 of 20 on the
+    Gram route; at t = 240 (48,000 rows) in 0 of 30."""
     source = generate(tmp_path / "data", rows=48_000, dim=48, rank=2, partitions=3, seed=4)
     out = tmp_path / "out"
     argv = ["estimate", str(source.path), "--rank", "2", "--epsilon", "8", "--delta", "1e-6"]
