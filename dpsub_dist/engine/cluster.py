@@ -61,6 +61,15 @@ def _workers_lost() -> Iterator[None]:
         ) from None
 
 
+WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": 128 * 2**20, "MALLOC_MMAP_THRESHOLD_": 128 * 2**20}
+"""glibc settings for the local cluster's worker processes (Dask's pre-spawn environment; an
+operator's own environment variables win). Dask sets ``MALLOC_TRIM_THRESHOLD_=65536``, and
+setting it turns off glibc's adaptive mmap threshold: every array over 128 KiB becomes a
+fresh ``mmap`` that page-faults anew, a quarter of a default full-pass task's time at D = 32
+(docs/scale.md, "Where the time goes"). Here arrays up to 128 MiB come from the heap and up
+to 128 MiB of freed heap stays with each worker."""
+
+
 @contextlib.contextmanager
 def dask_client(
     scheduler: str | None = None,
@@ -74,6 +83,7 @@ def dask_client(
     local cluster's workers; default 80 % of the machine's memory shared among them. It has
     no meaning for a running cluster.
     """
+    import dask
     from distributed import Client, LocalCluster
 
     if scheduler and memory_limit:
@@ -103,17 +113,19 @@ def dask_client(
                 ) from None
         return
     n_workers = workers or max(1, os.cpu_count() or 1)
-    cluster = LocalCluster(
-        n_workers=n_workers,
-        threads_per_worker=1,
-        processes=True,
-        memory_limit=limit or int(_memory_bytes() * 0.8 / n_workers),
-        dashboard_address="127.0.0.1:0",
-        host="127.0.0.1",
-        # A failed task's error reaches the user once, as the CLI's one-line message;
-        # the workers' own "Compute Failed" log lines (with tracebacks) would repeat it.
-        silence_logs=logging.CRITICAL,
-    )
+    environ = {**dask.config.get("distributed.nanny.pre-spawn-environ"), **WORKER_MALLOC}
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):  # read by each nanny
+        cluster = LocalCluster(
+            n_workers=n_workers,
+            threads_per_worker=1,
+            processes=True,
+            memory_limit=limit or int(_memory_bytes() * 0.8 / n_workers),
+            dashboard_address="127.0.0.1:0",
+            host="127.0.0.1",
+            # A failed task's error reaches the user once, as the CLI's one-line message;
+            # the workers' own "Compute Failed" log lines (with tracebacks) would repeat it.
+            silence_logs=logging.CRITICAL,
+        )
     try:
         with Client(cluster) as client:
             if not quiet:
