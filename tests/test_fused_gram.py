@@ -43,7 +43,7 @@ def _own(part: Any) -> tuple[np.ndarray, None]:
     return part, None
 
 
-def _heavy_rows(n: int = 3000, dim: int = 5) -> np.ndarray:
+def heavy_rows(n: int = 3000, dim: int = 5) -> np.ndarray:
     """Norms spread over many bins, a zero row, a row past the grid's top (overflow bin), and
     rows exactly on bin edges (grid values, odd and even exponents)."""
     rng = np.random.default_rng(0)
@@ -58,9 +58,14 @@ def _heavy_rows(n: int = 3000, dim: int = 5) -> np.ndarray:
     return rows
 
 
-def _assert_gram_close(actual: np.ndarray, expected: np.ndarray) -> None:
+def assert_close(actual: np.ndarray, expected: np.ndarray, rtol: float = RTOL) -> None:
+    """Largest entry difference at most ``rtol`` of ``expected``'s largest entry."""
     scale = max(float(np.abs(expected).max()), np.finfo(float).tiny)
-    assert float(np.abs(actual - expected).max()) <= RTOL * scale
+    assert float(np.abs(actual - expected).max()) <= rtol * scale
+
+
+def _assert_gram_close(actual: np.ndarray, expected: np.ndarray) -> None:
+    assert_close(actual, expected)
     np.testing.assert_array_equal(actual, actual.T)  # symmetric, as gram_of's
 
 
@@ -70,7 +75,7 @@ def test_level_grams_give_the_clipped_gram_at_every_grid_value(
 ) -> None:
     """In one block of rows, and in blocks of 7 rows (bins split across blocks)."""
     monkeypatch.setattr(norm_pass, "LEVEL_GRAMS_CHUNK_BYTES", chunk_bytes)
-    rows = _heavy_rows()
+    rows = heavy_rows()
     grams = partition_level_grams(_own, rows)
     np.testing.assert_array_equal(grams.counts, norm_counts(rows))  # the counting pass's
     assert grams.counts[-1] == 1  # the row past 2^40
@@ -99,7 +104,7 @@ def test_rows_on_a_bin_edge_count_below_it_and_clip_to_themselves() -> None:
 
 
 def test_partitions_with_other_bins_and_empty_ones_add_up_to_the_whole() -> None:
-    rows = _heavy_rows()
+    rows = heavy_rows()
     chunks = [rows[:1000], rows[1000:1000], rows[1000:1700] * 1e3, rows[1700:], rows[:0]]
     total = sum(
         (partition_level_grams(_own, c) for c in chunks[1:]), partition_level_grams(_own, chunks[0])
@@ -114,7 +119,7 @@ def test_partitions_with_other_bins_and_empty_ones_add_up_to_the_whole() -> None
 
 
 def test_the_pass_on_a_cluster_sends_the_counts_then_the_gram_at_one_bound(dask_client) -> None:
-    rows = _heavy_rows(4000, 6)
+    rows = heavy_rows(4000, 6)
     parts = [rows[:1500], rows[1500:1500], rows[1500:]]
     executor = Executor(dask_client)
     counts, held = compute_level_grams(parts, _own, executor, False)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_fused_gram import assert_close, heavy_rows
 from test_row_cache import CountingLoader
 
 from dpsub_dist.engine import row_cache
@@ -37,34 +38,14 @@ from dpsub_dist.privacy.norm_bound import GRID, norm_counts
 NOISE_SEED = 0x6A40
 """Private noise seed planted for these tests only, so fused and separate runs compare."""
 
-RTOL = 1e-12
-"""Largest entry difference from the separate pass, relative to the product's largest entry."""
-
-
-def _heavy_rows(n: int = 3000, dim: int = 7) -> np.ndarray:
-    """Norms spread over many bins, a zero row, a row past the grid's top (overflow bin), and
-    rows exactly on bin edges (grid values, odd and even exponents)."""
-    rng = np.random.default_rng(0)
-    rows = rng.standard_normal((n, dim)) * np.exp(3 * rng.standard_normal((n, 1)))
-    rows[0], rows[1] = 0.0, 2.0**45
-    for i, j in enumerate((20, 21, 27, 33), start=2):
-        rows[i] = 0.0
-        rows[i, i % dim] = GRID[j]  # norm exactly the grid value
-    return rows
-
 
 def _separate(rows: np.ndarray, basis: np.ndarray, bound: float) -> np.ndarray:
     """The iteration pass's product of the rows clipped to ``bound`` (float64)."""
     return runner._product(rows, basis, clip_weights(rows, bound))
 
 
-def _assert_close(actual: np.ndarray, expected: np.ndarray, rtol: float = RTOL) -> None:
-    scale = max(float(np.abs(expected).max()), np.finfo(float).tiny)
-    assert float(np.abs(actual - expected).max()) <= rtol * scale
-
-
 def test_level_products_give_the_first_product_at_every_grid_value() -> None:
-    rows = _heavy_rows()
+    rows = heavy_rows(dim=7)
     basis = power.start_basis(rows.shape[1], 3, seed=4)
     levels = level_products(rows, row_norms(rows), basis)
     np.testing.assert_array_equal(levels.counts, norm_counts(rows))  # the counting pass's
@@ -73,7 +54,7 @@ def test_level_products_give_the_first_product_at_every_grid_value() -> None:
     assert levels.raw.shape == levels.unit.shape == (len(levels.levels), 7, 3)
     assert len(levels.levels) < len(GRID)
     for bound in GRID:
-        _assert_close(levels.clipped_product(bound), _separate(rows, basis, bound))
+        assert_close(levels.clipped_product(bound), _separate(rows, basis, bound))
     with pytest.raises(ValueError, match="not a value of the norm grid"):
         levels.clipped_product(3.0)
 
@@ -88,11 +69,11 @@ def test_a_row_on_a_bin_edge_is_kept_whole_at_that_bound() -> None:
         levels = level_products(row, row_norms(row), basis)
         assert levels.levels.tolist() == [j]
         for bound in GRID[j - 1 : j + 2]:
-            _assert_close(levels.clipped_product(bound), _separate(row, basis, bound), 1e-15)
+            assert_close(levels.clipped_product(bound), _separate(row, basis, bound), 1e-15)
 
 
 def test_partitions_with_other_bins_and_empty_ones_add_up_to_the_whole() -> None:
-    rows = _heavy_rows()
+    rows = heavy_rows(dim=7)
     basis = power.start_basis(rows.shape[1], 3, seed=4)
     chunks = [rows[:1000], rows[:0], rows[1000:1700] * 1e3, rows[1700:], rows[:0]]
     parts = [level_products(c, row_norms(c), basis) for c in chunks]
@@ -102,7 +83,7 @@ def test_partitions_with_other_bins_and_empty_ones_add_up_to_the_whole() -> None
     everything = np.vstack(chunks)
     np.testing.assert_array_equal(total.counts, norm_counts(everything))
     for bound in GRID[::5]:
-        _assert_close(total.clipped_product(bound), _separate(everything, basis, bound))
+        assert_close(total.clipped_product(bound), _separate(everything, basis, bound))
 
 
 @pytest.mark.parametrize("centred", [False, True])
@@ -110,7 +91,7 @@ def test_float32_rows_are_binned_as_the_counting_pass_bins_them(centred: bool) -
     """The counting pass takes the norms of the loader's float64 rows; the fused pass reads
     the float32 rows (as an iteration does) and must give the same norms bit for bit, rows
     exactly on bin edges included."""
-    rows = _heavy_rows(500, 9).astype(np.float32)
+    rows = heavy_rows(500, 9).astype(np.float32)
     rows[7] = 0.0
     rows[7, 3] = np.float32(GRID[22])  # an even exponent: exact in float32
     loader: Any = array_dataset(rows).loader
