@@ -197,8 +197,8 @@ def gather_clipped_product(held: Any, bound: float, executor: Executor) -> np.nd
     return _gather(held, LevelProducts.clipped_product, bound, executor, "first C·V")
 
 
-def _counts(sums: LevelSums | LevelGrams) -> np.ndarray:
-    return sums.counts
+def _counts(held: LevelSums | LevelGrams | LevelMoments) -> np.ndarray:
+    return held.counts
 
 
 LEVEL_GRAMS_BYTES = 64 * 2**20
@@ -374,7 +374,8 @@ def level_products(rows: np.ndarray, norms: np.ndarray, basis: np.ndarray) -> Le
 class LevelMoments:
     """A partition's :class:`LevelGrams` and :class:`LevelSums` of the same rows, from one read:
     the clipped Gram and the clipped sum at any grid value (the sampled-centre route's full
-    pass, :func:`dpsub_dist.estimators.covariance.bound_gram_and_sum`). Held on the workers."""
+    pass, :func:`dpsub_dist.estimators.covariance.bound_gram_and_correction`). Held on the
+    workers."""
 
     grams: LevelGrams
     sums: LevelSums
