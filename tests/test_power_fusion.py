@@ -86,6 +86,20 @@ def test_partitions_with_other_bins_and_empty_ones_add_up_to_the_whole() -> None
         assert_close(total.clipped_product(bound), _separate(everything, basis, bound))
 
 
+class _NativeReads:
+    """An array source's loader, counting its native (float32) reads."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.reads = inner, 0
+
+    def __call__(self, part: Any) -> tuple[np.ndarray, Any]:
+        return self.inner(part)
+
+    def native(self, part: Any) -> tuple[np.ndarray, Any]:
+        self.reads += 1
+        return self.inner.native(part)
+
+
 @pytest.mark.parametrize("centred", [False, True])
 def test_float32_rows_are_binned_as_the_counting_pass_bins_them(centred: bool) -> None:
     """The counting pass takes the norms of the loader's float64 rows; the fused pass reads
@@ -94,13 +108,15 @@ def test_float32_rows_are_binned_as_the_counting_pass_bins_them(centred: bool) -
     rows = heavy_rows(500, 9).astype(np.float32)
     rows[7] = 0.0
     rows[7, 3] = np.float32(GRID[22])  # an even exponent: exact in float32
-    loader: Any = array_dataset(rows).loader
+    source = _NativeReads(array_dataset(rows).loader)
+    loader: Any = source
     if centred:
-        loader = centring.CentredLoader(loader, np.full(9, 1e-3))
+        loader = centring.CentredLoader(source, np.full(9, 1e-3))
         rows[8] = loader.mean
         rows[8, 0] += np.float32(GRID[18])
     native, norms = runner._counted_rows(loader, rows)
     assert native.dtype == np.float32
+    assert source.reads == 1  # the partition is read once, centred or not
     np.testing.assert_array_equal(norms, row_norms(loader(rows)[0]))
     np.testing.assert_array_equal(
         norm_counts(loader(rows)[0]),

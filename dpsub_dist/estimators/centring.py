@@ -190,8 +190,13 @@ class CentredLoader:
     def native(self, part: Any) -> tuple[np.ndarray, Any]:
         """The centred rows in the source's precision (:func:`load_native`: float32 rows minus
         the mean rounded to float32), a new array."""
+        centred, _, units = self.native_with_source(part)
+        return centred, units
+
+    def native_with_source(self, part: Any) -> tuple[np.ndarray, np.ndarray, Any]:
+        """:meth:`native`'s centred rows and the source rows they came from, from one read."""
         rows, units = load_native(self.loader, part)
-        return rows - self.mean.astype(rows.dtype), units
+        return rows - self.mean.astype(rows.dtype), rows, units
 
 
 def private_bound(

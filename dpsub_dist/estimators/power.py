@@ -236,12 +236,14 @@ def _counted_rows(loader: Loader, part: Any) -> tuple[np.ndarray, np.ndarray]:
     :func:`row_norms`), so that both passes bin every row alike, on a bin's edge too. Float32
     rows are converted (and, centred, shifted by the float64 mean) a few rows at a time, as
     the loader's float64 rows would be: per row the same float64 values and the same sum."""
-    rows, _ = load_native(loader, part)
+    if isinstance(loader, centring.CentredLoader):  # the partition is read once either way
+        rows, base, _ = loader.native_with_source(part)
+        shift = loader.mean
+    else:
+        rows = base = load_native(loader, part)[0]
+        shift = 0.0
     if rows.dtype != np.float32:  # the loader's own float64 rows
         return rows, row_norms(rows)
-    centred = isinstance(loader, centring.CentredLoader)
-    base = load_native(loader.loader, part)[0] if centred else rows
-    shift = loader.mean if centred else 0.0
     step = max(1, NORM_CHUNK_BYTES // (8 * max(base.shape[1], 1)))
     norms = [
         row_norms(np.asarray(base[s : s + step], dtype=np.float64) - shift)
