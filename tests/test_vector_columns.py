@@ -155,6 +155,43 @@ def test_mixed_scalar_and_vector_columns_concatenate_in_column_order(tmp_path):
     np.testing.assert_array_equal(rows, np.column_stack([expected[:, 5:7], expected[:, 0]]))
 
 
+def test_runs_of_scalar_columns_are_written_block_by_block_exactly(tmp_path, monkeypatch):
+    """Adjacent scalar columns (float32, int64, uint8, float64, a decimal between them) are
+    stacked and written in blocks of rows (here 5 rows: the block size patched small), with
+    a vector column splitting the runs: the rows equal the columns' values exactly."""
+    import dpsub_dist.io.parquet as parquet
+
+    monkeypatch.setattr(parquet, "SCALAR_BLOCK_BYTES", 8 * 3 * 5)  # 5 rows of a 3-column run
+    data = matrix(203, 8, seed=2)
+    cents = np.round(data[:, 3] * 100)
+    table = pa.table(
+        {
+            "f32": pa.array(data[:, 0].astype(np.float32)),
+            "i64": pa.array(np.round(data[:, 1] * 1e6).astype(np.int64)),
+            "u8": pa.array((np.abs(data[:, 2]) * 50).astype(np.uint8)),
+            "dec": pa.array([f"{c / 100:.2f}" for c in cents]).cast(pa.decimal128(12, 2)),
+            "f64": pa.array(data[:, 4]),
+            "v": fixed(data[:, 5:7]),
+            "last": pa.array(data[:, 7]),
+        }
+    )
+    path = tmp_path / "runs.parquet"
+    pq.write_table(table, path, row_group_size=60)  # several chunks per column
+    expected = np.column_stack(
+        [
+            data[:, 0].astype(np.float32),
+            np.round(data[:, 1] * 1e6).astype(np.int64),
+            (np.abs(data[:, 2]) * 50).astype(np.uint8),
+            cents / 100,
+            data[:, 4:8],
+        ]
+    )
+    rows, dataset = read_all(path)
+    assert dataset.dim == 8
+    np.testing.assert_array_equal(rows, expected)
+    assert rows.flags.c_contiguous and rows.dtype == np.float64
+
+
 def test_feature_name_without_widths_is_the_column():
     assert feature_name(["p", "q"], None, 1) == "q"
     assert feature_name(["p", "x"], [None, 4], 4) == "x[3]"

@@ -422,6 +422,7 @@ class PartReader:
                 table = table.filter(pa.array(keep))
         rows = np.empty((table.num_rows, self.dim), dtype=np.float64)
         widths = self.widths or (None,) * len(self.columns)
+        scalars: dict[int, np.ndarray] = {}  # feature position → a numeric scalar column
         j = 0
         for name, width in zip(self.columns, widths, strict=True):
             column = table.column(name)
@@ -432,13 +433,43 @@ class PartReader:
                     "fill or drop them before estimating"
                 )
             if width is None:
-                rows[:, j] = column.to_numpy()
+                values = column.to_numpy()
+                if values.dtype.kind in "fiub":
+                    scalars[j] = values
+                else:  # decimals: Python objects, converted one by one
+                    rows[:, j] = values
                 j += 1
             else:
                 _read_vector(column, width, rows[:, j : j + width], name, part.path, file_row)
                 j += width
+        _write_scalar_columns(scalars, rows)
         check_finite(rows, self.columns, part.path, self.widths)
         return rows, units
+
+
+SCALAR_BLOCK_BYTES = 64 * 2**20
+"""Rows of scalar columns stacked at a time by :func:`_write_scalar_columns` (≤ 64 MiB)."""
+
+
+def _write_scalar_columns(scalars: dict[int, np.ndarray], rows: np.ndarray) -> None:
+    """Write each run of adjacent scalar columns into ``rows`` (row-major) as one stacked
+    ``columns × rows`` block transposed, instead of one strided column at a time: every
+    column write touched a new cache line per row, and was most of a partition's decode
+    (``python -m bench.passes``: 250,000 × 32 float32 in 0.016 s against 0.028 s, 62,500
+    × 128 in 0.012 s against 0.051 s). The values are the same (each is converted to
+    float64 once, as before)."""
+    positions = sorted(scalars)
+    runs: list[list[int]] = []
+    for j in positions:
+        if runs and runs[-1][-1] == j - 1:
+            runs[-1].append(j)
+        else:
+            runs.append([j])
+    for run in runs:
+        step = max(1, SCALAR_BLOCK_BYTES // (8 * len(run)))
+        for start in range(0, len(rows), step):
+            block = np.stack([scalars[j][start : start + step] for j in run])
+            rows[start : start + step, run[0] : run[-1] + 1] = block.T
 
 
 def _read_vector(
