@@ -5,8 +5,8 @@ one BLAS thread) the loader alone and each per-partition function of the default
 ``dpsub estimate`` (gauss, centred, private row-norm bound), and the floor's task on the
 same rows. The per-pass cost is decode + its row work, so the sum over passes beside the
 floor shows how much of the gap is re-reading and how much is work per row.
-``level_moments_task`` is the default's one full-pass task since the sampled centre (decode,
-centring, per-bin Grams and sums), to set beside ``floor_task``.
+``full_pass_task`` is the default's one full-pass task on the sampled-centre route (decode,
+centring, clipping at a known bound, one ``syrk`` and the sum), to set beside ``floor_task``.
 ``centred_counts_then_gram`` (the centred rows' counting pass and Gram pass, decode left out)
 beside ``centred_level_grams`` (the fused pass, :class:`norm_pass.LevelGrams`) is the row
 work the fusion trades for one decode.
@@ -39,14 +39,10 @@ def profile(path: Any, repeats: int) -> dict[str, float]:
     """Seconds per step on the dataset's first partition."""
     from threadpoolctl import threadpool_limits
 
-    from dpsub_dist.engine.gram import clip_rows, gram_of
+    from dpsub_dist.engine.gram import clip_rows, gram_of, partition_gram
     from dpsub_dist.engine.sources import parquet_dataset
     from dpsub_dist.estimators.centring import CentredLoader
-    from dpsub_dist.estimators.norm_pass import (
-        partition_level_grams,
-        partition_level_moments,
-        partition_level_sums,
-    )
+    from dpsub_dist.estimators.norm_pass import partition_level_grams, partition_level_sums
     from dpsub_dist.privacy.norm_bound import norm_counts
 
     dataset = parquet_dataset(str(path), None, None, None, None)
@@ -63,9 +59,9 @@ def profile(path: Any, repeats: int) -> dict[str, float]:
         "gram": lambda: gram_of(clip_rows(rows - mean, 1.0)),
         "level_grams": lambda: partition_level_grams(lambda part: (part - mean, None), rows),
         # The sampled-centre route's whole full-pass task, decode included (the default's one
-        # read at D ≤ 202: per-bin Grams and sums of the centred rows).
-        "level_moments_task": lambda: partition_level_moments(
-            CentredLoader(dataset.loader, mean), part
+        # read: the centred rows clipped at a bound released from the sample, Gram and sum).
+        "full_pass_task": lambda: partition_gram(
+            CentredLoader(dataset.loader, mean), 1.0, True, part
         ),
     }
     with threadpool_limits(limits=1, user_api="blas"):

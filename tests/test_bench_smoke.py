@@ -240,8 +240,16 @@ def test_passes_times_the_default_full_pass_task_beside_the_floor(dirs):
     path, _ = speed.speed_dataset(args, 20_000, 8)
     seconds = passes.profile(path, 1)
     assert seconds["partitions"] >= 2 and 0 < seconds["rows"] < 20_000
-    for step in ("floor_task", "decode", "level_moments_task", "level_grams"):
+    for step in ("floor_task", "decode", "full_pass_task", "level_grams"):
         assert seconds[step] > 0
+
+
+def test_the_stacked_floor_computes_the_floors_gram(dirs):
+    """``floor_stacked`` (the floor with dpsub's column decode) sums the same XᵀX."""
+    args = argparse.Namespace(min_files=2, data_dir=dirs["data"], rank=2, seed=1)
+    path, _ = speed.speed_dataset(args, 20_000, 8)
+    file = speed.parquet_files(path)[0]
+    np.testing.assert_array_equal(speed.floor_gram(file, stacked=True), speed.floor_gram(file))
 
 
 def test_power_profile_times_both_forms_of_a_partition(dirs):

@@ -49,6 +49,21 @@ def test_margin_is_the_laplace_union_bound_over_the_public_grid() -> None:
     assert nb.margined_quantile(0.92, 5000, 0.05, "users") == 0.92  # far from both ends
 
 
+def test_a_quantile_for_n_searched_on_a_sample_is_capped_at_its_top_margin() -> None:
+    """sample_quantile: a run's quantile for all n rows, searched for on n_S sample rows,
+    keeps its threshold inside [LOW/ε, n_S − SV/ε]: capped at the top (where margined_quantile
+    leaves a caller's quantile as it is), raised at the bottom, unchanged between."""
+    epsilon, n_sample = 0.1, 50_000
+    top = 1 - nb.SV_MARGIN / (epsilon * n_sample)  # 0.996
+    assert nb.margined_quantile(0.9999, n_sample, epsilon, "rows") == 0.9999
+    assert nb.sample_quantile(0.9999, n_sample, epsilon, "rows") == pytest.approx(top)
+    assert nb.sample_quantile(0.9, n_sample, epsilon, "rows") == 0.9
+    low = nb.LOW_MARGIN / (epsilon * n_sample)
+    assert nb.sample_quantile(1e-6, n_sample, epsilon, "rows") == pytest.approx(low)
+    with pytest.raises(nb.TooFewForBound):
+        nb.sample_quantile(0.5, math.floor(nb.min_count(epsilon)) - 1, epsilon, "rows")
+
+
 def test_empty_bins_pass_the_margined_threshold_rarely_and_the_old_one_often() -> None:
     """Every count in the overflow bin (all 101 bins empty): at the threshold LOW/ε the search
     fires on an empty bin w.p. ≤ 1% (the docstring's bound); at ε = 0.05 with 500 users the

@@ -1,10 +1,12 @@
 """The sampled-centre route of the default covariance run (issue #16, covariance.centre_sample).
 
-The mean's steps run on a public sample S of partitions; one full read then releases the
-centred rows' bound, their Gram and their clipped sum (step ``centred_sum``), and gauss
-releases ``G̃ − s̃s̃ᵀ/n``. These tests check: the rule reads public facts only and keeps
-today's route below its threshold; the full pass's Gram and sum are the separate passes'
-at the released centre and bound; the rows are read once plus S's partitions, none held;
+The mean's steps and the centred rows' bound run on a public sample S of partitions; one
+full read then releases the centred rows' Gram and their clipped sum (step
+``centred_sum``), and gauss releases ``G̃ − s̃s̃ᵀ/n``. These tests check: the rule reads
+public facts only and keeps today's route below its threshold; the bound is a function of
+S's rows alone, searched for at the capped quantile; the full pass's Gram and sum are the
+separate passes' at the released centre and bound; the rows are read once plus S's
+partitions twice, none held;
 data sorted across partitions (a biased sample centre) still gives the right subspace,
 which it does not without the correction; the new step is calibrated, charged and audited.
 """
@@ -25,11 +27,9 @@ from dpsub_dist.engine.gram import clip_rows, gram_of
 from dpsub_dist.engine.sources import array_dataset
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators import covariance as cov
-from dpsub_dist.estimators.norm_pass import partition_level_moments
 from dpsub_dist.job import EstimateConfig, run_estimate, with_defaults
-from dpsub_dist.privacy import mechanism
-from dpsub_dist.privacy.accountant import Accountant, ApproxDP, gaussian_sigma
-from dpsub_dist.privacy.norm_bound import GRID
+from dpsub_dist.privacy import mechanism, norm_bound
+from dpsub_dist.privacy.accountant import Accountant, ApproxDP, gaussian_sigma, laplace_epsilon
 
 NOISE_SEED = 0x5A3C
 """Private noise seed planted for these tests only, so that their outcome is fixed."""
@@ -94,7 +94,8 @@ def test_the_rule_reads_public_facts_and_keeps_todays_route_below_it(small_route
         {"method": "gauss", "unit_column": "u"},
     ):
         assert cov.centre_sample(_config(**options), data) is None, options
-    assert cov.centre_sample(_config(method="gauss"), array_dataset(np.ones((10**5, 203)))) is None
+    # wider than the fused Gram's D ≤ 202: the route needs no per-bin Grams
+    assert cov.centre_sample(_config(method="gauss"), array_dataset(np.ones((10**5, 203))))
 
 
 def test_the_rule_refuses_a_sample_over_an_eighth_of_the_rows(small_route, monkeypatch) -> None:
@@ -107,25 +108,70 @@ def test_the_rule_refuses_a_sample_over_an_eighth_of_the_rows(small_route, monke
     assert cov.centre_sample(_config(method="gauss"), data) is None
 
 
-def test_level_moments_give_the_clipped_gram_and_sum_at_every_grid_value() -> None:
-    rng = np.random.default_rng(1)
-    rows = rng.standard_normal((2000, 4)) * np.exp(2 * rng.standard_normal((2000, 1)))
-    rows[0] = 0.0
-    halves = [partition_level_moments(lambda p: (p, None), r) for r in (rows[:700], rows[700:])]
-    total = halves[0] + halves[1]
-    for bound in GRID[::5]:
-        gram, row_sum = total.clipped(bound)
-        clipped = clip_rows(rows, bound)
-        expected = gram_of(clipped)
-        assert np.abs(gram - expected).max() <= 1e-12 * np.abs(expected).max()
-        np.testing.assert_allclose(row_sum, clipped.sum(axis=0), rtol=1e-12, atol=1e-12)
+def test_the_bound_is_a_function_of_the_samples_rows_at_the_capped_quantile(
+    small_route, monkeypatch
+) -> None:
+    """B₂ (and c) come from S's rows only: with the same private noise, the rows of a
+    partition outside S made 10 times longer leave them identical, while the released basis
+    moves (those rows are in the full pass); the same change to a partition of S moves B₂.
+    The sparse vector runs on n_S rows at q capped at 1 − 20/(ε_norm·n_S)."""
+    rows, _ = _drift_rows(100_000)
+    thresholds: list[tuple[int, float, int]] = []
+    real_release = centring.release_bound
+
+    def spy(step, counts, n_rows, accountant, grants, rng, quantile=norm_bound.NORM_QUANTILE):
+        if step == "centred_norm_bound":
+            thresholds.append((n_rows, quantile, int(counts.sum())))
+        return real_release(step, counts, n_rows, accountant, grants, rng, quantile)
+
+    monkeypatch.setattr(centring, "release_bound", spy)
+
+    def run(data: np.ndarray) -> Any:
+        return run_estimate(_config(), lambda _e: array_dataset(data), None, noise_seed=NOISE_SEED)
+
+    first = run(rows)
+    parameters = first.manifest["parameters"]
+    n_sample = parameters["centre_sample"]["rows"]
+    gauss = _config(method="gauss")
+    grants = cov.plan(gauss, cov.plan_shares(gauss, sampled=True))[1]
+    full_quantile = cov.bound_quantile(
+        "gauss", grants, "replace", len(rows), rows.shape[1],
+        laplace_epsilon(grants["centred_norm_bound"]),
+    )  # fmt: skip
+    epsilon = laplace_epsilon(grants["centred_norm_bound"])
+    capped = norm_bound.sample_quantile(full_quantile, n_sample, epsilon, "rows")
+    assert capped == pytest.approx(1 - norm_bound.SV_MARGIN / (epsilon * n_sample))
+    assert capped < full_quantile  # the cap binds at n_S
+    assert thresholds == [(n_sample, capped, n_sample)]
+    assert f"q = {capped:.6g}" in parameters["row_norm_source"]
+    assert "centre_sample's partitions" in parameters["row_norm_source"]
+    sampled = {o // PART_ROWS for o in sample_offsets(rows)}
+    outside = next(i for i in range(20) if i not in sampled) * PART_ROWS
+    inside = min(sampled) * PART_ROWS
+    for where, moves in ((outside, False), (inside, True)):
+        changed = rows.copy()
+        changed[where : where + PART_ROWS] *= 10.0
+        second = run(changed)
+        same_bound = second.manifest["parameters"]["row_norm"] == parameters["row_norm"]
+        assert same_bound is not moves, where
+        if not moves:
+            release, again = first.manifest["release"], second.manifest["release"]
+            assert again["centre_sample_mean"] == release["centre_sample_mean"]
+            assert not np.array_equal(first.basis, second.basis)
+
+
+def sample_offsets(rows: np.ndarray) -> list[int]:
+    sample = cov.centre_sample(_config(method="gauss"), array_dataset(rows))
+    assert sample is not None
+    return sample.dataset.offsets
 
 
 def test_the_sampled_run_reads_the_rows_once_plus_the_sample_and_holds_none(
     small_route, monkeypatch
 ) -> None:
     """Rows that fit the cache are not held on this route: one full read, plus the sample's
-    partitions for the mean (today: the same data held, or read twice)."""
+    partitions twice, for the mean and the centred rows' bound (today: the same data held,
+    or read twice)."""
     data = array_dataset(_drift_rows(100_000)[0])
     loader = CountingLoader(data.loader)
     counted = dataclasses.replace(data, loader=loader)
@@ -135,7 +181,7 @@ def test_the_sampled_run_reads_the_rows_once_plus_the_sample_and_holds_none(
     assert result.manifest["method"] == "gauss"
     sample = result.manifest["parameters"]["centre_sample"]
     assert sample["partitions"] < len(data.parts) / 8 + 1
-    assert loader.calls[0] == len(data.parts) + sample["partitions"]
+    assert loader.calls[0] == len(data.parts) + 2 * sample["partitions"]
     assert held == []  # the row cache is not asked
     shares = result.manifest["parameters"]["budget_shares"]
     assert set(shares) == {"norm_bound", "mean", "centred_norm_bound", "gram_noise", "centred_sum"}
@@ -192,8 +238,8 @@ def test_the_correction_removes_the_bias_of_a_sample_of_sorted_partitions(
     real = cov.bound_gram_and_correction
 
     def no_shift(*args: Any) -> Any:
-        bound, gram, shift, centred = real(*args)
-        return bound, gram, np.zeros_like(shift), centred
+        bound, quantile, gram, shift, centred = real(*args)
+        return bound, quantile, gram, np.zeros_like(shift), centred
 
     monkeypatch.setattr(cov, "bound_gram_and_correction", no_shift)
     assert _sin(run(noise_seed=NOISE_SEED).basis, plane) > 0.5
@@ -274,7 +320,7 @@ def test_on_a_cluster_only_counts_sums_and_the_gram_reach_the_driver(
     small_route, monkeypatch, dask_client
 ) -> None:
     """The per-bin sums (a bin may hold one row) stay on the workers: what the driver
-    gathers is the two passes' 102 counts, the sample's clipped sum, the Gram and the
+    gathers is the sample's two passes' 102 counts, its clipped sum, the Gram and the
     centred rows' clipped sum (plus pickling), far below one partition of rows."""
     from test_no_raw_data import GatherMeter
 

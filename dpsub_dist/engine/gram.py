@@ -28,7 +28,7 @@ import pandas as pd
 from scipy.linalg.blas import dsyrk
 
 from dpsub_dist.engine.compute import IN_PROCESS, Executor, tree_sum
-from dpsub_dist.engine.sources import Loader
+from dpsub_dist.engine.sources import Loader, owns_rows
 from dpsub_dist.errors import InputError
 from dpsub_dist.linalg import row_norms
 
@@ -49,13 +49,19 @@ class GramSummary:
         return GramSummary(self.gram + other.gram, row_sum)
 
 
-def clip_rows(rows: np.ndarray, bound: float) -> np.ndarray:
+def clip_rows(rows: np.ndarray, bound: float, in_place: bool = False) -> np.ndarray:
     """A float64 copy of the rows, clipped to norm ≤ ``bound`` then scaled by 1/bound (norm ≤ 1).
 
-    Never modifies ``rows``: an in-memory loader may hand out the caller's own array.
+    Never modifies ``rows`` unless ``in_place`` (float64 rows the caller owns, e.g. from a
+    loader that :func:`~dpsub_dist.engine.sources.owns_rows`: the same values, no copy): an
+    in-memory loader may hand out the caller's own array.
     """
     rows = np.asarray(rows, dtype=np.float64)
-    return rows * (1.0 / np.maximum(row_norms(rows), bound))[:, None]
+    scale = (1.0 / np.maximum(row_norms(rows), bound))[:, None]
+    if in_place:
+        rows *= scale
+        return rows
+    return rows * scale
 
 
 CLIP_MARGIN = 1.0 - 2.0**-24
@@ -108,7 +114,7 @@ def partition_gram(
     ``1/√max(1, Σ‖x‖² of its user)`` so that each user's contribution has trace ≤ 1.
     """
     rows, units = loader(part)
-    rows = clip_rows(rows, bound)
+    rows = clip_rows(rows, bound, in_place=owns_rows(loader))
     if user_norms is not None:
         rows = scale_users(rows, units, user_norms)
     return GramSummary(gram_of(rows), rows.sum(axis=0) if center else None)

@@ -32,6 +32,13 @@ Loader = Callable[[Any], tuple[np.ndarray, Any]]
 """Loads one partition (on a worker): its float64 rows, and its rows' user ids or None."""
 
 
+def owns_rows(loader: Loader) -> bool:
+    """Whether every call of ``loader`` returns a new float64 array of rows that no one else
+    holds (its ``OWNS_ROWS``: the Parquet reader, the centred loader), which the caller may
+    then modify in place instead of copying (a partition-sized copy saved per pass)."""
+    return bool(getattr(loader, "OWNS_ROWS", False))
+
+
 def load_native(loader: Loader, part: Any) -> tuple[np.ndarray, Any]:
     """A partition's rows in the source's own precision where the loader has one (its
     ``native`` method: float32 blocks stay float32, no float64 copy), else ``loader(part)``.

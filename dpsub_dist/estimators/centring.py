@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import dask
 import numpy as np
@@ -38,7 +38,7 @@ import numpy as np
 from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.gram import clip_rows, sum_on_workers
 from dpsub_dist.engine.row_cache import is_held
-from dpsub_dist.engine.sources import load_native
+from dpsub_dist.engine.sources import load_native, owns_rows
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators.norm_pass import (
     NORM_SOURCE,
@@ -177,13 +177,19 @@ class CentredLoader:
 
     loader: Any
     mean: np.ndarray
+    OWNS_ROWS: ClassVar[bool] = True
+    """Each call returns a new float64 array (:func:`~dpsub_dist.engine.sources.owns_rows`)."""
 
     def __call__(self, part: Any) -> tuple[np.ndarray, Any]:
         rows, units = self.loader(part)
-        # One new float64 array, centred in place: ``asarray(rows) − mean`` allocated two for
-        # float32 rows, and every large allocation costs page faults on a Dask worker (its
-        # nanny's MALLOC_TRIM_THRESHOLD_ hands freed memory back at once; docs/scale.md).
-        centred = np.array(rows, dtype=np.float64)
+        # One float64 array, centred in place: the loader's own where it owns it (the Parquet
+        # reader's), else one new copy (``asarray(rows) − mean`` allocated two for float32
+        # rows, and every large allocation costs page faults on a Dask worker: its nanny's
+        # MALLOC_TRIM_THRESHOLD_ hands freed memory back at once; docs/scale.md).
+        if owns_rows(self.loader) and rows.dtype == np.float64:
+            centred = rows
+        else:
+            centred = np.array(rows, dtype=np.float64)
         centred -= self.mean
         return centred, units
 

@@ -10,8 +10,9 @@ Centring (default at row level, :mod:`dpsub_dist.estimators.centring`): the priv
 the Gram then sums the centred rows, clipped to their own bound (``centred_norm_bound`` when
 private). Subtracting ``n·μ̂μ̂ᵀ`` from the raw Gram instead would leave an error ``2n·μ·eᵀ``
 that grows with the mean's size. Centring needs the public row count, so it is row level only.
-On many partitions gauss takes the mean over a public sample of them and corrects the centre
-in its one full pass (:func:`centre_sample`, step ``centred_sum``; docs/scale.md).
+On many partitions gauss takes the mean and the centred rows' bound over a public sample of
+them and corrects the centre in its one full pass (:func:`centre_sample`, step
+``centred_sum``; docs/scale.md).
 
 Neighbours: replace one row (row level) or add/remove one user (``--unit-column``: each user's
 rows are scaled together so their squared norms sum to ≤ 1).
@@ -49,10 +50,8 @@ from dpsub_dist.estimators.norm_pass import (
     NORM_SOURCE,
     USER_NORM_SOURCE,
     compute_level_grams,
-    compute_level_moments,
     fuse_level_grams,
     gather_clipped_gram,
-    gather_clipped_moments,
 )
 from dpsub_dist.linalg import top_eigenvectors
 from dpsub_dist.privacy import covariance as cov_steps
@@ -115,7 +114,7 @@ def budget_plan(
     share is split between ``norm_bound`` (raw rows, for the mean) and ``centred_norm_bound``
     (the rows the Gram sums). ``sampled`` (the sampled-centre route, :func:`centre_sample`):
     the mean's share is split, :data:`CORRECTION_SHARE` of it to ``centred_sum`` (drawn
-    after ``centred_norm_bound``, in the same pass's gather).
+    after ``centred_norm_bound``, from the full pass's sum).
     """
     delta_share = 0.0 if zcdp else 1.0
     if method == "gauss":
@@ -309,10 +308,13 @@ CORRECTION_SHARE = 0.5
 """Of the mean's share on the sampled route, the part spent on ``centred_sum``; the sample's
 mean (step ``mean``) keeps the rest."""
 
+SAMPLE_BOUND_SOURCE = ", over centre_sample's partitions (q·n_S, q capped at 1 − 20/(ε_norm·n_S))"
+"""What the manifest's ``row_norm_source`` adds on the sampled route (B₂ from S's rows)."""
+
 SAMPLE_RULE = (
-    "public: gauss, centred, private bound, row level, D ≤ 202, ≥ 8 partitions; partitions in "
+    "public: gauss, centred, private bound, row level, ≥ 8 partitions; partitions in "
     "a permutation from the public seed until n_S ≥ max(5·10⁴, n/32, √D·σ_mean/0.05), used "
-    "if n_S ≤ n/8 and n_S meets the mean bound's margin"
+    "if n_S ≤ n/8 and n_S meets both bounds' margins"
 )
 
 
@@ -345,9 +347,10 @@ def centre_sample(config: EstimateConfig, dataset: Dataset) -> CentreSample | No
     δ and the public seed; :data:`SAMPLE_RULE`).
 
     The route (issue #16): the mean's steps (``norm_bound``, ``mean``) run on S only, dividing
-    by n_S, and give the centre c; then one full read releases the centred rows' bound B₂, the
-    Gram of the rows y = x − c clipped to B₂ and their clipped sum s (step ``centred_sum``,
-    :func:`release_centred_mean`), and gauss releases ``G̃ − s̃s̃ᵀ/n``: the Gram about the
+    by n_S, and give the centre c; the centred rows' bound B₂ comes from S's rows too; then one
+    full read releases the Gram of the rows y = x − c clipped to B₂ and their clipped sum s
+    (step ``centred_sum``, :func:`bound_gram_and_correction`), and gauss releases
+    ``G̃ − s̃s̃ᵀ/n``: the Gram about the
     clipped rows' own mean, so a c biased by S (data sorted across partitions) adds nothing.
     Without s, a centre off by e = μ − c would add the rank-one n·eeᵀ (docs/scale.md)."""
     if (
@@ -355,7 +358,6 @@ def centre_sample(config: EstimateConfig, dataset: Dataset) -> CentreSample | No
         or not config.center
         or config.row_norm is not None
         or config.unit_column is not None
-        or not fused_gram(dataset)
         or len(dataset.parts) < SAMPLE_MIN_PARTITIONS
     ):
         return None
@@ -370,8 +372,10 @@ def centre_sample(config: EstimateConfig, dataset: Dataset) -> CentreSample | No
     sample = centring.sample_partitions(dataset, target, seed)
     if sample.n_rows > dataset.n_rows * SAMPLE_MAX_FRACTION:
         return None
-    try:
+    try:  # both of S's bounds (the raw rows', the centred rows') meet their margins at n_S
         centring.margined_row_quantile("norm_bound", grants, sample.n_rows)
+        epsilon = laplace_epsilon(grants["centred_norm_bound"])
+        norm_bound.sample_quantile(0.5, sample.n_rows, epsilon, "rows")
     except norm_bound.TooFewForBound:
         return None
     return CentreSample(sample, seed, len(dataset.parts))
@@ -421,6 +425,7 @@ class CentredMean:
 
 def bound_gram_and_correction(
     quantile: float,
+    sample: CentreSample,
     dataset: Dataset,
     loader: Any,
     accountant: Accountant,
@@ -428,19 +433,38 @@ def bound_gram_and_correction(
     rng: np.random.Generator,
     executor: Executor,
     progress: bool,
-) -> tuple[float, GramSummary, np.ndarray, CentredMean]:
-    """The sampled route's one full read (:func:`centre_sample`): as :func:`bound_and_gram`
-    (step ``centred_norm_bound``, same counts, release and Gram), and per bin also Σ y and
-    Σ y/‖y‖ (:class:`~dpsub_dist.estimators.norm_pass.LevelMoments`), from which the
-    workers compute the clipped sum s at B₂; only the Gram and s reach the driver. Returns
-    B₂, the Gram, the shift n·z̄̃z̄̃ᵀ = s̃s̃ᵀ/n (released) and the released z̄̃."""
-    counts, held = compute_level_moments(dataset.parts, loader, executor, progress)
+) -> tuple[float, float, GramSummary, np.ndarray, CentredMean]:
+    """The sampled route after its centre c (:func:`centre_sample`): the centred rows' bound
+    B₂ from S's rows, then one full read for the Gram and the correction.
+
+    1. Step ``centred_norm_bound`` on S (a second read of S's partitions): the sparse vector
+       over the norm counts of S's rows y = x − c at the quantile ``quantile`` chosen for all
+       n rows, its threshold capped at n_S − SV_MARGIN/ε (:func:`norm_bound.sample_quantile`).
+       Privacy: S is public, and replacing one row moves S's counts by ≤ 1 (by 0 if the row
+       is outside S), so the argument and the cost are those of the bound over all rows;
+       the threshold q_S·n_S is public (n_S: the footers').
+    2. One full read at the released B₂ (:func:`compute_gram`: per row one clip and one
+       ``syrk``, no per-bin sums): the Gram of the rows y clipped to B₂ and scaled by 1/B₂,
+       noised by gauss, and their sum s, released by ``centred_sum``
+       (:func:`release_centred_mean`). Both at a released c and B₂: as on every route.
+
+    B₂ then clips the rows of partitions outside S by what S's rows show; where partitions
+    differ (data sorted by a column that drives the norms) more of them may be clipped than
+    the quantile aims at, which biases the covariance towards the sample's scale but
+    releases nothing more (docs/scale.md). Returns B₂, the quantile searched for on S, the
+    Gram, the shift n·z̄̃z̄̃ᵀ = s̃s̃ᵀ/n (released) and the released z̄̃."""
     step = "centred_norm_bound"
-    bound = centring.release_bound(step, counts, dataset.n_rows, accountant, grants, rng, quantile)
-    gram, clipped_sum = gather_clipped_moments(held, bound, executor)
-    centred = release_centred_mean(clipped_sum, dataset.n_rows, accountant, grants, rng)
+    on_sample = norm_bound.sample_quantile(
+        quantile, sample.dataset.n_rows, laplace_epsilon(grants[step]), "rows"
+    )
+    bound = centring.private_bound(
+        step, sample.dataset, loader, accountant, grants, rng, executor, progress, on_sample
+    )
+    summary = compute_gram(dataset.parts, loader, bound, True, False, executor, progress)
+    assert summary.row_sum is not None
+    centred = release_centred_mean(summary.row_sum, dataset.n_rows, accountant, grants, rng)
     shift = dataset.n_rows * np.outer(centred.mean, centred.mean)
-    return bound, GramSummary(gram), shift, CentredMean(centred)
+    return bound, on_sample, GramSummary(summary.gram), shift, CentredMean(centred)
 
 
 def too_few_users(
@@ -543,8 +567,10 @@ def run_covariance(
         row_norm, norm_source = released.bound, USER_NORM_SOURCE.format(q=released.quantile)
     elif config.row_norm is None:
         args = (dataset, loader, accountant, grants, rng, executor, progress)
-        if sample is not None:  # the one full pass: bound, Gram and the centring's correction
-            row_norm, summary, shift, correction = bound_gram_and_correction(quantile, *args)
+        if sample is not None:  # S's bound, then the one full pass: Gram and correction
+            row_norm, quantile, summary, shift, correction = bound_gram_and_correction(
+                quantile, sample, *args
+            )
             centred.update(sample.parameters())
             mean_release.update(correction.published(mean_release["mean"], row_norm))
         elif fused_gram(dataset):  # the bound's counts and the Gram in one pass
@@ -553,6 +579,7 @@ def run_covariance(
             row_norm = centring.private_bound(step, *args, quantile=quantile)
         norm_source = NORM_SOURCE.format(q=quantile, step=step)
         norm_source += " of the centred rows" if config.center else ""
+        norm_source += SAMPLE_BOUND_SOURCE if sample is not None else ""
     else:
         row_norm, norm_source = float(config.row_norm), "public (--row-norm)"
     timings["norm_bound_s"] = time.monotonic() - mark

@@ -197,7 +197,7 @@ def gather_clipped_product(held: Any, bound: float, executor: Executor) -> np.nd
     return _gather(held, LevelProducts.clipped_product, bound, executor, "first C·V")
 
 
-def _counts(held: LevelSums | LevelGrams | LevelMoments) -> np.ndarray:
+def _counts(held: LevelSums | LevelGrams) -> np.ndarray:
     return held.counts
 
 
@@ -257,12 +257,11 @@ def partition_level_grams(loader: Loader, part: Any) -> LevelGrams:
     """One partition's :class:`LevelGrams` (runs on a worker). Block by block of rows: the
     block sorted by bin, then per bin two accumulating ``syrk`` (its rows, then the same rows
     scaled to unit norm), so the rows are gathered and scaled while in cache."""
-    return _blocked_levels(np.asarray(loader(part)[0], dtype=np.float64), with_sums=False)[0]
+    return _blocked_levels(np.asarray(loader(part)[0], dtype=np.float64))
 
 
-def _blocked_levels(rows: np.ndarray, with_sums: bool) -> tuple[LevelGrams, LevelSums | None]:
-    """:func:`partition_level_grams` of ``rows``, and (``with_sums``) their :class:`LevelSums`
-    from the same sorted blocks (a sum per bin beside each ``syrk``: no second pass)."""
+def _blocked_levels(rows: np.ndarray) -> LevelGrams:
+    """:func:`partition_level_grams` of ``rows``."""
     norms = row_norms(rows)
     bins = norm_bins(norms).astype(np.uint8)  # ≤ 101: argsort sorts by radix
     counts = np.bincount(bins, minlength=len(GRID) + 1).astype(np.int64)
@@ -270,7 +269,6 @@ def _blocked_levels(rows: np.ndarray, with_sums: bool) -> tuple[LevelGrams, Leve
     dim = rows.shape[1]
     raw = [np.zeros((dim, dim), order="F") for _ in levels]
     unit = [np.zeros((dim, dim), order="F") for _ in levels]
-    sums = np.zeros((2, len(GRID) + 1, dim))  # Σ y, Σ y/‖y‖ per bin
     slot = dict(zip(levels.tolist(), range(len(levels)), strict=True))
     unit_scale = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
     step = max(1, LEVEL_GRAMS_CHUNK_BYTES // (8 * max(dim, 1)))
@@ -288,20 +286,15 @@ def _blocked_levels(rows: np.ndarray, with_sums: bool) -> tuple[LevelGrams, Leve
         for level, stop, size in zip(present.tolist(), stops, sizes[present], strict=True):
             i, own = slot[level], block[stop - size : stop]
             raw[i] = add_gram(raw[i], own)
-            if with_sums:
-                sums[0, level] += own.sum(axis=0)
             own *= scale[stop - size : stop, None]  # block is this chunk's own copy
             unit[i] = add_gram(unit[i], own)
-            if with_sums:
-                sums[1, level] += own.sum(axis=0)
     shape = (len(levels), dim, dim)
-    grams = LevelGrams(
+    return LevelGrams(
         counts,
         levels,
         np.array([symmetric(m) for m in raw]).reshape(shape),
         np.array([symmetric(m) for m in unit]).reshape(shape),
     )
-    return grams, LevelSums(counts, sums[0], sums[1]) if with_sums else None
 
 
 def compute_level_grams(
@@ -368,56 +361,3 @@ def level_products(rows: np.ndarray, norms: np.ndarray, basis: np.ndarray) -> Le
         product = rows[own].T @ both[own]
         raw[i], scaled[i] = product[:, :width], product[:, width:]
     return LevelProducts(counts, levels, raw, scaled)
-
-
-@dataclass(frozen=True)
-class LevelMoments:
-    """A partition's :class:`LevelGrams` and :class:`LevelSums` of the same rows, from one read:
-    the clipped Gram and the clipped sum at any grid value (the sampled-centre route's full
-    pass, :func:`dpsub_dist.estimators.covariance.bound_gram_and_correction`). Held on the
-    workers."""
-
-    grams: LevelGrams
-    sums: LevelSums
-
-    @property
-    def counts(self) -> np.ndarray:
-        """The rows' counts per bin of the public grid (the counting pass's)."""
-        return self.grams.counts
-
-    def __add__(self, other: LevelMoments) -> LevelMoments:
-        return LevelMoments(self.grams + other.grams, self.sums + other.sums)
-
-    def clipped(self, bound: float) -> tuple[np.ndarray, np.ndarray]:
-        """``(Σ ccᵀ, Σ c)`` over ``c = y/max(‖y‖, bound)`` (rows clipped to ``bound``, scaled
-        by 1/bound): :meth:`LevelGrams.clipped_gram` and :meth:`LevelSums.clipped_sum`."""
-        return self.grams.clipped_gram(bound), self.sums.clipped_sum(bound)
-
-
-def partition_level_moments(loader: Loader, part: Any) -> LevelMoments:
-    """One partition's :class:`LevelMoments` (runs on a worker): its rows read once, the
-    per-bin Grams and sums from the same sorted blocks (:func:`_blocked_levels`; per
-    partition of 250,000 × 32 rows the separate :func:`partition_level_sums` took as long
-    as the Grams, 0.14 s)."""
-    grams, sums = _blocked_levels(np.asarray(loader(part)[0], dtype=np.float64), True)
-    assert sums is not None
-    return LevelMoments(grams, sums)
-
-
-def compute_level_moments(
-    parts: list[Any], loader: Loader, executor: Executor, progress: bool
-) -> tuple[np.ndarray, Any]:
-    """The norm counts (to the driver) and the held :class:`LevelMoments` of all rows (for
-    :func:`gather_clipped_moments`): one read."""
-    label = f"{len(parts)} partitions → row-norm counts, per-bin Grams and sums"
-    return held_levels(
-        partition_level_moments, LevelMoments.__add__, parts, loader, executor, progress, label
-    )
-
-
-def gather_clipped_moments(
-    held: Any, bound: float, executor: Executor
-) -> tuple[np.ndarray, np.ndarray]:
-    """The clipped Gram and clipped sum at the released ``bound``, computed where the level
-    moments are held: only that D × D matrix and D-vector reach the driver."""
-    return _gather(held, LevelMoments.clipped, bound, executor, "clipped Gram and sum")

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -380,6 +380,8 @@ class PartReader:
     unit_column: str | None = None
     storage_options: StorageOptions | tuple[tuple[str, Any], ...] = ()
     widths: tuple[int | None, ...] = ()
+    OWNS_ROWS: ClassVar[bool] = True
+    """Each call returns a new float64 array (:func:`~dpsub_dist.engine.sources.owns_rows`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "storage_options", StorageOptions.wrap(self.storage_options))

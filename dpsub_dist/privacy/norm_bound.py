@@ -190,6 +190,15 @@ def margined_quantile(
     return max(quantile, low / count)
 
 
+def sample_quantile(quantile: float, count: float, norm_epsilon: float, unit: str) -> float:
+    """A quantile chosen for all n rows, searched for on a public sample of ``count`` rows:
+    :func:`margined_quantile`'s threshold, also capped at ``count − SV_MARGIN/ε`` (a run's
+    quantile for n leaves more than SV_MARGIN/ε rows above its threshold at n, but not at
+    the sample's size, where the search would fire late or never). Public inputs only."""
+    margined = margined_quantile(quantile, count, norm_epsilon, unit)
+    return min(margined, 1.0 - SV_MARGIN / (norm_epsilon * count))
+
+
 def private_norm_bound(
     counts: np.ndarray,
     n_rows: int,
