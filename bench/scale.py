@@ -10,7 +10,8 @@ file) and dask-ml's randomized PCA. Per D it reports the ratios of medians in th
 - ``rss_ratio``: dpsub's median peak worker RSS at the largest n over that at the
   smallest (target ≤ 1.15: memory flat in n);
 - ``throughput_vs_floor``: floor wall / dpsub wall at the largest n (target ≥ 0.8 at
-  D = 32 and 128);
+  D = 32 and 128); ``throughput_vs_floor_stacked`` the same against the floor with dpsub's
+  column decode (``--tools …,floor_stacked``: ``bench.speed``);
 - ``time_vs_dask_ml``: dpsub wall / dask-ml wall at the largest n (target ≤ 0.5).
 
 Peak memory is one partition plus the route's per-subset blocks (t·d² or t·d·m floats),
@@ -70,6 +71,10 @@ def summarise(records: list[dict[str, Any]], dims: list[int], rows: list[int]) -
                 ),
                 "throughput_vs_floor": ratio(
                     _median(pick("floor", large), "wall_s"), _median(dpsub_large, "wall_s")
+                ),
+                "throughput_vs_floor_stacked": ratio(
+                    _median(pick("floor_stacked", large), "wall_s"),
+                    _median(dpsub_large, "wall_s"),
                 ),
                 "time_vs_dask_ml": ratio(
                     _median(dpsub_large, "wall_s"),

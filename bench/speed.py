@@ -9,7 +9,10 @@ each other, with the peak resident memory of the workers during each run:
 - ``dask_ml_randomized`` / ``dask_ml_tsqr``: ``dask.dataframe.read_parquet`` →
   ``to_dask_array(lengths=True)`` → ``dask_ml.decomposition.PCA(svd_solver=...).fit``;
 - ``floor``: one task per file: pyarrow read → float64 NumPy → ``XᵀX``; the d×d blocks are
-  summed on the driver. No pipeline that reads its input can beat it.
+  summed on the driver. No pipeline that reads its input can beat it;
+- ``floor_stacked``: the floor with dpsub's own column decode (the columns stacked, then
+  written transposed: ``io.parquet._write_scalar_columns``), faster than the floor's one
+  column at a time: beside it, how much of dpsub's ratio to the floor is that decode.
 
 Example (the published run):
 ``python -m bench.speed --rows 1e6,1e7 --wide-dims 128,256 --profile``.
@@ -38,6 +41,7 @@ TOOLS = (
     "dask_ml_randomized",
     "dask_ml_tsqr",
     "floor",
+    "floor_stacked",
 )
 
 
@@ -72,20 +76,26 @@ def speed_dataset(args: Any, rows: int, dim: int) -> tuple[Path, np.ndarray]:
     )
 
 
-def floor_gram(file: str) -> np.ndarray:
-    """The floor's task: read one file with pyarrow, XᵀX in float64 NumPy."""
+def floor_gram(file: str, stacked: bool = False) -> np.ndarray:
+    """The floor's task: read one file with pyarrow, XᵀX in float64 NumPy (``stacked``: the
+    columns converted as dpsub's reader does, else one at a time)."""
     import pyarrow.parquet as pq
+
+    from dpsub_dist.io.parquet import _write_scalar_columns
 
     table = pq.read_table(file)
     rows = np.empty((table.num_rows, table.num_columns))
-    for j, column in enumerate(table.columns):
-        rows[:, j] = column.to_numpy()
+    if stacked:
+        _write_scalar_columns(dict(enumerate(c.to_numpy() for c in table.columns)), rows)
+    else:
+        for j, column in enumerate(table.columns):
+            rows[:, j] = column.to_numpy()
     return rows.T @ rows
 
 
-def run_floor(path: Path, client: Any) -> dict[str, Any]:
+def run_floor(path: Path, client: Any, stacked: bool = False) -> dict[str, Any]:
     files = parquet_files(path)
-    grams = client.gather(client.map(floor_gram, files, pure=False))
+    grams = client.gather(client.map(floor_gram, files, stacked=stacked, pure=False))
     total = np.sum(grams, axis=0)
     return {"status": "ok", "bytes_gathered": int(sum(g.nbytes for g in grams)), "d": total.shape}
 
@@ -154,8 +164,8 @@ def run_tool(tool: str, path: Path, truth: np.ndarray, args: Any, client: Any) -
                 assign=assign,
             )
             record["bytes_gathered"] = record.pop("summary_bytes_gathered", None)
-        elif tool == "floor":
-            record = run_floor(path, client)
+        elif tool in ("floor", "floor_stacked"):
+            record = run_floor(path, client, stacked=tool == "floor_stacked")
             record.pop("d")
         else:
             record = run_dask_ml(path, rank, tool.removeprefix("dask_ml_"), client)
