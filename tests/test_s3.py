@@ -22,7 +22,8 @@ from dpsub_dist.io.storage import StorageOptions
 
 DPSUB = [sys.executable, "-m", "dpsub_dist.cli"]
 BUDGET = ["--epsilon", "1", "--delta", "1e-6"]
-MAX_ERROR = 0.1  # measured ≈ 0.005 on this data (n = 100,000, d = 10, k = 2, γ = 0.01)
+MAX_ERROR = 0.1  # measured ≈ 0.005 on this data (n = 100,000, d = 10, k = 2, γ = 0.01);
+# the vector-column test: median 0.010, max 0.024 in 1,000 runs (see there)
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +139,10 @@ def test_vector_column_from_s3_in_place(s3, tmp_path, scheduler_address, capsys)
 
     local = generate(
         tmp_path / "vec",
-        rows=40_000,
+        # 40,000 rows: 4 of 1,000 runs failed (radius search overshot to 0.78, error 0.13
+        # and 0.15; or stopped at 0.069, too few friends, exit 3). 80,000: 0 of 1,000,
+        # median 0.010, 95th percentile 0.014, max 0.024, radius ≤ 0.19.
+        rows=80_000,
         dim=12,
         rank=2,
         gamma=0.01,
