@@ -132,7 +132,8 @@ def row_norms(rows: np.ndarray) -> np.ndarray:
     rows = np.asarray(rows, dtype=np.float64)
     norms = np.sqrt(np.einsum("ij,ij->i", rows, rows))
     extreme = ~np.isfinite(norms) | ((norms < 1e-150) & (norms > 0))
-    extreme |= (norms == 0) & np.any(rows != 0, axis=1)
+    zero = np.flatnonzero(norms == 0)  # all-zero rows, or tiny entries whose squares underflow
+    extreme[zero] = np.any(rows[zero] != 0, axis=1)
     if extreme.any():
         part = rows[extreme]
         scale = np.max(np.abs(part), axis=1)
