@@ -583,7 +583,7 @@ def run_covariance(
     else:
         row_norm, norm_source = float(config.row_norm), "public (--row-norm)"
     timings["norm_bound_s"] = time.monotonic() - mark
-    timings["fused_gram"] = summary is not None  # operator-only: which passes ran
+    timings["fused_gram"] = summary is not None and sample is None  # operator-only: passes
     timings["sampled_centre"] = sample is not None
     mark = time.monotonic()
     if summary is None and dataset.parts:
