@@ -34,7 +34,7 @@ quantile with this method's σ, clipping at most :data:`MAX_CLIPPED`) and their 
 :data:`NORM_SHARE`).
 User level (``--unit-column``): each user's clipped, scaled rows are scaled jointly so that
 their squared norms sum to ≤ 1, as gauss's Gram pass does
-(:func:`dpsub_dist.engine.gram.scale_users`; here through the weights), and the bound is
+(:func:`dpsub_dist.engine.gram.user_scale`; here through the weights), and the bound is
 gauss's private user-level bound (:func:`dpsub_dist.estimators.centring.private_user_bound`,
 at :func:`bound_quantile` of the users' norms); n is private there, so no published value uses
 it (no eigenvalue estimates, no refusal of an empty input) — privacy argument in
@@ -217,7 +217,7 @@ def _load_weighted(
     matrix of the rows clipped to ``bound`` and scaled by 1/bound
     (:func:`~dpsub_dist.engine.gram.clip_weights`, ``w‖x‖² ≤ 1`` exactly); at user level
     (``users``: every user's Σ‖x‖² of those clipped rows) also divided by ``max(1, Σ‖x‖²)``
-    of the row's user, as :func:`~dpsub_dist.engine.gram.scale_users` scales gauss's rows."""
+    of the row's user, as :func:`~dpsub_dist.engine.gram.user_scale` scales gauss's rows."""
     rows, units = load_native(loader, part)
     weights = clip_weights(rows, bound)
     if users is not None:

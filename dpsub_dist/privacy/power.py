@@ -46,7 +46,7 @@ summed in float64), float64 sources in float64.
 **User level** (``--unit-column``: neighbours add or remove all rows of one user). Every row
 is clipped to ``B`` and scaled by ``1/B``, then all rows ``x_1 … x_m`` of one user are
 multiplied by ``1/√max(1, Σ_r‖x_r‖²)`` (the same scaling as gauss's
-:func:`dpsub_dist.engine.gram.scale_users`; here the row weight ``w`` is divided by
+:func:`dpsub_dist.engine.gram.user_scale`; here the row weight ``w`` is divided by
 ``max(1, Σ_r‖x_r‖²)``, and the margin ``m`` covers that total's rounding), so
 ``Σ_r‖x_r‖² ≤ 1``; the factor depends on that user's rows only, so the
 other users' scaled rows are identical in both neighbours. The user changes ``C`` by
