@@ -77,7 +77,9 @@ def test_audit_catches_an_under_noised_twin(monkeypatch, level) -> None:
     """
     set_factor = scale_samplers(monkeypatch, "add_laplace", "laplace_noise")
     grid, n, grant = np.array([1.0, 2.0]), 1000, ApproxDP(1.0)
-    below = 990 - 1  # the first count sits one row below the threshold 0.99·n
+    # User level: 0.95, below the margin's cap 1 − SV_MARGIN/(ε/2·ñ) ≈ 0.96 at ñ ≈ 1000.
+    quantile = 0.99 if level == "row" else 0.95
+    below = round(quantile * n) - 1  # the first count sits one row below the threshold q·n
     before = np.array([below, n - below, 0])
     after = np.array([below - 1, n - below + 1, 0])
     if level == "user":
@@ -86,7 +88,8 @@ def test_audit_catches_an_under_noised_twin(monkeypatch, level) -> None:
     def mechanism(counts, rng):
         if level == "row":
             return nb.private_norm_bound(counts, n, grant, rng, grid=grid).index
-        return nb.private_user_norm_bound(counts, grant, rng, lambda u, e: 0.99, grid=grid).index
+        rule = lambda users, epsilon: quantile  # noqa: E731
+        return nb.private_user_norm_bound(counts, grant, rng, rule, grid=grid).index
 
     def run(value: float):
         set_factor(value)

@@ -49,19 +49,18 @@ def test_margin_is_the_laplace_union_bound_over_the_public_grid() -> None:
     assert nb.margined_quantile(0.92, 5000, 0.05, "users") == 0.92  # far from both ends
 
 
-def test_a_quantile_for_n_searched_on_a_sample_is_capped_at_its_top_margin() -> None:
-    """sample_quantile: a run's quantile for all n rows, searched for on n_S sample rows,
-    keeps its threshold inside [LOW/ε, n_S − SV/ε]: capped at the top (where margined_quantile
-    leaves a caller's quantile as it is), raised at the bottom, unchanged between."""
-    epsilon, n_sample = 0.1, 50_000
-    top = 1 - nb.SV_MARGIN / (epsilon * n_sample)  # 0.996
-    assert nb.margined_quantile(0.9999, n_sample, epsilon, "rows") == 0.9999
-    assert nb.sample_quantile(0.9999, n_sample, epsilon, "rows") == pytest.approx(top)
-    assert nb.sample_quantile(0.9, n_sample, epsilon, "rows") == 0.9
-    low = nb.LOW_MARGIN / (epsilon * n_sample)
-    assert nb.sample_quantile(1e-6, n_sample, epsilon, "rows") == pytest.approx(low)
+def test_a_quantile_is_kept_inside_both_margins() -> None:
+    """margined_quantile keeps the threshold inside [LOW/ε, n − SV/ε]: capped at the top (a
+    run's quantile for all n searched on a sample of n_S rows, or the mean's fixed 0.99 at
+    small n, used to stay above it), raised at the bottom, unchanged between."""
+    epsilon, count = 0.1, 50_000
+    top = 1 - nb.SV_MARGIN / (epsilon * count)  # 0.996
+    assert nb.margined_quantile(0.9999, count, epsilon, "rows") == pytest.approx(top)
+    assert nb.margined_quantile(0.9, count, epsilon, "rows") == 0.9
+    low = nb.LOW_MARGIN / (epsilon * count)
+    assert nb.margined_quantile(1e-6, count, epsilon, "rows") == pytest.approx(low)
     with pytest.raises(nb.TooFewForBound):
-        nb.sample_quantile(0.5, math.floor(nb.min_count(epsilon)) - 1, epsilon, "rows")
+        nb.margined_quantile(0.5, math.floor(nb.min_count(epsilon)) - 1, epsilon, "rows")
 
 
 def test_empty_bins_pass_the_margined_threshold_rarely_and_the_old_one_often() -> None:
@@ -225,9 +224,13 @@ def test_explained_variance_on_too_few_rows_is_skipped_uncharged() -> None:
 
 def test_the_mean_bound_takes_the_margin_too() -> None:
     """The centring's own bound (step ``norm_bound``, the mean's) goes through the same rule:
-    at NORM_QUANTILE it is unchanged where n suffices, refused where it does not."""
+    NORM_QUANTILE where 1% of n is at least SV_MARGIN/ε rows, capped below that, refused
+    where the interval is empty."""
     grants = {"norm_bound": ApproxDP(0.05)}
-    assert centring.row_quantile("norm_bound", grants, 1106) == nb.NORM_QUANTILE
+    assert centring.row_quantile("norm_bound", grants, 40_000) == nb.NORM_QUANTILE
+    capped = centring.row_quantile("norm_bound", grants, 20_000)
+    assert capped == pytest.approx(1 - 400 / 20_000)  # 400 rows above the threshold
+    assert centring.row_quantile("norm_bound", grants, 1106) == pytest.approx(1 - 400 / 1106)
     with pytest.raises(InputError, match=r"1105 rows .* pass --row-norm B, a larger ε or more"):
         centring.row_quantile("norm_bound", grants, 1105)
 

@@ -139,7 +139,7 @@ def test_the_bound_is_a_function_of_the_samples_rows_at_the_capped_quantile(
         laplace_epsilon(grants["centred_norm_bound"]),
     )  # fmt: skip
     epsilon = laplace_epsilon(grants["centred_norm_bound"])
-    capped = norm_bound.sample_quantile(full_quantile, n_sample, epsilon, "rows")
+    capped = norm_bound.margined_quantile(full_quantile, n_sample, epsilon, "rows")
     assert capped == pytest.approx(1 - norm_bound.SV_MARGIN / (epsilon * n_sample))
     assert capped < full_quantile  # the cap binds at n_S
     assert thresholds == [(n_sample, capped, n_sample)]

@@ -375,7 +375,7 @@ def centre_sample(config: EstimateConfig, dataset: Dataset) -> CentreSample | No
     try:  # both of S's bounds (the raw rows', the centred rows') meet their margins at n_S
         centring.margined_row_quantile("norm_bound", grants, sample.n_rows)
         epsilon = laplace_epsilon(grants["centred_norm_bound"])
-        norm_bound.sample_quantile(0.5, sample.n_rows, epsilon, "rows")
+        norm_bound.margined_quantile(0.5, sample.n_rows, epsilon, "rows")
     except norm_bound.TooFewForBound:
         return None
     return CentreSample(sample, seed, len(dataset.parts))
@@ -439,7 +439,7 @@ def bound_gram_and_correction(
 
     1. Step ``centred_norm_bound`` on S (a second read of S's partitions): the sparse vector
        over the norm counts of S's rows y = x − c at the quantile ``quantile`` chosen for all
-       n rows, its threshold capped at n_S − SV_MARGIN/ε (:func:`norm_bound.sample_quantile`).
+       n rows, its threshold capped at n_S − SV_MARGIN/ε (:func:`norm_bound.margined_quantile`).
        Privacy: S is public, and replacing one row moves S's counts by ≤ 1 (by 0 if the row
        is outside S), so the argument and the cost are those of the bound over all rows;
        the threshold q_S·n_S is public (n_S: the footers').
@@ -454,7 +454,7 @@ def bound_gram_and_correction(
     releases nothing more (docs/scale.md). Returns B₂, the quantile searched for on S, the
     Gram, the shift n·z̄̃z̄̃ᵀ = s̃s̃ᵀ/n (released) and the released z̄̃."""
     step = "centred_norm_bound"
-    on_sample = norm_bound.sample_quantile(
+    on_sample = norm_bound.margined_quantile(
         quantile, sample.dataset.n_rows, laplace_epsilon(grants[step]), "rows"
     )
     bound = centring.private_bound(

@@ -166,8 +166,8 @@ def margined_quantile(
     bound: str = "a private norm bound",
     fix: str = FIX,
 ) -> float:
-    """The quantile whose threshold ``q·n`` is ``max(quantile·n, LOW_MARGIN/ε)``; raises
-    :class:`TooFewForBound` where ``[LOW_MARGIN/ε, n − SV_MARGIN/ε]`` is empty.
+    """The quantile whose threshold ``q·n`` is ``clip(quantile·n, LOW_MARGIN/ε,
+    n − SV_MARGIN/ε)``; raises :class:`TooFewForBound` where that interval is empty.
 
     ``count``: the public n (``unit="rows"``) or the released ñ (``unit="users"``);
     ``norm_epsilon``: the sparse vector's ε; ``bound`` and ``fix`` name the bound and the
@@ -175,10 +175,10 @@ def margined_quantile(
     the threshold, the failure and its message are too. Below the interval the empty low bins
     fire w.p. > LOW_FIRE (a bound far below the data, :data:`LOW_MARGIN`); above it the search
     fires late or never (:data:`SV_MARGIN`). The top side is the floor of
-    :func:`noise_matched_quantile` (``q·n ≤ n − SV_MARGIN/ε`` wherever the interval is
-    non-empty), so for a run's quantile the threshold is ``clip(q·n, LOW_MARGIN/ε,
-    n − SV_MARGIN/ε)``; a caller's fixed quantile above the top is left as it is (it errs
-    towards ⊥, the top of the grid, never below the data).
+    :func:`noise_matched_quantile` at n, so it binds for a run's quantile only where n is
+    replaced by a smaller count (a public sample's n_S: the sampled centre), and for a
+    caller's fixed quantile (the mean's 0.99) at small n: there the search used to fire late,
+    a bound up to 32× the data's (measured at n = 2·10⁴, ε = 1: 6 of 100 runs, tests/test_auto.py).
     """
     low, high = LOW_MARGIN / norm_epsilon, count - SV_MARGIN / norm_epsilon
     if low > high:
@@ -187,16 +187,7 @@ def margined_quantile(
             f"{what} too few for {bound} at ε_norm = {norm_epsilon:.3g} (needs "
             f"≥ {math.ceil(min_count(norm_epsilon))}): {fix} or more {unit}"
         )
-    return max(quantile, low / count)
-
-
-def sample_quantile(quantile: float, count: float, norm_epsilon: float, unit: str) -> float:
-    """A quantile chosen for all n rows, searched for on a public sample of ``count`` rows:
-    :func:`margined_quantile`'s threshold, also capped at ``count − SV_MARGIN/ε`` (a run's
-    quantile for n leaves more than SV_MARGIN/ε rows above its threshold at n, but not at
-    the sample's size, where the search would fire late or never). Public inputs only."""
-    margined = margined_quantile(quantile, count, norm_epsilon, unit)
-    return min(margined, 1.0 - SV_MARGIN / (norm_epsilon * count))
+    return min(max(quantile, low / count), high / count)
 
 
 def private_norm_bound(
