@@ -46,8 +46,8 @@ def main(argv: list[str]) -> int:
     real = cov.bound_gram_and_correction
 
     def no_shift(*args: Any) -> Any:
-        bound, gram, shift, centred = real(*args)
-        return bound, gram, np.zeros_like(shift), centred
+        bound, quantile, gram, shift, centred = real(*args)
+        return bound, quantile, gram, np.zeros_like(shift), centred
 
     errors: dict[tuple[str, str], list[float]] = {}
     for sort in (False, True):
