@@ -26,6 +26,7 @@ from bench import (  # noqa: E402
     power_profile,
     power_stream,
     report,
+    sampled_centre,
     speed,
     utility_dim,
     utility_n,
@@ -242,6 +243,27 @@ def test_passes_times_the_default_full_pass_task_beside_the_floor(dirs):
     assert seconds["partitions"] >= 2 and 0 < seconds["rows"] < 20_000
     for step in ("floor_task", "decode", "full_pass_task", "level_grams"):
         assert seconds[step] > 0
+
+
+def test_sampled_centre_prints_every_variant(monkeypatch, capsys):
+    """docs/scale.md "Why the correction": one seed of each variant, shuffled and sorted (the
+    module settings it changes are put back after the test)."""
+    from dpsub_dist.engine import row_cache, sources
+    from dpsub_dist.estimators import covariance as cov
+
+    for module, name in (
+        (sources, "ARRAY_PART_ROWS"),
+        (row_cache, "IN_PROCESS_CACHE_BYTES"),
+        (cov, "CORRECTION_SHARE"),
+        (cov, "bound_gram_and_correction"),
+        (cov, "SAMPLE_MIN_PARTITIONS"),
+    ):
+        monkeypatch.setattr(module, name, getattr(module, name))
+    assert sampled_centre.main(["5.0", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 * len(sampled_centre.VARIANTS)
+    errors = {tuple(line.split(":")[0].split()): float(line.split()[3]) for line in lines}
+    assert errors[("sorted", "sampled")] < 0.1  # the known answer, with the correction
 
 
 def test_the_stacked_floor_computes_the_floors_gram(dirs):
