@@ -257,11 +257,7 @@ def partition_level_grams(loader: Loader, part: Any) -> LevelGrams:
     """One partition's :class:`LevelGrams` (runs on a worker). Block by block of rows: the
     block sorted by bin, then per bin two accumulating ``syrk`` (its rows, then the same rows
     scaled to unit norm), so the rows are gathered and scaled while in cache."""
-    return _blocked_levels(np.asarray(loader(part)[0], dtype=np.float64))
-
-
-def _blocked_levels(rows: np.ndarray) -> LevelGrams:
-    """:func:`partition_level_grams` of ``rows``."""
+    rows = np.asarray(loader(part)[0], dtype=np.float64)
     norms = row_norms(rows)
     bins = norm_bins(norms).astype(np.uint8)  # ≤ 101: argsort sorts by radix
     counts = np.bincount(bins, minlength=len(GRID) + 1).astype(np.int64)
