@@ -11,7 +11,7 @@ each other, with the peak resident memory of the workers during each run:
 - ``floor``: one task per file: pyarrow read → float64 NumPy → ``XᵀX``; the d×d blocks are
   summed on the driver. No pipeline that reads its input can beat it;
 - ``floor_stacked``: the floor with dpsub's own column decode (the columns stacked, then
-  written transposed: ``io.parquet._write_scalar_columns``), faster than the floor's one
+  written transposed: ``io.parquet.write_scalar_columns``), faster than the floor's one
   column at a time: beside it, how much of dpsub's ratio to the floor is that decode.
 
 Example (the published run):
@@ -81,12 +81,12 @@ def floor_gram(file: str, stacked: bool = False) -> np.ndarray:
     columns converted as dpsub's reader does, else one at a time)."""
     import pyarrow.parquet as pq
 
-    from dpsub_dist.io.parquet import _write_scalar_columns
+    from dpsub_dist.io.parquet import write_scalar_columns
 
     table = pq.read_table(file)
     rows = np.empty((table.num_rows, table.num_columns))
     if stacked:
-        _write_scalar_columns(dict(enumerate(c.to_numpy() for c in table.columns)), rows)
+        write_scalar_columns(dict(enumerate(c.to_numpy() for c in table.columns)), rows)
     else:
         for j, column in enumerate(table.columns):
             rows[:, j] = column.to_numpy()

@@ -444,16 +444,16 @@ class PartReader:
             else:
                 _read_vector(column, width, rows[:, j : j + width], name, part.path, file_row)
                 j += width
-        _write_scalar_columns(scalars, rows)
+        write_scalar_columns(scalars, rows)
         check_finite(rows, self.columns, part.path, self.widths)
         return rows, units
 
 
 SCALAR_BLOCK_BYTES = 64 * 2**20
-"""Rows of scalar columns stacked at a time by :func:`_write_scalar_columns` (≤ 64 MiB)."""
+"""Rows of scalar columns stacked at a time by :func:`write_scalar_columns` (≤ 64 MiB)."""
 
 
-def _write_scalar_columns(scalars: dict[int, np.ndarray], rows: np.ndarray) -> None:
+def write_scalar_columns(scalars: dict[int, np.ndarray], rows: np.ndarray) -> None:
     """Write each run of adjacent scalar columns into ``rows`` (row-major) as one stacked
     ``columns × rows`` block transposed, instead of one strided column at a time: every
     column write touched a new cache line per row, and was most of a partition's decode
