@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import fields
 from typing import Any
@@ -27,12 +28,35 @@ from dpsub_dist.engine.sources import Dataset, array_dataset, parquet_dataset
 from dpsub_dist.errors import InputError, NoStableSubspace
 from dpsub_dist.io.parquet import feature_name, id_like_message, looks_like_id
 from dpsub_dist.job import EstimateConfig, EstimateResult, run_estimate
-from dpsub_dist.methods import DEFAULTS
+from dpsub_dist.methods import DEFAULTS, declared
+
+DEFAULT_EPSILON = 1.0
+"""ε of a fit given neither ``epsilon`` nor ``rho`` (with ``delta``'s default, 10⁻⁶)."""
+
+EXPECTED_FAILED_CHECKS = {
+    "check_fit_idempotent": (
+        "each fit draws fresh DP noise from OS entropy (no noise seed the caller can set), so "
+        "two fits on the same data differ; the checks that compare two fits otherwise skip "
+        "themselves on the non_deterministic tag"
+    ),
+}
+"""scikit-learn checks that no randomised private estimator can pass, with the reason: pass
+``check_estimator(est, expected_failed_checks=EXPECTED_FAILED_CHECKS)``."""
 
 REFIT_WARNING = (
-    "{name} was already fitted: this fit spends its privacy budget again, and the "
-    "privacy loss of all fits on the same data adds up (sequential composition)"
+    "{name} or a clone of it (GridSearchCV and cross_val_score fit clones) was already "
+    "fitted: this fit spent its privacy budget again, and the privacy loss of all fits on "
+    "overlapping data adds up (sequential composition: GridSearchCV over g candidates with "
+    "cv=c spends g·(c−1)+1 budgets on each row)"
 )
+
+
+class _FitCount:
+    """How many times an estimator and its clones were fitted, shared by reference between
+    them (in this process): from the second fit on, each warns that it spends again."""
+
+    def __init__(self) -> None:
+        self.fits = 0
 
 
 class _PrivateEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
@@ -53,7 +77,13 @@ class _PrivateEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseE
         params = self.get_params(deep=False)
         client = params.pop("client")
         copied = {name: clone(value, safe=False) for name, value in params.items()}
-        return type(self)(**copied, client=client)
+        twin = type(self)(**copied, client=client)
+        twin._fits = self._fit_count()  # a clone's fits spend budget as the original's do
+        return twin
+
+    def _fit_count(self) -> _FitCount:
+        """The fits of this estimator and of every clone made from it or cloned into it."""
+        return self.__dict__.setdefault("_fits", _FitCount())
 
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, self._fitted_attribute)
@@ -74,8 +104,6 @@ class _PrivateEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseE
     ) -> EstimateResult:
         """Run ``runner(config, open_dataset, client)`` on ``X``; set ``manifest_``,
         ``n_features_in_`` and ``feature_names_in_``."""
-        if hasattr(self, "manifest_"):
-            warnings.warn(REFIT_WARNING.format(name=type(self).__name__), UserWarning, 2)
         opened: list[Dataset] = []
         if _is_path(X):
             uri = os.fspath(X)
@@ -104,6 +132,10 @@ class _PrivateEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseE
                 return dataset
 
         result = runner(config, open_dataset, self._client(X))
+        count = self._fit_count()
+        count.fits += 1
+        if count.fits > 1:
+            warnings.warn(REFIT_WARNING.format(name=type(self).__name__), UserWarning, 3)
         self.manifest_ = result.manifest
         if _is_path(X):
             self._set_table_features(opened[-1])
@@ -248,7 +280,7 @@ class PrivateSubspace(_PrivateEstimator):
         *,
         rank: int | None = None,
         epsilon: float | None = None,
-        delta: float | None = None,
+        delta: float = 1e-6,
         rho: float | None = None,
         method: str = DEFAULTS["estimate"],
         subsets: int | None = None,
@@ -273,22 +305,22 @@ class PrivateSubspace(_PrivateEstimator):
         self._store(locals())
 
     def _config(self) -> EstimateConfig:
-        rank = _alias("n_components", self.n_components, "rank", self.rank)
-        return _config_from(self, EstimateConfig, rank=rank)
+        rank = _alias("n_components", self.n_components, "rank", self.rank, default=2)
+        return _config_from(self, EstimateConfig, rank=rank, **_default_budget(self))
 
     def fit(self, X: Any, y: None = None) -> PrivateSubspace:
         """Estimate from a NumPy/Dask array, a pandas/Dask DataFrame, or a Parquet path/URI
         (``str`` or ``pathlib.Path``). Spends the budget; Dask input is read on the cluster."""
-        with _value_errors():
+        with _api_errors(self):
             config = self._config()
             if self.exclude_columns is not None and not _is_path(X):
                 raise InputError("exclude_columns applies to Parquet input: pass columns=")
             result = self._fit_run(X, config, run_estimate)
         if result.basis is None:
-            reason = _chosen_release(result.manifest).get("failure_reason")
+            reason = _chosen_release(result.manifest).get("failure_reason") or "see manifest_"
             raise NoStableSubspace(
-                f"no stable subspace: {reason or 'see manifest_'}; try method='gauss', more "
-                "data or a larger budget"
+                f"no stable subspace: {api_wording(reason, self.get_params(deep=False))}; try "
+                "method='gauss', more data or a larger budget"
             )
         self.basis_ = result.basis
         self.components_ = result.basis.T
@@ -312,7 +344,7 @@ class PrivateSubspace(_PrivateEstimator):
         Subtracts ``mean_`` first when the fit centred. NumPy and pandas input give a NumPy
         array; Dask arrays/DataFrames and Parquet paths give a lazy Dask array.
         """
-        with _value_errors():
+        with _api_errors(self):
             rows = self._rows(X)
         if self.mean_ is not None:
             rows = rows - self.mean_
@@ -358,7 +390,7 @@ class PrivateSubspaceClustering(_PrivateEstimator):
         clusters: int | None = None,
         rank: int | None = None,
         epsilon: float | None = None,
-        delta: float | None = None,
+        delta: float = 1e-6,
         rho: float | None = None,
         method: str = "sample-aggregate",
         aggregator: str = "friendly",
@@ -384,8 +416,9 @@ class PrivateSubspaceClustering(_PrivateEstimator):
         return _config_from(
             self,
             ClusterConfig,
-            clusters=_alias("n_clusters", self.n_clusters, "clusters", self.clusters),
-            rank=_alias("n_components", self.n_components, "rank", self.rank),
+            clusters=_alias("n_clusters", self.n_clusters, "clusters", self.clusters, default=2),
+            rank=_alias("n_components", self.n_components, "rank", self.rank, default=1),
+            **_default_budget(self),
         )
 
     def fit(self, X: Any, y: None = None) -> PrivateSubspaceClustering:
@@ -394,7 +427,7 @@ class PrivateSubspaceClustering(_PrivateEstimator):
         from dpsub_dist.job import run_cluster
         from dpsub_dist.privacy.clustering import GIBBS_WARNING
 
-        with _value_errors():
+        with _api_errors(self):
             result = self._fit_run(X, self._config(), run_cluster)
         if self.method == "gibbs":
             warnings.warn(GIBBS_WARNING.removeprefix("warning: "), UserWarning, 2)
@@ -410,7 +443,7 @@ class PrivateSubspaceClustering(_PrivateEstimator):
 
     def transform(self, X: Any) -> Any:
         """Distance of each row to each released subspace (n×K; NumPy, or lazy Dask)."""
-        with _value_errors():
+        with _api_errors(self):
             rows = self._rows(X)
         energy = (rows * rows).sum(axis=1)
         kept = [((rows @ basis) ** 2).sum(axis=1) for basis in self.bases_]
@@ -440,14 +473,20 @@ def _config_from(estimator: BaseEstimator, kind: type, **resolved: Any) -> Any:
     return kind(**values, **resolved)
 
 
-def _alias(name: str, value: Any, alias: str, alias_value: Any) -> Any:
-    """The value of a parameter given under its scikit-learn name or its dpsub alias."""
+def _alias(name: str, value: Any, alias: str, alias_value: Any, default: int) -> Any:
+    """The value of a parameter given under its scikit-learn name or its dpsub alias, else
+    its default."""
     if value is not None and alias_value is not None and value != alias_value:
         raise InputError(f"{name}={value} and {alias}={alias_value} differ: pass only {name}")
-    chosen = value if value is not None else alias_value
-    if chosen is None:
-        raise InputError(f"pass {name} (or its alias {alias})")
-    return chosen
+    if value is not None:
+        return value
+    return default if alias_value is None else alias_value
+
+
+def _default_budget(estimator: BaseEstimator) -> dict[str, float]:
+    """ε = :data:`DEFAULT_EPSILON` when neither ``epsilon`` nor ``rho`` is given."""
+    given = estimator.epsilon is not None or estimator.rho is not None
+    return {} if given else {"epsilon": DEFAULT_EPSILON}
 
 
 @functools.cache
@@ -457,14 +496,53 @@ def _also_value_error(kind: type[InputError]) -> type[InputError]:
 
 
 @contextmanager
-def _value_errors() -> Iterator[None]:
-    """Re-raise an :class:`InputError` as the same error that is also a ``ValueError``."""
+def _api_errors(estimator: BaseEstimator) -> Iterator[None]:
+    """Re-raise an :class:`InputError` as the same error that is also a ``ValueError``, its
+    message naming the estimator's parameters where the engine's names a CLI flag."""
     try:
         yield
     except InputError as err:
-        if isinstance(err, ValueError):
-            raise
-        raise _also_value_error(type(err))(*err.args).with_traceback(err.__traceback__) from None
+        kind = type(err) if isinstance(err, ValueError) else _also_value_error(type(err))
+        text = api_wording(str(err), estimator.get_params(deep=False))
+        raise kind(text).with_traceback(err.__traceback__) from None
+
+
+_API_NAMES = {
+    **{p.name: p.field for command in ("estimate", "cluster") for p in declared(command).values()},
+    "rank": "n_components",
+    "clusters": "n_clusters",
+    "storage_option": "storage_options",
+}
+"""CLI flag (dashes as underscores) → estimator parameter, where the two names differ."""
+
+_METHOD_FLAG = re.compile(r"--method ([\w-]+(?:/[\w-]+)*)")
+_FLAGS = re.compile(r"--(?:no-)?[a-z][a-z0-9-]*(?:/--(?:no-)?[a-z][a-z0-9-]*)*(?: [A-Z]\b)?")
+
+
+def api_wording(message: str, params: Collection[str]) -> str:
+    """``message`` (written for the CLI) with each flag of a parameter in ``params`` named as
+    that parameter: ``--rank K`` → ``n_components=K``, ``--method gibbs`` →
+    ``method='gibbs'``, ``--no-center`` → ``center=False``, ``--radius/--cell-side`` →
+    ``scale``. Flags of anything else (``--out``) are left as they are."""
+
+    def method(match: re.Match[str]) -> str:
+        return "method=" + "/".join(f"'{name}'" for name in match[1].split("/"))
+
+    def flags(match: re.Match[str]) -> str:
+        text, _, metavar = match[0].partition(" ")
+        names = []
+        for flag in text.split("/"):
+            name = flag.removeprefix("--").removeprefix("no-").replace("-", "_")
+            param = _API_NAMES.get(name, name)
+            if param not in params:
+                return match[0]
+            names.append(f"{param}=False" if flag.startswith("--no-") else param)
+        named = "/".join(dict.fromkeys(names))
+        return f"{named}={metavar}" if metavar else named
+
+    if "method" in params:
+        message = _METHOD_FLAG.sub(method, message)
+    return _FLAGS.sub(flags, message)
 
 
 def _is_path(X: Any) -> bool:

@@ -44,7 +44,7 @@ class _Run:
 
     def _check_rank(self) -> None:
         if not _positive_int(self.rank):
-            raise InputError(f"rank must be a positive integer (got {self.rank}): pass --rank K")
+            raise InputError(f"--rank must be a positive integer (got {self.rank}): pass --rank K")
 
 
 def _positive_int(value: Any) -> bool:
@@ -116,7 +116,7 @@ class ClusterConfig(_Run):
         self._check_rank()
         if not _positive_int(self.clusters):
             raise InputError(
-                f"clusters must be a positive integer (got {self.clusters}): pass --clusters K"
+                f"--clusters must be a positive integer (got {self.clusters}): pass --clusters K"
             )
         check_config(self, "cluster")
         self.budget()
