@@ -5,8 +5,9 @@
 
 Both are scikit-learn estimators (``get_params``/``set_params``, ``clone``, ``Pipeline``,
 ``GridSearchCV``) that accept NumPy arrays, pandas DataFrames, Dask arrays/DataFrames and
-Parquet paths. Every ``fit`` spends its privacy budget on the data it is given; refitting
-an already fitted estimator warns (see docs/python-api.md).
+Parquet paths. Every ``fit`` spends its privacy budget on the data it is given (by default
+ε = 1, δ = 10⁻⁶); a second fit of an estimator or of its clones (GridSearchCV) warns (see
+docs/python-api.md).
 """
 
 from __future__ import annotations
@@ -244,19 +245,21 @@ class _PrivateEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseE
 
 
 class PrivateSubspace(_PrivateEstimator):
-    """Differentially private top-k principal subspace (sample and aggregate by default).
+    """Differentially private top-k principal subspace (``method="auto"`` by default).
 
-    Parameters mirror ``dpsub estimate``: ``n_components`` (K; ``rank`` is an alias),
-    ``epsilon``/``delta`` or ``rho`` (+ ``delta``), ``method``, ``subsets``, ``ref_points``,
-    ``assign``, ``unit_column``, ``columns``, ``exclude_columns`` (Parquet input), ``seed``
-    (public randomness only: DP noise always comes from OS entropy), ``scale`` (public radius
-    / cell side), ``row_norm``/``center`` (centring is on by default at row level for every
-    method but exact; ``center=False`` for the uncentred subspace), ``outliers``/``tolerance``
-    (exact), ``boost``/``boost_alpha`` (SS21 Alg. 3 around any method), ``storage_options``
-    and ``client`` (a ``distributed.Client``; without one, Dask and Parquet input run on
-    Dask's default distributed client if there is one, NumPy/pandas input in-process).
-    Parameters are checked in ``fit`` (scikit-learn convention); bad ones raise
-    :class:`~dpsub_dist.errors.InputError`, which is also a ``ValueError`` here.
+    Parameters mirror ``dpsub estimate``: ``n_components`` (K, default 2; ``rank`` is an
+    alias), ``epsilon``/``delta`` or ``rho`` (+ ``delta``; default ε = 1, δ = 10⁻⁶),
+    ``method``, ``subsets``, ``ref_points``, ``assign``, ``unit_column``, ``columns``,
+    ``exclude_columns`` (Parquet input), ``seed`` (public randomness only: DP noise always
+    comes from OS entropy), ``scale`` (public radius / cell side), ``row_norm``/``center``
+    (centring is on by default at row level for every method but exact; ``center=False`` for
+    the uncentred subspace), ``outliers``/``tolerance`` (exact), ``boost``/``boost_alpha``
+    (SS21 Alg. 3 around any method), ``storage_options`` and ``client`` (a
+    ``distributed.Client``; without one, Dask and Parquet input run on Dask's default
+    distributed client if there is one, NumPy/pandas input in-process). Parameters are
+    checked in ``fit`` (scikit-learn convention); bad ones, and inputs too small for them (n
+    is public at row level), raise :class:`~dpsub_dist.errors.InputError`, which is also a
+    ``ValueError`` here, before anything is spent.
 
     Attributes after ``fit`` (released values or public facts; reading them costs nothing):
 
@@ -271,7 +274,8 @@ class PrivateSubspace(_PrivateEstimator):
     - ``n_features_in_``; ``feature_names_in_`` when fitted on a DataFrame or Parquet;
     - ``manifest_`` (what was spent and released).
 
-    ``fit`` raises :class:`NoStableSubspace` when the aggregator returns ⊥.
+    ``fit`` raises :class:`NoStableSubspace` when the aggregator returns ⊥: the budget is
+    spent (``manifest_`` says so) and the estimator stays unfitted.
     """
 
     def __init__(
@@ -364,7 +368,8 @@ class PrivateSubspace(_PrivateEstimator):
 
 class PrivateSubspaceClustering(_PrivateEstimator):
     """Differentially private subspace clustering (``dpsub cluster``): ``n_clusters`` linear
-    subspaces of dimension ``n_components`` (q; aliases ``clusters`` and ``rank``).
+    subspaces (default 2) of dimension ``n_components`` (q, default 1; aliases ``clusters``
+    and ``rank``), by default at ε = 1, δ = 10⁻⁶.
 
     Parameters mirror ``dpsub cluster``: ``method`` (``sample-aggregate``, ``sulq``,
     ``gibbs``), ``aggregator``, ``subsets``, ``ref_points``, ``assign``, ``unit_column``,
