@@ -435,7 +435,8 @@ class PrivateSubspaceClustering(_PrivateEstimator):
         with _api_errors(self):
             result = self._fit_run(X, self._config(), run_cluster)
         if self.method == "gibbs":
-            warnings.warn(GIBBS_WARNING.removeprefix("warning: "), UserWarning, 2)
+            text = GIBBS_WARNING.removeprefix("warning: ")
+            warnings.warn(api_wording(text, self.get_params(deep=False)), UserWarning, 2)
         if result.basis is None:
             raise NoStableSubspace(
                 "no stable clustering: the subsets disagree (see manifest_); try more data, "

@@ -305,6 +305,15 @@ def test_api_errors_name_the_estimators_parameters_not_cli_flags(estimator, rows
     assert says in message and "--" not in message, message
 
 
+def test_the_gibbs_warning_names_the_parameter_not_the_flag() -> None:
+    X, _ = planted(rows=200)
+    gibbs = PrivateSubspaceClustering(n_clusters=1, method="gibbs", row_norm=20.0, sweeps=2)
+    with pytest.warns(UserWarning, match="not differentially private") as caught:
+        gibbs.fit(X)
+    texts = [str(w.message) for w in caught if "not differentially private" in str(w.message)]
+    assert texts and all("method='gibbs'" in t and "--" not in t for t in texts), texts
+
+
 @pytest.mark.parametrize(
     ("estimator", "command"),
     [(PrivateSubspace, "estimate"), (PrivateSubspaceClustering, "cluster")],
