@@ -522,12 +522,16 @@ _API_NAMES = {
 """CLI flag (dashes as underscores) → estimator parameter, where the two names differ."""
 
 _METHOD_FLAG = re.compile(r"--method ([\w-]+(?:/[\w-]+)*)")
-_FLAGS = re.compile(r"--(?:no-)?[a-z][a-z0-9-]*(?:/--(?:no-)?[a-z][a-z0-9-]*)*(?: [A-Z]\b)?")
+_FLAGS = re.compile(
+    r"--(?:no-)?[a-z][a-z0-9-]*(?:/--(?:no-)?[a-z][a-z0-9-]*)*"
+    r"(?: [A-Z]\b| \d+(?:\.\d+)?(?:e[+-]?\d+)?\b)?"  # a metavar (K) or a value (2)
+)
 
 
 def api_wording(message: str, params: Collection[str]) -> str:
     """``message`` (written for the CLI) with each flag of a parameter in ``params`` named as
-    that parameter: ``--rank K`` → ``n_components=K``, ``--method gibbs`` →
+    that parameter: ``--rank K`` → ``n_components=K`` (``--rank 3`` → ``n_components=3``),
+    ``--method gibbs`` →
     ``method='gibbs'``, ``--no-center`` → ``center=False``, ``--radius/--cell-side`` →
     ``scale``. Flags of anything else (``--out``) are left as they are."""
 

@@ -270,6 +270,7 @@ def _refusal(estimator, X) -> str:
     ("estimator", "rows", "says"),
     [
         (PrivateSubspace(n_components=0), 2_000, "n_components must be a positive integer"),
+        (PrivateSubspace(n_components=8), 2_000, "n_components=8 must be smaller than the"),
         (PrivateSubspace(epsilon=-1.0), 2_000, "pass epsilon with a positive number"),
         (PrivateSubspace(delta=2.0), 2_000, "pass delta with a number such as 1e-6"),
         (PrivateSubspace(epsilon=1.0, rho=0.5), 2_000, "pass exactly one of epsilon"),

@@ -87,7 +87,7 @@ def open_checked(config: Any, open_dataset, executor: Executor) -> Dataset:
     dataset: Dataset = open_dataset(executor)
     if config.rank >= dataset.dim:
         raise InputError(
-            f"rank {config.rank} must be smaller than the number of features ({dataset.dim}): "
+            f"--rank {config.rank} must be smaller than the number of features ({dataset.dim}): "
             "lower --rank or add columns"
         )
     return dataset
