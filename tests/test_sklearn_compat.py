@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
 from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
@@ -20,6 +21,7 @@ from sklearn.utils.estimator_checks import check_estimator
 
 from dpsub_dist import PrivateSubspace, PrivateSubspaceClustering
 from dpsub_dist.api import EXPECTED_FAILED_CHECKS
+from dpsub_dist.errors import NoStableSubspace
 from dpsub_dist.linalg import subspace_error
 
 BUDGET = {"epsilon": 1.0, "delta": 1e-6}
@@ -218,6 +220,20 @@ def test_the_default_constructor_fits_with_the_documented_defaults() -> None:
     clusters = PrivateSubspaceClustering(method="sulq", row_norm=20.0).fit(X)
     assert clusters.bases_.shape == (2, 8, 1)
     assert _granted(clusters) == {"epsilon": 1.0, "delta": 1e-6}
+
+
+def test_a_fit_that_releases_nothing_raises_and_leaves_the_estimator_unfitted() -> None:
+    """⊥ is a private outcome that spent the budget: fit raises NoStableSubspace (not a
+    ValueError), manifest_ says what was spent, and transform refuses as unfitted. Isotropic
+    rows have no subspace for friendly's subsets to agree on (⊥ in 80 of 80 fits tried)."""
+    X = np.random.default_rng(0).standard_normal((20_000, 8))
+    est = PrivateSubspace(n_components=1, method="friendly", row_norm=10.0, epsilon=0.2)
+    with pytest.raises(NoStableSubspace, match="no stable subspace") as refused:
+        est.fit(X)
+    assert not isinstance(refused.value, ValueError)
+    assert est.manifest_["privacy"]["budget"]["total_granted"]["epsilon"] == 0.2
+    with pytest.raises(NotFittedError):
+        est.transform(X)
 
 
 def test_refitting_warns_that_the_budget_is_spent_again() -> None:
