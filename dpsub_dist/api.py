@@ -361,7 +361,7 @@ class PrivateSubspace(_PrivateEstimator):
             X = check_array(X, dtype=np.float64)
         k = self.n_components_
         if X.ndim != 2 or X.shape[1] != k:
-            raise ValueError(f"expected {k} components per row (rank), got shape {X.shape}")
+            raise ValueError(f"expected n_components_ = {k} columns per row, got shape {X.shape}")
         out = X @ self.components_
         return out if self.mean_ is None else out + self.mean_
 
