@@ -282,7 +282,10 @@ def test_scheduler_and_worker_arguments_are_accepted_by_dask():
 
 def test_image_pins_every_runtime_dependency_of_pyproject():
     pins = lock()
-    for text in PYPROJECT["project"]["dependencies"]:
+    # The image runs the ledgered runner (dpsub run --ledger postgresql://): the postgres
+    # extra is part of its runtime.
+    postgres = PYPROJECT["project"]["optional-dependencies"]["postgres"]
+    for text in [*PYPROJECT["project"]["dependencies"], *postgres]:
         requirement = Requirement(text)
         name = canonicalize_name(requirement.name)
         assert name in pins, f"{name} is not pinned: run deploy/lock.py (see its docstring)"
