@@ -7,8 +7,12 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from dpsub_dist.errors import DpsubError, InputError, RunAborted
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 
 def _memory_bytes() -> int:
@@ -75,7 +79,7 @@ MATCHED_PACKAGES = ("dpsub_dist", "dask", "distributed")
 by one version and run by another fails in ways that name neither (deploy/README.md)."""
 
 
-def check_versions(client, scheduler: str) -> None:
+def check_versions(client: Client, scheduler: str) -> None:
     """InputError (exit 2) naming each package of :data:`MATCHED_PACKAGES` whose version on
     the scheduler or a worker differs from this process's; workers that join later are not
     checked."""
