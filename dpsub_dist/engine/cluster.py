@@ -7,8 +7,12 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from dpsub_dist.errors import DpsubError, InputError, RunAborted
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 
 def _memory_bytes() -> int:
@@ -70,6 +74,34 @@ fresh ``mmap`` that page-faults anew, a quarter of a default full-pass task's ti
 to 128 MiB of freed heap stays with each worker."""
 
 
+MATCHED_PACKAGES = ("dpsub_dist", "dask", "distributed")
+"""What the client, the scheduler and every worker must run at one version: a task pickled
+by one version and run by another fails in ways that name neither (deploy/README.md)."""
+
+
+def check_versions(client: Client, scheduler: str) -> None:
+    """InputError (exit 2) naming each package of :data:`MATCHED_PACKAGES` whose version on
+    the scheduler or a worker differs from this process's; workers that join later are not
+    checked."""
+    versions = client.get_versions(packages=["dpsub_dist"])
+    here = versions["client"]["packages"]
+    remote = {"scheduler": versions["scheduler"]}
+    remote |= {f"worker {address}": info for address, info in versions["workers"].items()}
+    mismatches = []
+    for package in MATCHED_PACKAGES:
+        for where, info in remote.items():
+            theirs = info.get("packages", {}).get(package) if isinstance(info, dict) else None
+            if theirs != here[package]:
+                mismatches.append(f"{package} {theirs or 'missing'} on the {where}")
+    if mismatches:
+        mine = ", ".join(f"{p} {here[p]}" for p in MATCHED_PACKAGES)
+        raise InputError(
+            f"version mismatch with the Dask cluster at {scheduler}: this client runs {mine} "
+            f"but found {'; '.join(mismatches)}: run the client, scheduler and workers from "
+            "one image or environment (deploy/README.md)"
+        )
+
+
 @contextlib.contextmanager
 def dask_client(
     scheduler: str | None = None,
@@ -101,6 +133,7 @@ def dask_client(
                 "check the address or omit --scheduler to start a local cluster"
             ) from None
         with _quiet(logging.getLogger("distributed.client")), client:
+            check_versions(client, scheduler)
             try:
                 with _workers_lost():
                     yield client
