@@ -596,14 +596,26 @@ def test_output_folder_exists_is_refused_before_any_work(
     assert (out / "keep.txt").read_text() == "precious"
 
 
-def test_output_parent_missing(tmp_path: Path, capsys) -> None:
+def test_output_under_a_file(tmp_path: Path, capsys) -> None:
+    (tmp_path / "no").write_text("a file")
     out = tmp_path / "no" / "such" / "out"
     code = main(
         ["estimate", str(tmp_path), "--rank", "1", "--epsilon", "1", "--delta", "1e-6"]
         + ["--out", str(out), "--quiet"]
     )
     assert code == 2
-    assert "does not exist: create it first" in capsys.readouterr().err
+    assert f"{tmp_path / 'no'} is a file" in capsys.readouterr().err
+
+
+def test_missing_output_parent_is_not_created_when_the_input_is_refused(
+    tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "no" / "such" / "out"
+    code = main(
+        ["estimate", str(tmp_path / "missing"), "--rank", "1", "--epsilon", "1"]
+        + ["--delta", "1e-6", "--out", str(out), "--quiet"]
+    )
+    assert code == 2, capsys.readouterr().err
     assert not (tmp_path / "no").exists()
 
 
@@ -615,7 +627,7 @@ def test_lying_footer_fixture_really_lies(tmp_path: Path) -> None:
 def test_every_row_is_documented() -> None:
     text = DOC.read_text()
     rows = set(re.findall(r"^\| `([a-z0-9-]+)` \|", text, flags=re.M))
-    ids = {fault.id for fault in FAULTS} | {"output-exists", "output-parent-missing"}
+    ids = {fault.id for fault in FAULTS} | {"output-exists", "output-under-a-file"}
     assert ids <= rows, f"undocumented: {sorted(ids - rows)}"
     assert rows <= ids, f"documented but untested: {sorted(rows - ids)}"
 
