@@ -149,6 +149,21 @@ def _inf_values() -> np.ndarray:
     return values
 
 
+def _bad_in_several_columns(root: Path) -> Path:
+    """NaN in x2 and −inf in x1 of one file: every bad column is named, not only the first."""
+    folder = _with("x2", _nan_values())(root)
+    cols = features(seed=5)
+    cols["x2"], cols["x1"] = _nan_values(), _inf_values()
+    write(folder / "part-5.parquet", cols)
+    return folder
+
+
+def _nulls_in_several_columns(root: Path) -> Path:
+    cols = features()
+    nulls = {name: pa.array([None] + list(cols[name][1:]), pa.float64()) for name in ("x0", "x3")}
+    return write(root / "nulls.parquet", pa.table({**cols, **nulls}))
+
+
 def _empty_file(root: Path) -> Path:
     folder = good_folder(root)
     (folder / "part-7.parquet").write_bytes(b"")
@@ -326,6 +341,18 @@ FAULTS: list[Fault] = [
     Fault("nan-values", _with("x2", _nan_values()), r"column x2 has 2 NaN or infinite val", 6),
     Fault("inf-values", _with("x1", _inf_values()), r"column x1 has 1 NaN or infinite val", 6),
     Fault("null-values", _nulls, r"column x1 has 1 missing values", 6),
+    Fault(
+        "bad-values-in-several-columns",
+        _bad_in_several_columns,
+        r"column x1 has 1 NaN or infinite values; column x2 has 2 NaN or infinite values: clean",
+        6,
+    ),
+    Fault(
+        "nulls-in-several-columns",
+        _nulls_in_several_columns,
+        r"column x0 has 1 missing values; column x3 has 1 missing values: fill",
+        6,
+    ),
     Fault(
         "lying-footer",
         lambda root: lying_footer_file(root / "liar.parquet"),
