@@ -111,7 +111,9 @@ def add_budget_arguments(parser: argparse.ArgumentParser, scope: str = "for the 
 def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     """Input, columns, unit, cluster and output options shared by estimate-like commands."""
     parser.add_argument("input", help="Parquet file, folder or glob (local or s3://)")
-    parser.add_argument("--out", required=True, help="output folder (must not exist)")
+    parser.add_argument(
+        "--out", required=True, help="output folder (must not exist; missing parents are created)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     parser.add_argument(
         "--columns",
