@@ -33,7 +33,7 @@ for the sweep (the defaults: the library's; 1, 0.1, 1 and 0.2 were the defaults 
 
 Score: captured variance ``tr(V̂ᵀΣV̂)/Σ_{i≤k}λᵢ`` (the non-private top-k captures 1).
 
-Example (docs/power.md):
+Example (docs/history.md, "The defaults" of the power method):
 ``nice -n 19 python -m bench.power_sim --dims 100000 --iterations 6 --center --runs 5``.
 """
 

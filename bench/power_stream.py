@@ -9,7 +9,7 @@ next: the per-pass barrier, the driver's work and the next graph's submission) a
 *within* a pass. Also the workers' CPU seconds (psutil) against the wall, and this process's
 (the driver and the scheduler, which share the machine's cores with the workers).
 
-Example (docs/power.md, "Where the workers wait"):
+Example (docs/history.md, "Where the workers wait"):
 ``nice -n 19 python -m bench.power_stream --dims 50000 --rows 20000 --memory-limit 2.5GiB``.
 """
 

@@ -11,11 +11,79 @@ an owner-only diagnostics file whose path is printed · 1 unexpected failure.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dpsub_dist.errors import DataError, DpsubError, InputError
+from dpsub_dist.errors import DataError, DpsubError, InputError, did_you_mean
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with "did you mean" for a misspelt option, subcommand or choice, and every
+    usage error on one line (exit 2). (``suggest_on_error`` arrives only in Python 3.14.)"""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", ExamplesFormatter)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        if not self._subparsers and args is not None:  # a command's own options
+            unknown = [word for word in _option_words(args) if not self._knows(word)]
+            if unknown:
+                names = self._option_string_actions
+                listed = ", ".join(f"{word}{did_you_mean(word, names)}" for word in unknown)
+                self.error(f"unrecognized arguments: {listed}")
+        return super().parse_known_args(args, namespace)
+
+    def _knows(self, word: str) -> bool:
+        """An option of this command, or an unambiguous abbreviation argparse will expand."""
+        return any(name.startswith(word) for name in self._option_string_actions)
+
+    def error(self, message: str):
+        chosen = re.search(r"invalid choice: '([^']*)'", message)
+        if chosen:
+            known = [c for action in self._actions if action.choices for c in action.choices]
+            message = message.replace(" (choose", f"{did_you_mean(chosen[1], known)} (choose")
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _option_words(args: Sequence[str]) -> list[str]:
+    """The ``--name`` words of a command line (without ``=value``), up to a bare ``--``."""
+    words = []
+    for arg in args:
+        if arg == "--":
+            break
+        if arg.startswith("--"):
+            words.append(arg.split("=", 1)[0])
+    return words
+
+
+class ExamplesFormatter(argparse.HelpFormatter):
+    """Wraps descriptions and help as usual but keeps an ``examples:`` epilog's lines."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("examples:"):
+            return "\n".join(indent + line for line in text.splitlines())
+        return super()._fill_text(text, width, indent)
+
+
+def examples(*commands: str) -> str:
+    """The ``examples:`` epilog of a command's ``--help``."""
+    return "examples:\n" + "\n".join(f"  {command}" for command in commands)
+
+
+def _workers(text: str) -> int:
+    """--workers: a local cluster has at least one worker."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number (got {text!r})") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be at least 1 (got {value}): omit --workers for one worker per core"
+        )
+    return value
 
 
 def _columns(text: str) -> list[str]:
@@ -43,7 +111,9 @@ def add_budget_arguments(parser: argparse.ArgumentParser, scope: str = "for the 
 def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     """Input, columns, unit, cluster and output options shared by estimate-like commands."""
     parser.add_argument("input", help="Parquet file, folder or glob (local or s3://)")
-    parser.add_argument("--out", required=True, help="output folder (must not exist)")
+    parser.add_argument(
+        "--out", required=True, help="output folder (must not exist; missing parents are created)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     parser.add_argument(
         "--columns",
@@ -64,7 +134,9 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
         "belong to no user and are ignored",
     )
     parser.add_argument("--scheduler", help="tcp://host:port of a running Dask scheduler")
-    parser.add_argument("--workers", type=int, help="workers of the local cluster (default: cores)")
+    parser.add_argument(
+        "--workers", type=_workers, help="workers of the local cluster (default: one per core)"
+    )
     parser.add_argument(
         "--memory-limit",
         help="memory limit of each local-cluster worker, e.g. 1GiB (default: 80%% of the "
@@ -99,18 +171,40 @@ def add_method_arguments(parser: argparse.ArgumentParser, command: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dpsub", description=__doc__.splitlines()[0])
+    parser = Parser(
+        prog="dpsub",
+        description=__doc__.splitlines()[0],
+        epilog=examples("dpsub demo", "dpsub estimate --help"),
+    )
     parser.add_argument("--version", action="version", version=_version())
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    synth = sub.add_parser("synth", help="write Parquet data with a known subspace")
-    synth.add_argument("out")
-    synth.add_argument("--rows", type=int, required=True)
-    synth.add_argument("--dim", type=int, required=True)
-    synth.add_argument("--rank", type=int, required=True)
-    synth.add_argument("--gamma", type=float, default=0.01)
+    synth = sub.add_parser(
+        "synth",
+        help="write Parquet data with a known subspace",
+        description="Write synthetic Parquet rows near a known subspace (OUT/part-*.parquet) "
+        "and the true basis (OUT/_truth/basis.npy) to test estimates against.",
+        epilog=examples(
+            "dpsub synth data/gauss --rows 200000 --dim 50 --rank 4",
+            "dpsub synth data/wide --rows 100000 --dim 10000 --rank 3 --model polynomial "
+            "--vector-column",
+        ),
+    )
+    synth.add_argument("out", help="output folder (Parquet files and _truth/)")
+    synth.add_argument("--rows", type=int, required=True, help="n, the number of rows")
+    synth.add_argument("--dim", type=int, required=True, help="D, the number of features")
+    synth.add_argument("--rank", type=int, required=True, help="k, the true subspace dimension")
     synth.add_argument(
-        "--model", choices=["gaussian", "sphere", "exact", "polynomial"], default="gaussian"
+        "--gamma",
+        type=float,
+        default=0.01,
+        help="γ, the noise off the subspace (gaussian, sphere; default 0.01)",
+    )
+    synth.add_argument(
+        "--model",
+        choices=["gaussian", "sphere", "exact", "polynomial"],
+        default="gaussian",
+        help="how rows are drawn (default gaussian; see dpsub_dist/synth.py)",
     )
     synth.add_argument(
         "--decay",
@@ -118,10 +212,28 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="polynomial: eigenvalues λ_i = i^(−DECAY), no gap (default 1)",
     )
-    synth.add_argument("--order", choices=["random", "adversarial"], default="random")
-    synth.add_argument("--outlier-fraction", type=float, default=0.0)
-    synth.add_argument("--partitions", type=int)
-    synth.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    synth.add_argument(
+        "--order",
+        choices=["random", "adversarial"],
+        default="random",
+        help="row order; adversarial: long runs along one direction, which defeats "
+        "contiguous subsets (default random)",
+    )
+    synth.add_argument(
+        "--outlier-fraction",
+        type=float,
+        default=0.0,
+        help="fraction of rows replaced by huge outliers (default 0)",
+    )
+    synth.add_argument(
+        "--partitions", type=int, help="number of Parquet files (default: from the size)"
+    )
+    synth.add_argument(
+        "--dtype",
+        choices=["float32", "float64"],
+        default="float32",
+        help="column type (default float32)",
+    )
     synth.add_argument(
         "--vector-column",
         action="store_true",
@@ -130,17 +242,33 @@ def build_parser() -> argparse.ArgumentParser:
         "same rows, values and truth",
     )
     synth.add_argument("--clusters", type=int, help="points near a union of K subspaces")
-    synth.add_argument("--seed", type=int, default=0)
-    synth.add_argument("--overwrite", action="store_true")
-    synth.add_argument("--quiet", action="store_true")
+    synth.add_argument("--seed", type=int, default=0, help="seed of the data (default 0)")
+    synth.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
+    synth.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    est = sub.add_parser("estimate", help="private top-k basis of a Parquet dataset")
+    est = sub.add_parser(
+        "estimate",
+        help="private top-k basis of a Parquet dataset",
+        description="Write a differentially private rank-k basis of a Parquet table's numeric "
+        "columns (basis.npy, manifest.json) to --out. The budget covers the whole run.",
+        epilog=examples(
+            "dpsub estimate events.parquet --rank 3 --epsilon 1 --delta 1e-6 --out runs/events",
+            "dpsub estimate data/ --rank 4 --method gauss --center --exclude-columns '*_id' "
+            "--epsilon 1 --delta 1e-6 --out runs/k4",
+        ),
+    )
     add_input_arguments(est)
     est.add_argument("--rank", type=int, required=True, help="K, the subspace dimension")
     add_budget_arguments(est)
     add_method_arguments(est, "estimate")
 
-    clu = sub.add_parser("cluster", help="private subspace clustering: K bases of one rank")
+    clu = sub.add_parser(
+        "cluster",
+        help="private subspace clustering: K bases of one rank",
+        epilog=examples(
+            "dpsub cluster data/ --clusters 3 --rank 2 --epsilon 1 --delta 1e-6 --out runs/c3"
+        ),
+    )
     add_input_arguments(clu)
     clu.add_argument("--clusters", type=int, required=True, help="K, the number of subspaces")
     clu.add_argument("--rank", type=int, required=True, help="the dimension of each subspace")
@@ -155,6 +283,10 @@ def build_parser() -> argparse.ArgumentParser:
         "captured-variance ratio tr(V̂ᵀΣV̂)/Σ_{i≤k}λᵢ on the given rows against their exact, "
         "non-private top-k PCA (1.0: as good as PCA). --data reads the data without privacy: "
         "its numbers are for the operator, not for publication.",
+        epilog=examples(
+            "dpsub evaluate runs/k4 --truth data/gauss/_truth/basis.npy",
+            "dpsub evaluate runs/events --data events.parquet",
+        ),
     )
     ev.add_argument("run", help="the --out folder of a run")
     ev.add_argument("--truth", help="true basis .npy (d×k, or K×d×q), orthonormal columns")
@@ -171,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
         "that estimate the uncentred subspace)",
     )
     ev.add_argument("--scheduler", help="tcp://host:port of a running Dask scheduler (--data)")
-    ev.add_argument("--workers", type=int, help="workers of the local cluster (--data)")
+    ev.add_argument("--workers", type=_workers, help="workers of the local cluster (--data)")
     ev.add_argument("--quiet", action="store_true", help="no progress bar or cluster banner")
     add_storage_arguments(ev)
 
@@ -183,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
         "reruns), estimate runs the default method at ε = 1, δ = 1e-6 on a local cluster "
         "into DIR/run, evaluate prints the subspace error against the true basis (0 is "
         "perfect, 1 useless). For your own table see docs/real-data.md.",
+        epilog=examples("dpsub demo", "dpsub demo --dir /tmp/demo --rows 1000000 --dim 100"),
     )
     demo.add_argument("--dir", default="demo-output", help="working folder (default demo-output)")
     demo.add_argument("--rows", type=int, default=200_000, help="n (default 200000)")
@@ -421,7 +554,14 @@ def add_scheduled_commands(sub) -> None:
     """``dpsub run``, ``dpsub budget …`` and ``dpsub stream …`` (scheduled, ledgered runs)."""
     from dpsub_dist.methods import DEFAULTS, add_arguments
 
-    run = sub.add_parser("run", help="run a job file under the privacy-budget ledger")
+    run = sub.add_parser(
+        "run",
+        help="run a job file under the privacy-budget ledger",
+        epilog=examples(
+            "dpsub run pipelines/events-basis.yaml --check",
+            "dpsub run pipelines/events-basis.yaml --run-id events-basis-2024-06-01",
+        ),
+    )
     run.add_argument("job", help="job file (.yaml; see pipelines/)")
     run.add_argument(
         "--run-id",
@@ -436,30 +576,59 @@ def add_scheduled_commands(sub) -> None:
         "footers and the output folder (exit code as a run would fail; nothing written)",
     )
     run.add_argument("--scheduler", help="tcp://host:port of a running Dask scheduler")
-    run.add_argument("--workers", type=int, help="workers of the local cluster (default: cores)")
+    run.add_argument(
+        "--workers", type=_workers, help="workers of the local cluster (default: one per core)"
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bar or cluster banner")
 
-    budget = sub.add_parser("budget", help="the privacy-budget ledger: grant, show, history")
-    budget_sub = budget.add_subparsers(dest="budget_command", required=True)
-    init = budget_sub.add_parser("init", help="grant a dataset its total budget")
+    budget = sub.add_parser(
+        "budget",
+        help="the privacy-budget ledger: grant, show, history",
+        epilog=examples(
+            "dpsub budget init --ledger ledger.db --dataset /data/events --epsilon 10 --delta 1e-5",
+            "dpsub budget show --ledger ledger.db",
+        ),
+    )
+    budget_sub = budget.add_subparsers(dest="budget_command", required=True, metavar="COMMAND")
+    init = budget_sub.add_parser(
+        "init",
+        help="grant a dataset its total budget",
+        epilog=examples(
+            "dpsub budget init --ledger ledger.db --dataset /data/events --epsilon 10 --delta 1e-5"
+        ),
+    )
     init.add_argument("--ledger", required=True, help="ledger file (created) or postgresql:// URL")
     init.add_argument("--dataset", required=True, help="dataset URI, as the jobs name it")
     init.add_argument("--unit-column", help="user id column: grant for user-level privacy")
     add_budget_arguments(init, "of the dataset's total grant: all its runs together, ever")
     for name, text in (("show", "granted, spent and remaining"), ("history", "every run")):
-        view = budget_sub.add_parser(name, help=f"{text} per dataset")
+        view = budget_sub.add_parser(
+            name,
+            help=f"{text} per dataset",
+            epilog=examples(f"dpsub budget {name} --ledger ledger.db --dataset /data/events"),
+        )
         view.add_argument("--ledger", required=True, help="ledger file or postgresql:// URL")
         view.add_argument("--dataset", help="only this dataset URI")
         view.add_argument("--json", action="store_true", help="machine-readable output")
 
-    stream = sub.add_parser("stream", help="online private PCA over a stream of batches")
-    stream_sub = stream.add_subparsers(dest="stream_command", required=True)
+    stream = sub.add_parser(
+        "stream",
+        help="online private PCA over a stream of batches",
+        epilog=examples(
+            "dpsub stream init events.stream --rank 3 --horizon 30 --rho 0.5 --delta 1e-6",
+            "dpsub stream append events.stream batches/day-01.parquet --out runs/day-01",
+        ),
+    )
+    stream_sub = stream.add_subparsers(dest="stream_command", required=True, metavar="COMMAND")
     s_init = stream_sub.add_parser(
         "init",
         help="create a stream for a fixed horizon and its whole budget",
         description="The budget covers the stream's whole horizon: all T batches together, "
         "not each batch. With --ledger and --dataset it is charged at once to the dataset's "
         "grant; without them the stream is not tracked by any ledger.",
+        epilog=examples(
+            "dpsub stream init events.stream --rank 3 --horizon 30 --rho 0.5 --delta 1e-6"
+        ),
     )
     s_init.add_argument("state", help="stream file to create (SQLite, 0600; beside it the "
                         "operator-only STATE.private)")  # fmt: skip
@@ -474,7 +643,13 @@ def add_scheduled_commands(sub) -> None:
     add_budget_arguments(s_init, "for the stream's whole horizon (all T batches together)")
     add_arguments(s_init, "stream", "stream options")  # methods/stream.py
     s_init.set_defaults(method=DEFAULTS["stream"])
-    s_append = stream_sub.add_parser("append", help="add one batch and release the new basis")
+    s_append = stream_sub.add_parser(
+        "append",
+        help="add one batch and release the new basis",
+        epilog=examples(
+            "dpsub stream append events.stream batches/day-01.parquet --out runs/day-01"
+        ),
+    )
     s_append.add_argument("state", help="stream state file")
     s_append.add_argument("batch", help="the batch: Parquet file, folder or glob")
     s_append.add_argument("--out", help="write the release (basis.npy, manifest.json) here")
@@ -485,10 +660,14 @@ def add_scheduled_commands(sub) -> None:
         "and changes nothing",
     )
     s_append.add_argument("--scheduler", help="tcp://host:port of a running Dask scheduler")
-    s_append.add_argument("--workers", type=int, help="workers of the local cluster")
+    s_append.add_argument("--workers", type=_workers, help="workers of the local cluster")
     add_storage_arguments(s_append)
     s_append.add_argument("--quiet", action="store_true", help="no progress bar or banner")
-    s_show = stream_sub.add_parser("show", help="progress, budget and (with --out) the release")
+    s_show = stream_sub.add_parser(
+        "show",
+        help="progress, budget and (with --out) the release",
+        epilog=examples("dpsub stream show events.stream --out runs/latest"),
+    )
     s_show.add_argument("state", help="stream state file")
     s_show.add_argument("--out", help="write the latest release here")
     s_show.add_argument("--overwrite", action="store_true", help="replace an existing --out")

@@ -1,5 +1,8 @@
 """Errors a user can act on, each with the exit code the CLI returns for it."""
 
+import difflib
+from collections.abc import Iterable
+
 
 class DpsubError(Exception):
     """Base class: a one-line message naming the problem and the fix."""
@@ -48,3 +51,9 @@ class DataError(InputError):
 class StorageFailure(InputError):
     """Storage or network failed (denied, missing, unreachable): exit 2 before the budget is
     reserved; after it is reserved the run stays reserved (resumable), never refunded."""
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the closest of ``known`` to a misspelt ``word`` (or "")."""
+    close = difflib.get_close_matches(word, [str(k) for k in known], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -5,7 +5,7 @@ run, where the result goes and which ledger accounts for it::
 
     dataset: /data/events/          # local path or s3:// URI
     rank: 3
-    method: friendly
+    method: auto                    # the default; see docs/auto.md
     budget: {epsilon: 1.0, delta: 1.0e-6}
     output: /results/events-basis/{run_id}
     ledger: /state/ledger.db        # or a postgresql:// URL
@@ -36,7 +36,13 @@ from typing import Any
 import numpy as np
 import yaml
 
-from dpsub_dist.errors import DataError, InputError, RunAborted, StorageFailure
+from dpsub_dist.errors import (
+    DataError,
+    InputError,
+    RunAborted,
+    StorageFailure,
+    did_you_mean,
+)
 from dpsub_dist.io.output import check_output_dir, read_run, write_run
 from dpsub_dist.io.storage import (
     STORAGE_ERRORS,
@@ -72,7 +78,7 @@ JOB_FIELDS: dict[str, str] = {
     "exclude_columns": "columns or fnmatch patterns (user_*) left out of the feature columns",
     "unit_column": "user id column for user-level privacy (default: row level)",
     "rank": "k, the subspace dimension",
-    "method": f"estimator (default friendly; one of {sorted(METHODS)})",
+    "method": f"estimator (default {DEFAULTS['estimate']}; one of {sorted(METHODS)})",
     "parameters": "the method's parameters (as its CLI flags: subsets, radius, row_norm…) and "
     "seed, the public seed",
     "budget": "this run's budget: {epsilon, delta} or {rho, delta}",
@@ -186,8 +192,10 @@ def parse_job(document: Any, where: str = "job", default_name: str = "job") -> J
         raise InputError(f"{where}: a job file must be a YAML mapping of fields such as dataset:")
     unknown = sorted(str(k) for k in document if k not in JOB_FIELDS)
     if unknown:
+        hint = did_you_mean(unknown[0], JOB_FIELDS)
         raise InputError(
-            f"{where}: unknown field {unknown[0]!r}: accepted fields are {', '.join(JOB_FIELDS)}"
+            f"{where}: unknown field {unknown[0]!r}{hint}: accepted fields are "
+            f"{', '.join(JOB_FIELDS)}"
         )
     fields = _Fields(document, where)
     name = fields.text("name", required=False) or default_name
@@ -204,7 +212,10 @@ def parse_job(document: Any, where: str = "job", default_name: str = "job") -> J
             "only runs differentially private methods; use sulq or sample-aggregate"
         )
     if method not in METHODS:
-        raise InputError(f"{where}: method {method!r} is unknown: use one of {sorted(METHODS)}")
+        hint = did_you_mean(method, METHODS)
+        raise InputError(
+            f"{where}: method {method!r} is unknown{hint}: use one of {sorted(METHODS)}"
+        )
     job = Job(
         path=where,
         name=name,
@@ -352,7 +363,8 @@ def _parameters(value: Any, method: str, where: str) -> dict[str, Any]:
         elif key not in params:
             names = sorted([*params, "seed"])
             raise InputError(
-                f"{where}: parameters.{key} is unknown: accepted parameters are {names}"
+                f"{where}: parameters.{key} is unknown{did_you_mean(str(key), names)}: "
+                f"accepted parameters are {names}"
             )
         elif item is not None:  # PyYAML reads 1e-6 as a string: numbers may be quoted
             number = params[key].kind is float and isinstance(item, str)

@@ -11,9 +11,11 @@ run time (the data changed, the ledger's budget was spent meanwhile, a storage o
    published or reserved, so the run charges nothing new);
 4. **dataset**: the dataset is listed and every file's Parquet *footer* is read and checked
    against the job's columns and unit column (no row is read);
-5. **output**: the run's output folder is usable: its parent exists and is writable (local)
-   or the bucket accepts a write (object storage), and it does not exist yet unless the job
-   sets ``overwrite`` or the run id is already published.
+5. **output**: the run's output folder is usable, by the check the run makes itself: its
+   parent (or, when that is missing and the run would create it, the nearest existing
+   ancestor) is a writable folder (local) or the bucket accepts a write (object storage),
+   and it does not exist yet unless the job sets ``overwrite`` or the run id is already
+   published.
 
 Nothing is reserved and nothing stays written: the check creates no folder, no ledger
 and no grant (on object storage, as a run does, it writes and deletes one empty probe
@@ -26,11 +28,9 @@ is private at user level; a footer error names a file and a column, as a run wou
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 from dpsub_dist.errors import BudgetRefused, DpsubError, InputError
 from dpsub_dist.io.output import check_output_dir
@@ -41,7 +41,7 @@ from dpsub_dist.io.parquet import (
     list_parquet_files,
     select_columns,
 )
-from dpsub_dist.io.storage import StorageOptions, filesystem, is_local
+from dpsub_dist.io.storage import StorageOptions
 from dpsub_dist.jobfile import Job, own_unpublished_output
 from dpsub_dist.ledger import Grant, RunRecord, RunRequest, check_run_id, open_ledger
 from dpsub_dist.ledger.core import charged_accountant, check_compatible, describe_budget
@@ -171,14 +171,5 @@ def _output(job: Job, run_id: str, record: RunRecord | None) -> str:
     if record is not None and record.state == "reserved":
         if own_unpublished_output(output, record.dataset, run_id, options):
             return f"{output}: holds reserved run {run_id}'s release; a re-run publishes it"
-    if is_local(output):
-        parent = Path(filesystem(output)[1]).expanduser().resolve().parent
-        if not parent.is_dir():
-            raise InputError(
-                f"the parent folder {parent} of output {output} does not exist, so the run "
-                f"would fail: create it (mkdir -p {parent}) or change output: in the job"
-            )
-        if not os.access(parent, os.W_OK | os.X_OK):
-            raise InputError(f"output parent {parent} is not writable by this user: fix it")
-    check_output_dir(output, job.overwrite, options)
+    check_output_dir(output, job.overwrite, options)  # the run's own check
     return f"{output}: can be created"

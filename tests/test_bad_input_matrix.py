@@ -149,6 +149,21 @@ def _inf_values() -> np.ndarray:
     return values
 
 
+def _bad_in_several_columns(root: Path) -> Path:
+    """NaN in x2 and −inf in x1 of one file: every bad column is named, not only the first."""
+    folder = _with("x2", _nan_values())(root)
+    cols = features(seed=5)
+    cols["x2"], cols["x1"] = _nan_values(), _inf_values()
+    write(folder / "part-5.parquet", cols)
+    return folder
+
+
+def _nulls_in_several_columns(root: Path) -> Path:
+    cols = features()
+    nulls = {name: pa.array([None] + list(cols[name][1:]), pa.float64()) for name in ("x0", "x3")}
+    return write(root / "nulls.parquet", pa.table({**cols, **nulls}))
+
+
 def _empty_file(root: Path) -> Path:
     folder = good_folder(root)
     (folder / "part-7.parquet").write_bytes(b"")
@@ -326,6 +341,18 @@ FAULTS: list[Fault] = [
     Fault("nan-values", _with("x2", _nan_values()), r"column x2 has 2 NaN or infinite val", 6),
     Fault("inf-values", _with("x1", _inf_values()), r"column x1 has 1 NaN or infinite val", 6),
     Fault("null-values", _nulls, r"column x1 has 1 missing values", 6),
+    Fault(
+        "bad-values-in-several-columns",
+        _bad_in_several_columns,
+        r"column x1 has 1 NaN or infinite values; column x2 has 2 NaN or infinite values: clean",
+        6,
+    ),
+    Fault(
+        "nulls-in-several-columns",
+        _nulls_in_several_columns,
+        r"column x0 has 1 missing values; column x3 has 1 missing values: fill",
+        6,
+    ),
     Fault(
         "lying-footer",
         lambda root: lying_footer_file(root / "liar.parquet"),
@@ -596,14 +623,26 @@ def test_output_folder_exists_is_refused_before_any_work(
     assert (out / "keep.txt").read_text() == "precious"
 
 
-def test_output_parent_missing(tmp_path: Path, capsys) -> None:
+def test_output_under_a_file(tmp_path: Path, capsys) -> None:
+    (tmp_path / "no").write_text("a file")
     out = tmp_path / "no" / "such" / "out"
     code = main(
         ["estimate", str(tmp_path), "--rank", "1", "--epsilon", "1", "--delta", "1e-6"]
         + ["--out", str(out), "--quiet"]
     )
     assert code == 2
-    assert "does not exist: create it first" in capsys.readouterr().err
+    assert f"{tmp_path / 'no'} is a file" in capsys.readouterr().err
+
+
+def test_missing_output_parent_is_not_created_when_the_input_is_refused(
+    tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "no" / "such" / "out"
+    code = main(
+        ["estimate", str(tmp_path / "missing"), "--rank", "1", "--epsilon", "1"]
+        + ["--delta", "1e-6", "--out", str(out), "--quiet"]
+    )
+    assert code == 2, capsys.readouterr().err
     assert not (tmp_path / "no").exists()
 
 
@@ -615,7 +654,7 @@ def test_lying_footer_fixture_really_lies(tmp_path: Path) -> None:
 def test_every_row_is_documented() -> None:
     text = DOC.read_text()
     rows = set(re.findall(r"^\| `([a-z0-9-]+)` \|", text, flags=re.M))
-    ids = {fault.id for fault in FAULTS} | {"output-exists", "output-parent-missing"}
+    ids = {fault.id for fault in FAULTS} | {"output-exists", "output-under-a-file"}
     assert ids <= rows, f"undocumented: {sorted(ids - rows)}"
     assert rows <= ids, f"documented but untested: {sorted(rows - ids)}"
 

@@ -132,3 +132,27 @@ def test_variance_audit_catches_half_noise(noise_factor) -> None:
     honest, twin = run(1.0), run(0.5)
     assert honest.epsilon_lower < 2.0, honest
     assert twin.epsilon_lower > 2.0, twin
+
+
+def test_pure_noise_is_not_called_all_of_the_variance(tmp_path: Path, scheduler_address: str):
+    """A table with no variance at all (here all zeros, uncentred, public row norm): gauss
+    releases only its Gram noise. Its ratio was normalised to the top-k sum whenever the
+    noisy trace fell below it, so one component got ``[1.0]``; against the sum of all the
+    released eigenvalues clipped at 0 it gets a share of the noise (D = 20: about 0.2)."""
+    path = tmp_path / "zeros.parquet"
+    pq.write_table(pa.table({f"c{j}": np.zeros(5_000) for j in range(20)}), path)
+    out = tmp_path / "out"
+    args = ["--rank", "1", "--method", "gauss", "--no-center", "--row-norm", "1"]
+    budget = ["--epsilon", "1", "--delta", "1e-6", "--out", str(out)]
+    assert main(["estimate", str(path), *args, *budget, "--scheduler", scheduler_address]) == 0
+    release = json.loads((out / "manifest.json").read_text())["release"]
+    (ratio,) = release["explained_variance_ratio"]
+    assert 0.0 < ratio < 0.6, release  # top eigenvalue of a 20×20 noise matrix: ~0.2 of Σλ⁺
+    assert "sum of all its eigenvalues clipped at 0" in release["explained_variance_note"]
+
+
+def test_psd_total_clips_every_eigenvalue():
+    matrix = np.diag([4.0, 1.0, -3.0])
+    assert var.psd_total(matrix) == 5.0  # the trace is 2: a ratio to it would be 4/2
+    details = var.released_variance(np.array([4.0]), var.psd_total(matrix), 1.0, 10, "replace")
+    assert details["explained_variance_ratio"] == [0.8]

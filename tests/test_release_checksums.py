@@ -105,8 +105,8 @@ EXPECTED: dict[str, str] = {
     "friendly zcdp radius contiguous": "c22e5ae9eaeca177",  # ok
     "histogram": "75230d735fc21337",  # ok
     "histogram zcdp cell": "c129cf042155bf8e",  # ok
-    "gauss centred": "581d4bfead9996ff",  # ok
-    "gauss zcdp private norm": "52a0a8069cdf12bc",  # ok
+    "gauss centred": "83379e2bd879d972",  # ratio to Σ max(λ, 0), not the trace (issue 26)
+    "gauss zcdp private norm": "b9a3364a53b57b76",  # ratio to Σ max(λ, 0), not the trace (issue 26)
     "gap-perturb": "ea27becc32410c31",  # ok
     "gap-perturb zcdp private norm": "5c91dd13e35c6d58",  # ok
     "exact": "72659b9868315131",  # ok
@@ -114,8 +114,8 @@ EXPECTED: dict[str, str] = {
     # the second group's mean bound: q = 0.99 capped at 1 − 20/(ε_norm·n) = 0.989973 (the
     # margin now binds for a fixed quantile too); its bound and the basis are unchanged
     "boost friendly": "3c03ab1157adb9bd",
-        "auto": "7f9583bef8ea0397",  # ok (the default: gauss here)
-    "boost gauss": "2455523508e7874e",  # ok
+        "auto": "4a7a145d27abc444",  # ratio to Σ max(λ, 0), not the trace (issue 26)
+    "boost gauss": "a478f74db88b6b84",  # ratio to Σ max(λ, 0), not the trace (issue 26)
     "cluster sample-aggregate": "beab9cbba1f0f47c",  # ok
     "cluster sample-aggregate histogram": "dd30f2466d28e1c0",  # ok
     "cluster sulq": "1bdcfe260f8ca1f8",  # ok

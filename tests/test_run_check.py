@@ -160,17 +160,30 @@ def test_missing_column_is_refused(tmp_path, data, capsys):
     assert "columns not found: ['nope']" in failed(out, "dataset")
 
 
-def test_output_parent_missing_is_refused_and_not_created(tmp_path, data, capsys):
-    """Today's bug: --check said valid, and the real run failed on the missing parent."""
+def test_missing_output_parent_passes_the_check_and_the_run_creates_it(
+    tmp_path, data, capsys, scheduler_address
+):
+    """The job-file pattern ``output: results/{run_id}`` with no results/ yet: --check and
+    the run agree (on main the check and the run both refused it)."""
     grant(tmp_path, data)
-    code, out = check(job_file(tmp_path, data), capsys)
+    job = job_file(tmp_path, data)
+    code, out = check(job, capsys)
+    assert code == 0, out
+    assert not (tmp_path / "results").exists()  # --check creates nothing
+    run = ["run", str(job), "--run-id", RUN, "--scheduler", scheduler_address, "--quiet"]
+    assert main(run) == 0
+    assert (tmp_path / "results" / RUN / "manifest.json").is_file()
+
+
+def test_output_under_a_file_is_refused_by_the_check_and_the_run(tmp_path, data, capsys):
+    (tmp_path / "results").write_text("not a folder")
+    grant(tmp_path, data)
+    job = job_file(tmp_path, data, output=str(tmp_path / "results" / "daily" / "{run_id}"))
+    code, out = check(job, capsys)
     assert code == 2, out
-    line = failed(out, "output")
-    assert "does not exist" in line and f"mkdir -p {tmp_path / 'results'}" in line
-    assert not (tmp_path / "results").exists()
-    assert main(["run", str(job_file(tmp_path, data)), "--run-id", RUN, "--quiet"]) == 2
-    (tmp_path / "results").mkdir()  # the fix the message names makes both pass
-    assert check(job_file(tmp_path, data), capsys)[0] == 0
+    assert f"{tmp_path / 'results'} is a file" in failed(out, "output")
+    assert main(["run", str(job), "--run-id", RUN, "--quiet"]) == 2
+    assert ledger_runs(tmp_path, capsys) == "[]"  # refused before anything was reserved
 
 
 def test_existing_output_is_refused_but_a_published_run_id_is_ready(tmp_path, data, capsys):
@@ -191,6 +204,7 @@ def test_reserved_run_id_needs_no_more_budget_but_still_its_output_parent(
 ):
     """A run id reserved by an interrupted run resumes without a new charge."""
     grant(tmp_path, data, "1")  # exactly one run's budget, all of it reserved below
+    (tmp_path / "results").write_text("a file where the output's parent should be")
     job = job_file(tmp_path, data)
     loaded = load_job(job)
     request = RunRequest(
@@ -205,10 +219,10 @@ def test_reserved_run_id_needs_no_more_budget_but_still_its_output_parent(
     with open_ledger(str(tmp_path / "ledger.db")) as book:
         assert book.reserve(request).kind == "new"
     code, out = check(job, capsys)
-    assert code == 2, out  # the output parent is missing: the resume would fail too
+    assert code == 2, out  # the output's parent is a file: the resume would fail too
     assert f"run {RUN} is reserved: a re-run resumes it and charges nothing more" in out
-    assert "does not exist" in failed(out, "output")
-    (tmp_path / "results").mkdir()
+    assert "is a file" in failed(out, "output")
+    (tmp_path / "results").unlink()
     assert check(job, capsys)[0] == 0
     assert check(job, capsys, "--run-id", "events-2024-06-02")[0] == 4  # a new id: no budget
 

@@ -70,7 +70,7 @@ WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": 128 * 2**20, "MALLOC_MMAP_THRESHOLD_"
 operator's own environment variables win). Dask sets ``MALLOC_TRIM_THRESHOLD_=65536``, and
 setting it turns off glibc's adaptive mmap threshold: every array over 128 KiB becomes a
 fresh ``mmap`` that page-faults anew, a quarter of a default full-pass task's time at D = 32
-(docs/scale.md, "Where the time goes"). Here arrays up to 128 MiB come from the heap and up
+(docs/history.md, "Where the time goes"). Here arrays up to 128 MiB come from the heap and up
 to 128 MiB of freed heap stays with each worker."""
 
 

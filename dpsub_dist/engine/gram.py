@@ -189,7 +189,7 @@ def one_key(value: Any) -> Any:
     shipped to each worker once, not inside every task, and never walked by Dask. A loader
     passed to each task directly is searched for collections on every call
     (``dask.delayed``'s ``unpack_collections``): an array source's column names, 10⁵ at
-    D = 10⁵, cost about 0.26 s of the driver's CPU per task (docs/power.md, "Where the workers
+    D = 10⁵, cost about 0.26 s of the driver's CPU per task (docs/history.md, "Where the workers
     wait")."""
     return dask.delayed(value, pure=True, traverse=False)
 

@@ -67,7 +67,7 @@ from dpsub_dist.privacy.covariance import (
 )
 from dpsub_dist.privacy.noise import noise_rng
 from dpsub_dist.privacy.norm_bound import noise_matched_quantile
-from dpsub_dist.privacy.variance import EXPLAINED_VARIANCE_NOTE, released_variance
+from dpsub_dist.privacy.variance import EXPLAINED_VARIANCE_NOTE, psd_total, released_variance
 
 if TYPE_CHECKING:
     from dpsub_dist.engine.sources import Dataset
@@ -194,8 +194,8 @@ def release_basis(
         details.update(gram_sensitivity=noisy.sensitivity, gram_noise_sigma=noisy.sigma)
         matrix = noisy.matrix if shift is None else noisy.matrix - shift
         values, basis = top_eigenvectors(matrix, rank)
-        trace = float(np.trace(matrix))
-        details.update(released_variance(values, trace, row_norm, n_rows, relation))
+        total = psd_total(matrix)
+        details.update(released_variance(values, total, row_norm, n_rows, relation))
         return basis, details
     accountant.charge("gap_test", cov_steps.gap_test_mechanism(grants["gap_test"], sens.gap))
     accountant.charge("projector_noise", cov_steps.projector_mechanism(grants["projector_noise"]))

@@ -7,7 +7,9 @@ its manifest is refused.
 - Local folders are written atomically: a hidden temporary sibling folder is filled
   (basis, then manifest, each fsync'ed) and renamed into place. ``--overwrite`` renames the
   previous run aside first and back if the new one cannot be moved in, so a failed write
-  leaves it intact; it is deleted only after the new run is in place.
+  leaves it intact; it is deleted only after the new run is in place. Missing parent
+  folders (``--out runs/x`` with no ``runs/``) are created at write time, after the run,
+  and removed again if the write fails.
 - Object storage (``s3://bucket/prefix/`` …) has no rename, but each object PUT is atomic:
   the run prefix must be empty (or ``--overwrite``, which first deletes the old
   ``manifest.json`` and then the rest of the prefix), then the basis is written, then
@@ -44,7 +46,9 @@ BASIS = "basis.npy"
 
 
 def _local_path(out: str) -> Path:
-    return Path(filesystem(out)[1]) if str(out).startswith("file:") else Path(out)
+    """A local output as a path (``~`` expanded, as job files may write it)."""
+    path = Path(filesystem(out)[1]) if str(out).startswith("file:") else Path(out)
+    return path.expanduser()
 
 
 def check_output_dir(
@@ -61,12 +65,32 @@ def check_output_dir(
         )
     if path.exists() and not path.is_dir():
         raise InputError(f"output path is a file, not a folder: {out}: choose another --out")
-    parent = path.resolve().parent
-    if not parent.is_dir():
+    _check_parent_can_hold(path.resolve().parent, out)
+
+
+def _check_parent_can_hold(parent: Path, out: str) -> None:
+    """The output's parent folder exists, or its nearest existing ancestor is a writable
+    folder in which :func:`write_run` can create the missing folders."""
+    existing = next(p for p in (parent, *parent.parents) if p.exists())
+    if not existing.is_dir():
         raise InputError(
-            f"the output's parent folder {parent} does not exist: create it first "
-            f"(mkdir -p {parent}) or choose another --out"
+            f"{existing} is a file, so the output {out} cannot be created under it: "
+            "choose another --out"
         )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(
+            f"{existing} is not writable by this user, so the output {out} cannot be "
+            "created there: fix its permissions or choose another --out"
+        )
+
+
+def _make_parents(parent: Path) -> list[Path]:
+    """Create the missing folders above an output (as ``mkdir -p``); return them, outermost
+    first, so that a failed write can remove them again."""
+    missing = [p for p in (parent, *parent.parents) if not p.exists()][::-1]
+    for folder in missing:
+        folder.mkdir(exist_ok=True)
+    return missing
 
 
 def _remote_prefix(out: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
@@ -150,7 +174,9 @@ def write_run(
         return _write_remote(out, files, overwrite, storage_options)
     final = _local_path(out)
     tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+    created: list[Path] = []
     try:
+        created = _make_parents(final.absolute().parent)
         tmp.mkdir(parents=False)
         for name, data in files.items():
             _write_synced(tmp / name, data)
@@ -161,15 +187,25 @@ def write_run(
         else:
             tmp.rename(final)
     except OSError as err:  # disk full, read-only, permissions: nothing is left behind
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_partial(tmp, created)
         raise RunAborted(
             f"cannot write the run to {out} ({err.strerror or short_error(err)}): nothing was "
             "written or released; free space or fix the folder's permissions, then re-run"
         ) from None
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_partial(tmp, created)
         raise
     return str(final)
+
+
+def _remove_partial(tmp: Path, created: list[Path]) -> None:
+    """Remove a failed write's temporary folder and the parent folders it created."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    for folder in reversed(created):
+        try:
+            folder.rmdir()
+        except OSError:
+            break  # not empty: someone else wrote there meanwhile
 
 
 def _replace_folder(new: Path, final: Path) -> None:

@@ -425,25 +425,30 @@ class PartReader:
         rows = np.empty((table.num_rows, self.dim), dtype=np.float64)
         widths = self.widths or (None,) * len(self.columns)
         scalars: dict[int, np.ndarray] = {}  # feature position → a numeric scalar column
+        missing = [  # every column with nulls, not only the first
+            f"column {name} has {table.column(name).null_count} "
+            + ("missing values" if width is None else "missing (null) lists")
+            for name, width in zip(self.columns, widths, strict=True)
+            if table.column(name).null_count
+        ]
         j = 0
         for name, width in zip(self.columns, widths, strict=True):
             column = table.column(name)
-            if column.null_count:
-                what = "missing values" if width is None else "missing (null) lists"
-                raise DataError(
-                    f"{part.path}: column {name} has {column.null_count} {what}: "
-                    "fill or drop them before estimating"
-                )
             if width is None:
-                values = column.to_numpy()
-                if values.dtype.kind in "fiub":
-                    scalars[j] = values
-                else:  # decimals: Python objects, converted one by one
-                    rows[:, j] = values
+                if not missing:  # once a column has nulls the rest are only checked
+                    values = column.to_numpy()
+                    if values.dtype.kind in "fiub":
+                        scalars[j] = values
+                    else:  # decimals: Python objects, converted one by one
+                        rows[:, j] = values
                 j += 1
-            else:
-                _read_vector(column, width, rows[:, j : j + width], name, part.path, file_row)
-                j += width
+                continue
+            if not column.null_count:  # its null elements are named with the other columns
+                out = rows[:, j : j + width]
+                missing += _read_vector(column, width, out, name, part.path, file_row)
+            j += width
+        if missing:
+            raise DataError(bad_columns_message(part.path, missing, MISSING_FIX))
         write_scalar_columns(scalars, rows)
         check_finite(rows, self.columns, part.path, self.widths)
         return rows, units
@@ -474,10 +479,25 @@ def write_scalar_columns(scalars: dict[int, np.ndarray], rows: np.ndarray) -> No
             rows[start : start + step, run[0] : run[-1] + 1] = block.T
 
 
+MISSING_FIX = "fill or drop them before estimating"
+SHOWN_PROBLEMS = 20
+"""Columns named in one validation message (a diagnostics file; the rest are counted)."""
+
+
+def bad_columns_message(where: str, problems: Sequence[str], fix: str) -> str:
+    """``WHERE: column a has …; column b has …: FIX``, naming every bad column (up to
+    :data:`SHOWN_PROBLEMS`)."""
+    shown = "; ".join(problems[:SHOWN_PROBLEMS])
+    more = len(problems) - SHOWN_PROBLEMS
+    rest = f"; and {more} more columns" if more > 0 else ""
+    return f"{where}: {shown}{rest}: {fix}"
+
+
 def _read_vector(
     column: pa.ChunkedArray, width: int, out: np.ndarray, name: str, path: str, file_row: int
-) -> None:
-    """Fill ``out`` (rows × width) from a list column with no null lists, chunk by chunk."""
+) -> list[str]:
+    """Fill ``out`` (rows × width) from a list column without null lists, chunk by chunk;
+    return its elements with null values, one line each."""
     null_counts: np.ndarray | None = None
     r = 0
     for chunk in column.chunks:
@@ -502,12 +522,13 @@ def _read_vector(
                 flat = flat.cast(pa.float64())
             out[r : r + m] = flat.to_numpy(zero_copy_only=False).reshape(m, width)
         r += m
-    if null_counts is not None:
-        element = int(np.argmax(null_counts > 0))
-        raise DataError(
-            f"{path}: column {name}[{element}] has {int(null_counts[element])} missing values "
-            f"(null elements of vector column {name}): fill or drop them before estimating"
-        )
+    if null_counts is None:
+        return []
+    return [
+        f"column {name}[{element}] has {int(null_counts[element])} missing values "
+        f"(null elements of vector column {name})"
+        for element in np.flatnonzero(null_counts)
+    ]
 
 
 def check_finite(
@@ -516,12 +537,15 @@ def check_finite(
     where: str,
     widths: Sequence[int | None] | None = None,
 ) -> None:
-    """Raise DataError naming the first feature (``x`` or ``x[17]``) with NaN or inf values."""
+    """Raise DataError naming every feature (``x`` or ``x[17]``) with NaN or inf values."""
     finite = np.isfinite(rows)
     if not finite.all():
-        bad = int(np.argmin(finite.all(axis=0)))
-        count = int((~finite[:, bad]).sum())
+        counts = (~finite).sum(axis=0)
+        problems = [
+            f"column {feature_name(columns, widths, int(j))} has {int(counts[j])} NaN or "
+            "infinite values"
+            for j in np.flatnonzero(counts)
+        ]
         raise DataError(
-            f"{where}: column {feature_name(columns, widths, bad)} has {count} NaN or infinite "
-            "values: clean or drop those rows before estimating"
+            bad_columns_message(where, problems, "clean or drop those rows before estimating")
         )

@@ -14,7 +14,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from dpsub_dist.errors import InputError
+from dpsub_dist.errors import InputError, did_you_mean
 from dpsub_dist.methods import (
     auto,
     boost,
@@ -70,7 +70,8 @@ def method_named(command: str, name: str) -> Method:
     """The registered method; InputError listing the others."""
     methods = REGISTRY[command]
     if name not in methods:
-        raise InputError(f"unknown method {name!r}: use one of {list(methods)}")
+        hint = did_you_mean(name, methods)
+        raise InputError(f"unknown method {name!r}{hint}: use one of {list(methods)}")
     return methods[name]
 
 

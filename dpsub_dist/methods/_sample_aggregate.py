@@ -29,7 +29,8 @@ from dpsub_dist.privacy.noise import noise_rng
 SUBSETS = Param(
     "subsets",
     int,
-    "T, number of disjoint subsets (default: from the budget and, at row level, n)",
+    "t, the number of disjoint subsets the rows are split into (default: from the budget "
+    "and, at row level, n)",
     need=f"between 2 and {sa.MAX_SUBSETS}",
     fix="the driver holds a t×t matrix",
     valid=lambda t: 2 <= t <= sa.MAX_SUBSETS,

@@ -9,10 +9,11 @@ from dpsub_dist.methods.spec import Method, Param
 ITERATIONS = Param(
     "iterations",
     int,
-    "T, passes over the rows (default 6)",
+    "power-iteration passes over the rows, one noisy release each (default 6)",
     need="an integer ≥ 1",
     valid=lambda t: t >= 1,
     example=3,
+    metavar="PASSES",
 )
 OVERSAMPLE = Param(
     "oversample",

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import scipy.linalg
 
 from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import Budget
@@ -101,9 +102,23 @@ def private_variances(
     return VarianceRelease(matrix, float(noisy[-1]), sigma, SENSITIVITY)
 
 
+def psd_total(matrix: np.ndarray) -> float:
+    """The total variance of a released noisy symmetric matrix: the sum of its eigenvalues
+    clipped at 0 (the trace of its nearest positive semidefinite matrix).
+
+    Its plain trace can be smaller than the sum of its top k eigenvalues (the noise adds
+    negative eigenvalues), and a ratio to that would call pure noise all of the variance
+    (an all-constant table gave ``explained_variance_ratio = [1.0]`` at k = 1). Clipping
+    every eigenvalue at 0, as the top k already are, gives ratios that sum to 1 over all D
+    components, so k < D of them reach 1 only if the released matrix has rank ≤ k.
+    Post-processing of the released matrix: no privacy cost.
+    """
+    return float(np.maximum(scipy.linalg.eigvalsh(matrix), 0.0).sum())
+
+
 def released_variance(
     top_values: np.ndarray,
-    trace: float,
+    total: float,
     row_norm: float,
     n_rows: int,
     relation: Neighbours,
@@ -112,15 +127,16 @@ def released_variance(
 
     Post-processing of Analyze Gauss's output (no privacy cost): ``top_values`` are the top-k
     eigenvalues of the released ``AᵀA + E`` (minus ``n·μ̂μ̂ᵀ`` from the released mean when
-    centring) and ``trace`` its trace; the exact Gram never enters. Negative noisy eigenvalues
-    are clipped to 0 and the total is at least the sum of the top k, so the ratios are
-    non-negative, sorted descending (the components' order) and sum to ≤ 1. Variances are in
+    centring) and ``total`` its :func:`psd_total` (or, for a projected release, its noisy
+    total); the exact Gram never enters. Negative noisy eigenvalues are clipped to 0 and the
+    total is at least the sum of the top k, so the ratios are non-negative, sorted descending
+    (the components' order) and sum to ≤ 1. Variances are in
     input units, ``row_norm²·λ/n`` (rows as clipped to ``row_norm``; divided by n, not n − 1):
     ``row_norm`` and, at row level, ``n`` are public. At user level n is private, so only the
     ratio (which does not need it) is released.
     """
     top = np.maximum(np.asarray(top_values, dtype=np.float64), 0.0)
-    total = max(float(trace), float(top.sum()))
+    total = max(float(total), float(top.sum()))
     ratio = top / total if total > 0 else np.zeros_like(top)
     while ratio.sum() > 1.0:  # rounding: step the total up by ulps until Σ ratio ≤ 1 exactly
         total = float(np.nextafter(total, np.inf))
@@ -137,9 +153,11 @@ def released_variance(
 
 EXPLAINED_VARIANCE_NOTE = {
     "replace": "eigenvalues of the released noisy matrix × row_norm²/n (rows clipped to "
-    "row_norm), clipped at 0; ratio to its trace: post-processing, no privacy cost",
-    "add_remove": "ratio only (top eigenvalues of the released noisy matrix to its trace): "
-    "the variance itself needs the row count, private at user level",
+    "row_norm), clipped at 0; ratio to the sum of all its eigenvalues clipped at 0: "
+    "post-processing, no privacy cost",
+    "add_remove": "ratio only (top eigenvalues of the released noisy matrix to the sum of all "
+    "its eigenvalues clipped at 0): the variance itself needs the row count, private at "
+    "user level",
     "gap-perturb": "not released: no basis (⊥); a released basis gets a private explained "
     "variance (steps variance_norm_bound, explained_variance: its projector has no variances)",
 }
