@@ -48,8 +48,9 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--columns",
         type=_columns,
-        help="comma-separated feature columns (default: every numeric column); a vector "
-        "column (fixed_size_list or list of numbers, e.g. embeddings) adds its width",
+        help="comma-separated feature columns (default: every numeric column but identifiers "
+        "such as user_id and a stored index, from the schema); a vector column "
+        "(fixed_size_list or list of numbers, e.g. embeddings) adds its width",
     )
     parser.add_argument(
         "--exclude-columns",
@@ -253,7 +254,6 @@ def run_to_output(args: argparse.Namespace, make_config, runner) -> int:
     from dpsub_dist.engine.cluster import dask_client
     from dpsub_dist.engine.sources import parquet_dataset
     from dpsub_dist.io.output import check_output_dir, write_run
-    from dpsub_dist.io.parquet import id_like_message
     from dpsub_dist.io.storage import StorageOptions
     from dpsub_dist.methods import given_arguments
 
@@ -276,12 +276,9 @@ def run_to_output(args: argparse.Namespace, make_config, runner) -> int:
 
     def open_dataset(client):
         exclude = args.exclude_columns
-        dataset = parquet_dataset(
+        return parquet_dataset(
             args.input, args.columns, args.unit_column, storage_options, client, exclude
         )
-        if dataset.id_like:  # from the schema only (names, integer types): public
-            print(f"warning: {id_like_message(dataset.id_like, '--columns')}", file=sys.stderr)
-        return dataset
 
     with dask_client(args.scheduler, args.quiet, args.workers, args.memory_limit) as client:
         result = runner(config, open_dataset, client, progress=not args.quiet)
@@ -304,12 +301,21 @@ SHOWN_COLUMNS = 8
 
 
 def columns_used(manifest: dict) -> str:
-    """`` from N columns: a, b, …`` for the success line: names from the schema, no data."""
+    """`` from N columns: a, b, …; left out: user_id (identifier), …`` for the success line:
+    names and reasons from the schema, no data."""
     columns = manifest.get("columns") or []
+    if not columns:
+        return ""
     shown = ", ".join(columns[:SHOWN_COLUMNS])
     more = ", … (manifest lists all)" if len(columns) > SHOWN_COLUMNS else ""
     noun = "column" if len(columns) == 1 else "columns"
-    return f" from {len(columns)} {noun}: {shown}{more}" if columns else ""
+    line = f" from {len(columns)} {noun}: {shown}{more}"
+    left_out = list((manifest.get("columns_left_out") or {}).items())
+    if left_out:
+        reasons = ", ".join(f"{name} ({why})" for name, why in left_out[:SHOWN_COLUMNS])
+        more = ", …" if len(left_out) > SHOWN_COLUMNS else ""
+        line += f"; left out: {reasons}{more} (--columns to choose)"
+    return line
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:

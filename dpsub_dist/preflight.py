@@ -153,7 +153,7 @@ def _dataset(job: Job) -> str:
     files = list_parquet_files(job.dataset, options)
     with ThreadPoolExecutor(max_workers=min(FOOTER_THREADS, len(files))) as pool:
         infos = list(pool.map(lambda name: inspect_file(name, options), files))
-    columns = select_columns(infos, job.columns, job.unit_column)
+    columns = select_columns(infos, job.columns, job.unit_column, job.exclude_columns).used
     features = feature_count(columns, column_widths(infos, columns))
     if job.rank > features:
         raise InputError(
