@@ -160,6 +160,18 @@ def test_missing_column_is_refused(tmp_path, data, capsys):
     assert "columns not found: ['nope']" in failed(out, "dataset")
 
 
+def test_exclude_columns_are_applied_as_the_run_applies_them(tmp_path, data, capsys):
+    """Today's bug: --check counted the features without the job's exclude_columns."""
+    (tmp_path / "results").mkdir()
+    grant(tmp_path, data)
+    code, out = check(job_file(tmp_path, data, exclude_columns="[x0, 'x1*']"), capsys)
+    assert code == 0, out
+    assert "footers readable, 8 features" in out
+    code, out = check(job_file(tmp_path, data, exclude_columns="[nosuch]"), capsys)
+    assert code == 2, out
+    assert "pattern 'nosuch' matches no column" in failed(out, "dataset")
+
+
 def test_output_parent_missing_is_refused_and_not_created(tmp_path, data, capsys):
     """Today's bug: --check said valid, and the real run failed on the missing parent."""
     grant(tmp_path, data)
