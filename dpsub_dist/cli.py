@@ -56,8 +56,8 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
         "--exclude-columns",
         type=_columns,
         metavar="NAMES",
-        help="comma-separated columns or patterns (user_*, *_id) to leave out of the feature "
-        "columns (of --columns, or of every numeric column); from the schema only",
+        help="comma-separated columns or patterns (user_*, *_score) to leave out of the "
+        "feature columns (of --columns, or of the default ones); from the schema only",
     )
     parser.add_argument(
         "--unit-column",
