@@ -11,11 +11,11 @@ an already fitted estimator warns (see docs/python-api.md).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import warnings
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import fields
 from typing import Any
 
@@ -233,7 +233,7 @@ class PrivateSubspace(_PrivateEstimator):
 
     Parameters mirror ``dpsub estimate``: ``n_components`` (K; ``rank`` is an alias),
     ``epsilon``/``delta`` or ``rho`` (+ ``delta``), ``method``, ``subsets``, ``ref_points``,
-    ``assign``, ``unit_column``, ``columns``, ``exclude_columns`` (Parquet input), ``seed``
+    ``assign``, ``unit_column``, ``columns``, ``exclude_columns`` (named tables), ``seed``
     (public randomness only: DP noise always comes from OS entropy), ``scale`` (public radius
     / cell side), ``row_norm``/``center`` (centring is on by default at row level for every
     method but exact; ``center=False`` for the uncentred subspace), ``outliers``/``tolerance``
@@ -254,6 +254,8 @@ class PrivateSubspace(_PrivateEstimator):
       variance and singular values are None at user level (they need the row count, private
       there), gauss's ratio is given;
     - ``n_features_in_``; ``feature_names_in_`` when fitted on a DataFrame or Parquet;
+      ``columns_left_out_``: the columns the default rule left out, and why (identifier,
+      index, not numeric; from the schema);
     - ``manifest_`` (what was spent and released).
 
     ``fit`` raises :class:`NoStableSubspace` when the aggregator returns ⊥.
@@ -475,7 +477,7 @@ def _also_value_error(kind: type[InputError]) -> type[InputError]:
     return type(kind.__name__, (kind, ValueError), {"__module__": kind.__module__})
 
 
-@contextlib.contextmanager
+@contextmanager
 def _value_errors() -> Iterator[None]:
     """Re-raise an :class:`InputError` as the same error that is also a ``ValueError``."""
     try:

@@ -192,3 +192,13 @@ def test_a_frame_with_no_numeric_feature_is_refused_naming_the_parameter() -> No
         ValueError, match=r"look like identifiers; name the ones to use in columns="
     ):
         estimator().fit(frame)
+
+
+def test_exclude_columns_applies_to_a_dataframe_as_to_a_path(mixed: Path) -> None:
+    for data in (mixed, pd.read_parquet(mixed)):
+        with pytest.warns(UserWarning, match="left out the columns"):
+            est = estimator(exclude_columns=["d*"]).fit(data)
+        assert est.manifest_["columns"] == ["a", "b", "c"]
+        assert est.transform(data).shape[1] == 2
+    with pytest.raises(ValueError, match=r"exclude_columns= pattern 'z\*' matches no column"):
+        estimator(exclude_columns=["z*"]).fit(pd.read_parquet(mixed))
