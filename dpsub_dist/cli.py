@@ -303,6 +303,8 @@ SHOWN_COLUMNS = 8
 def columns_used(manifest: dict) -> str:
     """`` from N columns: a, b, …; left out: user_id (identifier), …`` for the success line:
     names and reasons from the schema, no data."""
+    from dpsub_dist.io.parquet import describe_left_out
+
     columns = manifest.get("columns") or []
     if not columns:
         return ""
@@ -310,12 +312,8 @@ def columns_used(manifest: dict) -> str:
     more = ", … (manifest lists all)" if len(columns) > SHOWN_COLUMNS else ""
     noun = "column" if len(columns) == 1 else "columns"
     line = f" from {len(columns)} {noun}: {shown}{more}"
-    left_out = list((manifest.get("columns_left_out") or {}).items())
-    if left_out:
-        reasons = ", ".join(f"{name} ({why})" for name, why in left_out[:SHOWN_COLUMNS])
-        more = ", …" if len(left_out) > SHOWN_COLUMNS else ""
-        line += f"; left out: {reasons}{more} (--columns to choose)"
-    return line
+    left_out = describe_left_out(manifest.get("columns_left_out") or {}, SHOWN_COLUMNS)
+    return line + (f"; left out: {left_out} (--columns to choose)" if left_out else "")
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:

@@ -328,6 +328,14 @@ def choose_columns(
     return ColumnChoice(_excluding(used, names, exclude, options), left_out)
 
 
+def describe_left_out(left_out: Mapping[str, str], shown: int = 8) -> str:
+    """``user_id (identifier), when (not numeric), …`` for the lines that name the columns
+    the default rule left out (the first ``shown``); empty when none were."""
+    pairs = list(left_out.items())
+    listed = ", ".join(f"{name} ({why})" for name, why in pairs[:shown])
+    return listed + (", …" if len(pairs) > shown else "")
+
+
 def _refuse_duplicates(names: Sequence[str], where: str) -> None:
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
