@@ -468,7 +468,9 @@ def add_scheduled_commands(sub) -> None:
     s_init.add_argument("state", help="stream file to create (SQLite, 0600; beside it the "
                         "operator-only STATE.private)")  # fmt: skip
     s_init.add_argument("--rank", type=int, required=True, help="K, the subspace dimension")
-    s_init.add_argument("--columns", type=_columns, help="feature columns (default: numeric)")
+    s_init.add_argument(
+        "--columns", type=_columns, help="feature columns (default: numeric, not ids or index)"
+    )
     s_init.add_argument(
         "--ledger", help="ledger file or postgresql:// URL: charge the whole budget to --dataset"
     )
