@@ -25,9 +25,9 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin, clone
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
-from dpsub_dist.engine.sources import Dataset, array_dataset, parquet_dataset
+from dpsub_dist.engine.sources import Dataset, array_dataset, frame_choice, parquet_dataset
 from dpsub_dist.errors import InputError, NoStableSubspace
-from dpsub_dist.io.parquet import feature_name, id_like_message, looks_like_id
+from dpsub_dist.io.parquet import API_OPTIONS, feature_name
 from dpsub_dist.job import EstimateConfig, EstimateResult, run_estimate
 from dpsub_dist.methods import DEFAULTS, declared
 
@@ -104,12 +104,11 @@ class _PrivateEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseE
         runner: Callable[..., EstimateResult],
     ) -> EstimateResult:
         """Run ``runner(config, open_dataset, client)`` on ``X``; set ``manifest_``,
-        ``n_features_in_`` and ``feature_names_in_``."""
+        ``n_features_in_``, ``feature_names_in_`` and ``columns_left_out_``."""
         opened: list[Dataset] = []
+        exclude = getattr(config, "exclude_columns", None)  # estimates only
         if _is_path(X):
             uri = os.fspath(X)
-            exclude = getattr(config, "exclude_columns", None)  # estimates only
-            excluded = {} if exclude is None else {"exclude": exclude}
 
             def open_dataset(client: Any) -> Dataset:
                 dataset = parquet_dataset(
@@ -118,17 +117,19 @@ class _PrivateEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseE
                     config.unit_column,
                     config.storage_options,
                     client,
-                    **excluded,
+                    exclude,
+                    API_OPTIONS,
                 )
                 opened.append(dataset)
                 return dataset
         else:
             if config.unit_column is not None:
                 raise InputError("unit_column needs a Parquet input that holds that column")
-            rows, names = self._fit_rows(X, config.columns)
+            rows, names, left_out = self._fit_rows(X, config.columns, exclude)
 
             def open_dataset(client: Any) -> Dataset:
-                dataset = array_dataset(rows, names)
+                dataset = array_dataset(rows, names, client)
+                dataset.left_out = left_out
                 opened.append(dataset)
                 return dataset
 
@@ -140,19 +141,27 @@ class _PrivateEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseE
         self.manifest_ = result.manifest
         if _is_path(X):
             self._set_table_features(opened[-1])
+        self.columns_left_out_ = dict(opened[-1].left_out)
+        if self.columns_left_out_:
+            warnings.warn(
+                _left_out_message(type(self).__name__, self.columns_left_out_), UserWarning, 3
+            )
         return result
 
-    def _fit_rows(self, X: Any, columns: list[str] | None) -> tuple[Any, list[str] | None]:
+    def _fit_rows(
+        self, X: Any, columns: list[str] | None, exclude: list[str] | None
+    ) -> tuple[Any, list[str] | None, dict[str, str]]:
         """In-memory input checked as scikit-learn does (its errors and feature names); Dask
-        input left where it is (only a Dask DataFrame's partition lengths are computed, on
-        Dask). Returns the rows and the feature names."""
-        if columns is not None and hasattr(X, "columns"):
-            X = X[_present(X, columns)]
-        _warn_id_like(X)
+        input left where it is. A DataFrame's columns are chosen by the CLI's rule
+        (:func:`frame_choice`: numeric, no identifiers unless named in ``columns=``). Returns
+        the rows, the feature names and the columns the rule left out."""
+        left_out: dict[str, str] = {}
+        if hasattr(X, "columns") and hasattr(X, "dtypes"):
+            X, choice = frame_choice(X, columns, exclude, API_OPTIONS)
+            left_out = choice.left_out
         if _is_dask(X):
             if hasattr(X, "columns"):
                 self._set_names(X.columns)
-                X = X.to_dask_array(lengths=True)  # the lengths (public row counts) on Dask
             else:
                 self.__dict__.pop("feature_names_in_", None)
             if X.ndim != 2:
@@ -164,7 +173,7 @@ class _PrivateEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseE
                 self, X, dtype=np.float64, ensure_all_finite=False, ensure_min_features=2
             )
         names = getattr(self, "feature_names_in_", None)
-        return X, None if names is None else [str(n) for n in names]
+        return X, None if names is None else [str(n) for n in names], left_out
 
     def _set_names(self, columns: Any) -> None:
         if all(isinstance(c, str) for c in columns):
@@ -173,15 +182,12 @@ class _PrivateEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseE
             self.__dict__.pop("feature_names_in_", None)
 
     def _set_table_features(self, dataset: Dataset) -> None:
-        """Features of a Parquet input: ``x[17]`` for element 17 of a vector column ``x``;
-        the id-like warning from the schema only."""
+        """Features of a Parquet input: ``x[17]`` for element 17 of a vector column ``x``."""
         self.n_features_in_ = dataset.dim
         self.feature_names_in_ = np.asarray(
             [feature_name(dataset.columns, dataset.widths, j) for j in range(dataset.dim)],
             dtype=object,
         )
-        if dataset.id_like:
-            warnings.warn(id_like_message(list(dataset.id_like), "columns="), UserWarning, 4)
 
     def _client(self, X: Any) -> Any | None:
         """``client=``, else for Dask or Parquet input Dask's default distributed client if
@@ -231,11 +237,22 @@ class _PrivateEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseE
 
     def _select(self, frame: Any) -> Any:
         """A DataFrame's fitted columns: taken by name from a wider table when ``columns=``
-        was given at fit, else checked to be the fitted ones in the fitted order."""
+        was given at fit, else chosen by the fit's rule (:func:`frame_choice`, which leaves
+        out the same text, date, identifier columns) and checked to be the fitted ones in the
+        fitted order."""
         if self.columns:
             frame = frame[_present(frame, list(self._source_columns()))]
         wanted = self._source_columns() if hasattr(self, "feature_names_in_") else None
         names = [str(c) for c in frame.columns]
+        if wanted is not None and names != wanted and not self.columns:
+            try:
+                chosen, choice = frame_choice(
+                    frame, None, getattr(self, "exclude_columns", None), API_OPTIONS
+                )
+            except InputError:  # nothing to choose: the names differ, said below
+                choice = None
+            if choice is not None and choice.used == wanted:
+                frame, names = chosen, wanted
         if wanted is not None and names != wanted:
             raise ValueError(
                 "The feature names should match those that were passed during fit, in the "
@@ -250,7 +267,7 @@ class PrivateSubspace(_PrivateEstimator):
     Parameters mirror ``dpsub estimate``: ``n_components`` (K, default 2; ``rank`` is an
     alias), ``epsilon``/``delta`` or ``rho`` (+ ``delta``; default ε = 1, δ = 10⁻⁶),
     ``method``, ``subsets``, ``ref_points``, ``assign``, ``unit_column``, ``columns``,
-    ``exclude_columns`` (Parquet input), ``seed`` (public randomness only: DP noise always
+    ``exclude_columns`` (named tables), ``seed`` (public randomness only: DP noise always
     comes from OS entropy), ``scale`` (public radius / cell side), ``row_norm``/``center``
     (centring is on by default at row level for every method but exact; ``center=False`` for
     the uncentred subspace), ``outliers``/``tolerance`` (exact), ``boost``/``boost_alpha``
@@ -272,6 +289,8 @@ class PrivateSubspace(_PrivateEstimator):
       variance and singular values are None at user level (they need the row count, private
       there), gauss's ratio is given;
     - ``n_features_in_``; ``feature_names_in_`` when fitted on a DataFrame or Parquet;
+      ``columns_left_out_``: the columns the default rule left out, and why (identifier,
+      index, not numeric; from the schema);
     - ``manifest_`` (what was spent and released).
 
     ``fit`` raises :class:`NoStableSubspace` when the aggregator returns ⊥: the budget is
@@ -317,8 +336,10 @@ class PrivateSubspace(_PrivateEstimator):
         (``str`` or ``pathlib.Path``). Spends the budget; Dask input is read on the cluster."""
         with _api_errors(self):
             config = self._config()
-            if self.exclude_columns is not None and not _is_path(X):
-                raise InputError("exclude_columns applies to Parquet input: pass columns=")
+            if self.exclude_columns is not None and not (_is_path(X) or hasattr(X, "columns")):
+                raise InputError(
+                    "exclude_columns needs column names: pass a DataFrame or a Parquet path"
+                )
             result = self._fit_run(X, config, run_estimate)
         if result.basis is None:
             reason = _chosen_release(result.manifest).get("failure_reason") or "see manifest_"
@@ -574,14 +595,13 @@ def _present(frame: Any, columns: list[str]) -> list[str]:
     return columns
 
 
-def _warn_id_like(X: Any) -> None:
-    """The schema-only id-like warning for a pandas/Dask DataFrame, from its dtypes."""
-    if not hasattr(X, "dtypes") or not hasattr(X, "columns"):
-        return
-    types = {str(c): str(t) for c, t in zip(X.columns, X.dtypes, strict=True)}
-    id_like = [c for c in types if looks_like_id(c, types[c])]
-    if id_like:
-        warnings.warn(id_like_message(id_like, "columns="), UserWarning, 5)
+def _left_out_message(name: str, left_out: dict[str, str]) -> str:
+    """The one-line warning naming the columns a fit left out and why (schema only)."""
+    listed = ", ".join(f"{column} ({why})" for column, why in left_out.items())
+    return (
+        f"{name} left out the columns {listed}: pass columns= to choose the feature columns "
+        "(columns_left_out_ lists them)"
+    )
 
 
 def _array_or_none(values: Any) -> np.ndarray | None:
@@ -608,7 +628,8 @@ def _parquet_rows(
     import dask
     import dask.array as da
 
-    dataset = parquet_dataset(uri, columns, None, dict(storage_options or {}), None)
+    options = dict(storage_options or {})
+    dataset = parquet_dataset(uri, columns, None, options, None, None, API_OPTIONS)
     blocks = [
         da.from_delayed(
             dask.delayed(_read_part)(dataset.loader, part),

@@ -118,15 +118,16 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--columns",
         type=_columns,
-        help="comma-separated feature columns (default: every numeric column); a vector "
-        "column (fixed_size_list or list of numbers, e.g. embeddings) adds its width",
+        help="comma-separated feature columns (default: every numeric column but identifiers "
+        "such as user_id and a stored index, from the schema); a vector column "
+        "(fixed_size_list or list of numbers, e.g. embeddings) adds its width",
     )
     parser.add_argument(
         "--exclude-columns",
         type=_columns,
         metavar="NAMES",
-        help="comma-separated columns or patterns (user_*, *_id) to leave out of the feature "
-        "columns (of --columns, or of every numeric column); from the schema only",
+        help="comma-separated columns or patterns (user_*, *_score) to leave out of the "
+        "feature columns (of --columns, or of the default ones); from the schema only",
     )
     parser.add_argument(
         "--unit-column",
@@ -386,7 +387,6 @@ def run_to_output(args: argparse.Namespace, make_config, runner) -> int:
     from dpsub_dist.engine.cluster import dask_client
     from dpsub_dist.engine.sources import parquet_dataset
     from dpsub_dist.io.output import check_output_dir, write_run
-    from dpsub_dist.io.parquet import id_like_message
     from dpsub_dist.io.storage import StorageOptions
     from dpsub_dist.methods import given_arguments
 
@@ -409,12 +409,9 @@ def run_to_output(args: argparse.Namespace, make_config, runner) -> int:
 
     def open_dataset(client):
         exclude = args.exclude_columns
-        dataset = parquet_dataset(
+        return parquet_dataset(
             args.input, args.columns, args.unit_column, storage_options, client, exclude
         )
-        if dataset.id_like:  # from the schema only (names, integer types): public
-            print(f"warning: {id_like_message(dataset.id_like, '--columns')}", file=sys.stderr)
-        return dataset
 
     with dask_client(args.scheduler, args.quiet, args.workers, args.memory_limit) as client:
         result = runner(config, open_dataset, client, progress=not args.quiet)
@@ -437,12 +434,19 @@ SHOWN_COLUMNS = 8
 
 
 def columns_used(manifest: dict) -> str:
-    """`` from N columns: a, b, …`` for the success line: names from the schema, no data."""
+    """`` from N columns: a, b, …; left out: user_id (identifier), …`` for the success line:
+    names and reasons from the schema, no data."""
+    from dpsub_dist.io.parquet import describe_left_out
+
     columns = manifest.get("columns") or []
+    if not columns:
+        return ""
     shown = ", ".join(columns[:SHOWN_COLUMNS])
     more = ", … (manifest lists all)" if len(columns) > SHOWN_COLUMNS else ""
     noun = "column" if len(columns) == 1 else "columns"
-    return f" from {len(columns)} {noun}: {shown}{more}" if columns else ""
+    line = f" from {len(columns)} {noun}: {shown}{more}"
+    left_out = describe_left_out(manifest.get("columns_left_out") or {}, SHOWN_COLUMNS)
+    return line + (f"; left out: {left_out} (--columns to choose)" if left_out else "")
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
@@ -633,7 +637,9 @@ def add_scheduled_commands(sub) -> None:
     s_init.add_argument("state", help="stream file to create (SQLite, 0600; beside it the "
                         "operator-only STATE.private)")  # fmt: skip
     s_init.add_argument("--rank", type=int, required=True, help="K, the subspace dimension")
-    s_init.add_argument("--columns", type=_columns, help="feature columns (default: numeric)")
+    s_init.add_argument(
+        "--columns", type=_columns, help="feature columns (default: numeric, not ids or index)"
+    )
     s_init.add_argument(
         "--ledger", help="ledger file or postgresql:// URL: charge the whole budget to --dataset"
     )

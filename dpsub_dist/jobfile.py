@@ -74,7 +74,7 @@ from dpsub_dist.privacy.clustering import GIBBS_GUARANTEE
 JOB_FIELDS: dict[str, str] = {
     "name": "job name, used in default run ids (default: the file name without .yaml)",
     "dataset": "Parquet file, folder or glob (local path or s3:// URI)",
-    "columns": "feature columns (list or comma-separated; default: all numeric columns)",
+    "columns": "feature columns (list or comma-separated; default: the numeric ones but ids)",
     "exclude_columns": "columns or fnmatch patterns (user_*) left out of the feature columns",
     "unit_column": "user id column for user-level privacy (default: row level)",
     "rank": "k, the subspace dimension",

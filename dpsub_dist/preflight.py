@@ -36,6 +36,7 @@ from dpsub_dist.errors import BudgetRefused, DpsubError, InputError
 from dpsub_dist.io.output import check_output_dir
 from dpsub_dist.io.parquet import (
     column_widths,
+    describe_left_out,
     feature_count,
     inspect_file,
     list_parquet_files,
@@ -153,13 +154,16 @@ def _dataset(job: Job) -> str:
     files = list_parquet_files(job.dataset, options)
     with ThreadPoolExecutor(max_workers=min(FOOTER_THREADS, len(files))) as pool:
         infos = list(pool.map(lambda name: inspect_file(name, options), files))
-    columns = select_columns(infos, job.columns, job.unit_column)
-    features = feature_count(columns, column_widths(infos, columns))
+    choice = select_columns(infos, job.columns, job.unit_column, job.exclude_columns)
+    features = feature_count(choice.used, column_widths(infos, choice.used))
     if job.rank > features:
         raise InputError(
             f"rank {job.rank} exceeds the {features} features of {job.dataset}: lower rank"
         )
-    return f"{job.dataset}: {len(files)} Parquet files, footers readable, {features} features"
+    left_out = describe_left_out(choice.left_out)
+    return f"{job.dataset}: {len(files)} Parquet files, footers readable, {features} features" + (
+        f" (left out: {left_out})" if left_out else ""
+    )
 
 
 def _output(job: Job, run_id: str, record: RunRecord | None) -> str:

@@ -5,6 +5,7 @@ warning about identifier-like feature columns."""
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -172,23 +173,30 @@ def test_paths_fit_and_transform_lazily(tmp_path: Path) -> None:
     assert isinstance(est.transform(da.from_array(X, chunks=5_000)), da.Array)
 
 
-def test_id_like_columns_are_flagged_from_the_schema_only(tmp_path: Path) -> None:
+def test_id_like_columns_are_left_out_by_default_and_used_when_named(tmp_path: Path) -> None:
+    import dask.dataframe as dd
+
     X, _ = shifted_low_rank(rows=4_000)
     frame = pd.DataFrame(X, columns=list("abcdef"))
-    frame["user_id"] = np.zeros(len(frame), dtype=np.int64)  # not unique-ish: the name and type
+    frame["user_id"] = np.arange(len(frame), dtype=np.int64)  # the name and type decide
     path = _write(tmp_path / "ids.parquet", frame)
-    with pytest.warns(UserWarning, match=r"^feature column\(s\) user_id look like identifiers"):
-        gauss(rank=2).fit(path)
-    as_float = frame.assign(user_id=frame["user_id"].astype(np.float64))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        gauss(rank=2).fit(as_float)
-    assert not [w for w in caught if "identifiers" in str(w.message)]
-    with pytest.warns(UserWarning, match="user_id look like identifiers"):
-        gauss(rank=2).fit(frame)  # a pandas frame: the same test on its dtypes
+    left_out = r"^PrivateSubspace left out the columns user_id \(identifier\): pass columns="
+    for data in (path, frame, dd.from_pandas(frame, npartitions=2)):
+        with pytest.warns(UserWarning, match=left_out):
+            est = gauss(rank=2).fit(data)
+        assert list(est.feature_names_in_) == list("abcdef")
+        assert est.columns_left_out_ == {"user_id": "identifier"}
+        assert est.manifest_["columns_left_out"] == {"user_id": "identifier"}
+        np.testing.assert_allclose(est.transform(frame), est.transform(X), atol=1e-9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # named: used, and nothing to warn about
+        named = gauss(rank=2, columns=[*"abcdef", "user_id"]).fit(path)
+        as_float = gauss(rank=2).fit(frame.assign(user_id=frame["user_id"].astype(float)))
+    assert named.manifest_["columns"] == [*"abcdef", "user_id"] and named.columns_left_out_ == {}
+    assert list(as_float.feature_names_in_) == [*"abcdef", "user_id"]
 
 
-def test_cli_names_the_columns_and_warns_about_id_like_ones(
+def test_cli_names_the_columns_used_and_the_id_like_ones_left_out(
     tmp_path: Path, scheduler_address: str, capsys
 ) -> None:
     X, _ = shifted_low_rank(rows=4_000)
@@ -198,21 +206,25 @@ def test_cli_names_the_columns_and_warns_about_id_like_ones(
     frame["count_items"] = np.ones(len(frame), dtype=np.int64)  # integer, not id-like
     frame["score"] = 1.0
     path = _write(tmp_path / "wide.parquet", frame)
-    out = tmp_path / "run"
     argv = ["estimate", str(path), "--rank", "2", "--method", "gauss", "--row-norm", "1e4"]
-    argv += ["--epsilon", "4", "--delta", "1e-6", "--out", str(out), "--quiet", "--seed", "1"]
-    code = main([*argv, "--scheduler", scheduler_address])
+    argv += ["--epsilon", "4", "--delta", "1e-6", "--quiet", "--seed", "1"]
+    argv += ["--scheduler", scheduler_address]
+    code = main([*argv, "--out", str(tmp_path / "run")])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     success = captured.out.strip().splitlines()
     assert len(success) == 1
-    shown = ", ".join([*names, "customerId", "count_items"])
-    assert success[0].endswith(f"from 9 columns: {shown}, … (manifest lists all)"), success[0]
-    warning = [line for line in captured.err.splitlines() if "identifiers" in line]
-    assert warning == [
-        "warning: feature column(s) customerId look like identifiers (integer type, "
-        "id/key-like name): pass --columns without them unless they are measurements"
-    ]
+    shown = ", ".join([*names, "count_items", "score"])
+    left_out = "; left out: customerId (identifier) (--columns to choose)"
+    assert success[0].endswith(f"from 8 columns: {shown}{left_out}"), success[0]
+    assert "identifier" not in captured.err
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["columns"] == [*names, "count_items", "score"]
+    assert manifest["columns_left_out"] == {"customerId": "identifier"}
+    named = ",".join([*names, "customerId"])
+    assert main([*argv, "--out", str(tmp_path / "named"), "--columns", named]) == 0
+    manifest = json.loads((tmp_path / "named" / "manifest.json").read_text())
+    assert manifest["columns"] == [*names, "customerId"] and manifest["columns_left_out"] == {}
 
 
 def test_boosted_fit_takes_the_mean_and_variance_of_the_chosen_group() -> None:

@@ -160,6 +160,34 @@ def test_missing_column_is_refused(tmp_path, data, capsys):
     assert "columns not found: ['nope']" in failed(out, "dataset")
 
 
+def test_exclude_columns_are_applied_as_the_run_applies_them(tmp_path, data, capsys):
+    """Today's bug: --check counted the features without the job's exclude_columns."""
+    (tmp_path / "results").mkdir()
+    grant(tmp_path, data)
+    code, out = check(job_file(tmp_path, data, exclude_columns="[x0, 'x1*']"), capsys)
+    assert code == 0, out
+    assert "footers readable, 8 features\n" in out  # x0 and x1 were named: not "left out"
+    code, out = check(job_file(tmp_path, data, exclude_columns="[nosuch]"), capsys)
+    assert code == 2, out
+    assert "pattern 'nosuch' matches no column" in failed(out, "dataset")
+
+
+def test_check_names_the_columns_the_run_leaves_out(tmp_path, capsys):
+    """The identifiers and stored index a run leaves out, named before it runs (schema)."""
+    import numpy as np
+    import pandas as pd
+
+    frame = pd.DataFrame(np.random.default_rng(0).standard_normal((500, 3)), columns=list("abc"))
+    frame["user_id"] = np.arange(500)
+    table = tmp_path / "ids.parquet"
+    frame[frame["a"] > 0].to_parquet(table)  # a filtered frame: stores __index_level_0__
+    (tmp_path / "results").mkdir()
+    grant(tmp_path, table)
+    code, out = check(job_file(tmp_path, table), capsys)
+    assert code == 0, out
+    assert "3 features (left out: user_id (identifier), __index_level_0__ (index))" in out
+
+
 def test_missing_output_parent_passes_the_check_and_the_run_creates_it(
     tmp_path, data, capsys, scheduler_address
 ):

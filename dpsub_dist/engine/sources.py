@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+import dask
 import numpy as np
 
 from dpsub_dist.engine.assign import unit_type_supported
 from dpsub_dist.engine.compute import Executor
 from dpsub_dist.errors import InputError
 from dpsub_dist.io.parquet import (
+    CLI_OPTIONS,
+    ColumnChoice,
+    ColumnInfo,
     FileInfo,
+    OptionNames,
     PartReader,
     check_finite,
+    choose_columns,
     column_widths,
     feature_count,
     feature_name,
-    id_like_columns,
     inspect_file,
     list_parquet_files,
     plan_parts,
@@ -64,8 +70,8 @@ class Dataset:
     input: str
     files: int = 0
     widths: list[int | None] | None = None
-    id_like: tuple[str, ...] = ()
-    """Feature columns whose schema looks like an identifier (:func:`looks_like_id`)."""
+    left_out: dict[str, str] = field(default_factory=dict)
+    """Columns the default rule left out, with the reason (:class:`ColumnChoice`)."""
 
     @property
     def dim(self) -> int:
@@ -90,15 +96,18 @@ def parquet_dataset(
     storage_options: dict[str, Any] | None,
     executor: Executor | Any | None,
     exclude: list[str] | None = None,
+    options: OptionNames = CLI_OPTIONS,
 ) -> Dataset:
-    """List the files (driver), read their footers (workers), validate the columns
-    (``exclude``: names or patterns removed from them, see :func:`select_columns`).
+    """List the files (driver), read their footers (workers), choose the columns
+    (``exclude``: names or patterns removed from them, see :func:`choose_columns`; ``options``:
+    how the caller's door spells them in messages).
 
     ``executor``: a bare client (or None: in process) is accepted too, for scripts."""
     storage_options = StorageOptions.wrap(storage_options)  # redacted in reprs and task keys
     files = list_parquet_files(uri, storage_options)
     infos = Executor.of(executor).map(inspect_file, files, storage_options=storage_options)
-    selected = select_columns(infos, columns, unit_column, exclude)
+    choice = select_columns(infos, columns, unit_column, exclude, options)
+    selected = choice.used
     if unit_column is not None:
         check_unit_column(infos[0], unit_column)
     widths = column_widths(infos, selected)
@@ -117,7 +126,7 @@ def parquet_dataset(
         uri,
         files=len(files),
         widths=widths or None,
-        id_like=tuple(id_like_columns(infos[0], selected)),
+        left_out=choice.left_out,
     )
 
 
@@ -133,12 +142,13 @@ def check_unit_column(info: FileInfo, unit_column: str) -> None:
 
 @dataclass(frozen=True)
 class _ArrayBlock:
-    """Loader for in-memory blocks: converts to float64 and rejects NaN/inf."""
+    """Loader for in-memory blocks (arrays, or a Dask DataFrame's pandas partitions):
+    converts to float64 and rejects NaN/inf (a pandas missing value counts as NaN)."""
 
     columns: tuple[str, ...]
 
     def __call__(self, block: Any) -> tuple[np.ndarray, None]:
-        rows = np.asarray(block, dtype=np.float64)
+        rows = _block_array(block, np.float64)
         check_finite(rows, self.columns, "input array")
         return rows, None
 
@@ -147,7 +157,7 @@ class _ArrayBlock:
         type as float64 (:func:`load_native`). NaN/inf first by the rows' float64 sums (no
         array as large as the block: a sum is NaN or infinite if one of its terms is, and
         float32 terms cannot overflow it), then, only if one is, by :func:`check_finite`."""
-        rows = np.asarray(block)
+        rows = _block_array(block, None)
         if rows.dtype != np.float32:
             rows = np.asarray(rows, dtype=np.float64)
         if not np.isfinite(np.einsum("ij->i", rows, dtype=np.float64)).all():
@@ -155,29 +165,106 @@ class _ArrayBlock:
         return rows, None
 
 
-def array_dataset(data: Any, columns: list[str] | None = None) -> Dataset:
-    """A NumPy array, pandas DataFrame, Dask array or Dask DataFrame as partitions."""
+def _block_array(block: Any, dtype: type | None) -> np.ndarray:
+    """A block as a NumPy array of ``dtype`` (None: float32 kept, else float64); a pandas
+    partition's missing values (``pd.NA``) become NaN, for :func:`check_finite` to name."""
+    if not hasattr(block, "columns"):
+        return np.asarray(block, dtype=dtype)
+    if dtype is None:
+        dtype = np.float32 if all(t == np.float32 for t in block.dtypes) else np.float64
+    return block.to_numpy(dtype=dtype, na_value=np.nan)
+
+
+def frame_columns(frame: Any) -> tuple[ColumnInfo, ...]:
+    """A pandas or Dask DataFrame's columns as a schema (names and dtypes, no values), for
+    :func:`choose_columns`: numeric as in Parquet (integers, floats; not bool)."""
+    import pandas as pd
+
+    def described(dtype: Any) -> str:
+        arrow = getattr(dtype, "pyarrow_dtype", None)  # int64[pyarrow] → int64
+        return str(dtype if arrow is None else arrow)
+
+    def numeric(dtype: Any) -> bool:
+        types = pd.api.types
+        return (
+            types.is_numeric_dtype(dtype)
+            and not types.is_bool_dtype(dtype)
+            and not types.is_complex_dtype(dtype)
+        )
+
+    return tuple(
+        ColumnInfo(str(name), described(dtype), numeric(dtype))
+        for name, dtype in zip(frame.columns, frame.dtypes, strict=True)
+    )
+
+
+def frame_choice(
+    frame: Any,
+    requested: Sequence[str] | None,
+    exclude: Sequence[str] | None,
+    options: OptionNames,
+) -> tuple[Any, ColumnChoice]:
+    """The frame's feature columns by the CLI's rule (:func:`choose_columns` on its dtypes;
+    its index is never a feature), and the frame cut to them in that order."""
+    columns = frame_columns(frame)
+    choice = choose_columns(columns, requested, None, exclude, (), "the DataFrame", options)
+    labels = {str(name): name for name in frame.columns}
+    return frame[[labels[name] for name in choice.used]], choice
+
+
+def row_counts(blocks: Sequence[Any], executor: Executor | Any | None) -> list[int]:
+    """Rows of each delayed block, counted where the blocks are (a pass over them). Row
+    level only: the API refuses ``unit_column`` for in-memory input, and a user-level count
+    would be private (build_manifest withholds n_rows and what follows from it)."""
+    counts = Executor.of(executor).gather([dask.delayed(len)(b) for b in blocks], "row counts")
+    return [int(c) for c in counts]
+
+
+def array_dataset(
+    data: Any, columns: list[str] | None = None, executor: Executor | Any | None = None
+) -> Dataset:
+    """A NumPy array, pandas DataFrame, Dask array or Dask DataFrame as partitions.
+
+    A Dask DataFrame is read a partition at a time (``to_delayed``) and its row counts are
+    those of the very partitions read, never ``to_dask_array(lengths=True)``, whose lengths
+    disagree with the partitions of ``read_parquet`` frames (dask/dask#12411); a Dask array
+    with unknown chunk sizes has its blocks counted the same way (``executor``: where)."""
     import dask.array as da
 
-    if hasattr(data, "to_dask_array"):  # Dask DataFrame
-        columns = columns or list(data.columns)
-        data = data[columns].to_dask_array(lengths=True)
-    elif hasattr(data, "columns"):  # pandas DataFrame
+    if dask.is_dask_collection(data) and hasattr(data, "columns"):  # Dask DataFrame
+        columns = columns or [str(c) for c in data.columns]
+        parts = list(data[columns].to_delayed())
+        lost = [i for i, part in enumerate(parts) if part.key not in part.dask]
+        if lost:
+            raise InputError(
+                f"the Dask DataFrame cannot compute its partitions {lost[:10]} of {len(parts)} "
+                "(Dask loses them when a read_parquet frame with columns= is persisted; "
+                "compute() fails too): pass the frame before .persist(), or the Parquet path"
+            )
+        return _blocks_dataset(parts, row_counts(parts, executor), len(columns), columns)
+    if hasattr(data, "columns"):  # pandas DataFrame
         columns = columns or [str(c) for c in data.columns]
         data = data[columns].to_numpy()
     if getattr(data, "ndim", None) != 2:
         raise InputError("input must be a 2-D array or a table: rows are records, columns features")
-    n_rows, dim = data.shape
-    columns = columns or [f"x{j}" for j in range(dim)]
     if isinstance(data, da.Array):
         if data.numblocks[1] != 1:
             data = data.rechunk({1: -1})
         parts = list(data.to_delayed()[:, 0])
         sizes = list(data.chunks[0])
-    else:
-        data = np.asarray(data)
-        starts = range(0, n_rows, ARRAY_PART_ROWS)
-        parts = [data[s : s + ARRAY_PART_ROWS] for s in starts]
-        sizes = [len(p) for p in parts]
-    offsets = list(np.cumsum([0] + sizes[:-1]).astype(int))
-    return Dataset(parts, offsets, _ArrayBlock(tuple(columns)), list(columns), int(n_rows), "array")
+        if any(math.isnan(size) for size in sizes):
+            sizes = row_counts(parts, executor)
+        return _blocks_dataset(parts, sizes, data.shape[1], columns)
+    data = np.asarray(data)
+    starts = range(0, data.shape[0], ARRAY_PART_ROWS)
+    parts = [data[s : s + ARRAY_PART_ROWS] for s in starts]
+    return _blocks_dataset(parts, [len(p) for p in parts], data.shape[1], columns)
+
+
+def _blocks_dataset(
+    parts: list[Any], sizes: Sequence[int], dim: int, columns: list[str] | None
+) -> Dataset:
+    columns = columns or [f"x{j}" for j in range(dim)]
+    offsets = list(np.cumsum([0] + list(sizes[:-1])).astype(int))
+    loader = _ArrayBlock(tuple(columns))
+    return Dataset(parts, offsets, loader, list(columns), int(sum(sizes)), "array")

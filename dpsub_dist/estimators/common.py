@@ -123,6 +123,7 @@ def build_manifest(
         "input": dataset.input,
         "files": dataset.files,
         "columns": dataset.columns,
+        "columns_left_out": dataset.left_out,
         "vector_columns": dataset.vector_columns,
         "n_rows": None if user_level else dataset.n_rows,
         "n_rows_note": "not released: row counts are private at user level"

@@ -13,10 +13,11 @@ Features of a vector column ``x`` are named ``x[0]``, ``x[1]``, … in messages.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from typing import Any, ClassVar
 
@@ -58,11 +59,13 @@ class ColumnInfo:
 
 @dataclass(frozen=True)
 class FileInfo:
-    """What a worker learned from one file's footer."""
+    """What a worker learned from one file's footer. ``index_columns``: the columns the
+    writer's pandas metadata names as the frame's index (:func:`stored_index_columns`)."""
 
     path: str
     row_group_rows: tuple[int, ...]
     columns: tuple[ColumnInfo, ...]
+    index_columns: tuple[str, ...] = ()
 
     @property
     def num_rows(self) -> int:
@@ -186,7 +189,21 @@ def inspect_file(path: str, storage_options: Mapping[str, Any] | None = None) ->
         ) from None
     except STORAGE_ERRORS as err:
         raise storage_error(err, path, "reading") from None
-    return FileInfo(path, groups, columns)
+    return FileInfo(path, groups, columns, stored_index_columns(schema.metadata))
+
+
+def stored_index_columns(metadata: Mapping[bytes, bytes] | None) -> tuple[str, ...]:
+    """The columns a pandas or Dask writer stored as the frame's index, from the ``pandas``
+    key of the Arrow schema's metadata (its ``index_columns``: a name per stored index
+    level; a RangeIndex is kept as a description, not a column). Schema only: public."""
+    raw = (metadata or {}).get(b"pandas")
+    if raw is None:
+        return ()
+    try:
+        levels = json.loads(raw).get("index_columns", [])
+    except (ValueError, AttributeError):
+        return ()  # metadata a writer got wrong: the names alone then (is_index_column)
+    return tuple(level for level in levels if isinstance(level, str))
 
 
 INDEX_COLUMN = re.compile(r"__index_level_\d+__|__null_dask_index__")
@@ -199,24 +216,43 @@ def is_index_column(name: str) -> bool:
     return INDEX_COLUMN.fullmatch(name) is not None
 
 
+@dataclass(frozen=True)
+class OptionNames:
+    """How a door spells the column options, for its messages: the CLI's flags or the
+    Python API's parameters."""
+
+    columns: str
+    exclude: str
+
+
+CLI_OPTIONS = OptionNames("--columns", "--exclude-columns")
+API_OPTIONS = OptionNames("columns=", "exclude_columns=")
+
+LEFT_OUT_INDEX = "index"
+LEFT_OUT_ID = "identifier"
+LEFT_OUT_NOT_NUMERIC = "not numeric"
+
+
+@dataclass(frozen=True)
+class ColumnChoice:
+    """The feature columns of a table, and the columns the default rule left out with the
+    reason (``LEFT_OUT_*``; empty when the columns were named). Schema only: public."""
+
+    used: list[str]
+    left_out: dict[str, str] = field(default_factory=dict)
+
+
 def select_columns(
     infos: Sequence[FileInfo],
     requested: Sequence[str] | None,
     unit_column: str | None,
     exclude: Sequence[str] | None = None,
-) -> list[str]:
-    """Validate and resolve the feature columns against every file's schema.
-
-    ``requested`` (default: every numeric column but the unit and stored index columns)
-    less the columns matching ``exclude`` (names or :mod:`fnmatch` patterns, e.g.
-    ``user_*``). Schema only, so the choice is public; a pattern matching no column of
-    the schema, or an exclusion that leaves nothing, is an InputError (exit 2).
-    """
+    options: OptionNames = CLI_OPTIONS,
+) -> ColumnChoice:
+    """:func:`choose_columns` on the files' schema, after checking every file has the
+    first one's columns and types; an index any file's metadata names is an index."""
     first = infos[0]
-    names = [c.name for c in first.columns]
-    if len(set(names)) != len(names):
-        dup = sorted({n for n in names if names.count(n) > 1})
-        raise InputError(f"{first.path}: duplicate column names {dup}: rename them in the data")
+    _refuse_duplicates([c.name for c in first.columns], first.path)
     schema = [(c.name, c.type) for c in first.columns]
     for info in infos[1:]:
         if [(c.name, c.type) for c in info.columns] != schema:
@@ -224,7 +260,33 @@ def select_columns(
                 f"schema differs between {first.path} and {info.path}: "
                 "write all files with the same columns and types"
             )
-    by_name = {c.name: c for c in first.columns}
+    index = tuple(dict.fromkeys(name for info in infos for name in info.index_columns))
+    where = first.path
+    return choose_columns(first.columns, requested, unit_column, exclude, index, where, options)
+
+
+def choose_columns(
+    columns: Sequence[ColumnInfo],
+    requested: Sequence[str] | None,
+    unit_column: str | None,
+    exclude: Sequence[str] | None = None,
+    index_columns: Sequence[str] = (),
+    where: str = "the table",
+    options: OptionNames = CLI_OPTIONS,
+) -> ColumnChoice:
+    """The one rule for the feature columns of a table: a Parquet schema (the CLI, job files,
+    the API on a path) or a DataFrame's dtypes (the API on pandas and Dask frames).
+
+    ``requested`` is used as given (each must exist and be numeric; identifiers too).
+    Otherwise every numeric column but the unit column, a stored index (by name,
+    :func:`is_index_column`, or named in ``index_columns`` by the writer's metadata) and an
+    identifier-like column (:func:`looks_like_id`): those are in ``left_out``. Then less the
+    columns matching ``exclude`` (names or :mod:`fnmatch` patterns, e.g. ``user_*``). Schema
+    only, so the choice is public; a bad choice is an InputError (exit 2).
+    """
+    names = [c.name for c in columns]
+    _refuse_duplicates(names, where)
+    by_name = {c.name: c for c in columns}
     if unit_column is not None and unit_column not in by_name:
         raise InputError(f"unit column {unit_column!r} not found: available columns {names[:20]}")
     if unit_column is not None and by_name[unit_column].vector:
@@ -241,21 +303,50 @@ def select_columns(
             raise InputError(f"non-numeric columns requested: {bad}: pass numeric columns only")
         if unit_column in requested:
             raise InputError(f"the unit column {unit_column!r} cannot also be a feature column")
-        return _excluding(list(requested), names, exclude)
-    numeric = [
-        c.name
-        for c in first.columns
-        if c.numeric and c.name != unit_column and not is_index_column(c.name)
-    ]
-    if not numeric:
+        return ColumnChoice(_excluding(list(requested), names, exclude, options))
+    left_out: dict[str, str] = {}
+    used: list[str] = []
+    for column in columns:
+        if column.name == unit_column:
+            continue
+        if is_index_column(column.name) or column.name in index_columns:
+            left_out[column.name] = LEFT_OUT_INDEX
+        elif not column.numeric:
+            left_out[column.name] = LEFT_OUT_NOT_NUMERIC
+        elif looks_like_id(column.name, column.type):
+            left_out[column.name] = LEFT_OUT_ID
+        else:
+            used.append(column.name)
+    if not used:
+        ids = [name for name, why in left_out.items() if why == LEFT_OUT_ID]
         raise InputError(
-            f"no numeric columns in {first.path}: pass --columns naming numeric columns"
+            f"no feature columns in {where}: its numeric columns {ids[:20]} look like "
+            f"identifiers; name the ones to use in {options.columns}"
+            if ids
+            else f"no numeric columns in {where}: pass {options.columns} naming numeric columns"
         )
-    return _excluding(numeric, names, exclude)
+    return ColumnChoice(_excluding(used, names, exclude, options), left_out)
+
+
+def describe_left_out(left_out: Mapping[str, str], shown: int = 8) -> str:
+    """``user_id (identifier), when (not numeric), …`` for the lines that name the columns
+    the default rule left out (the first ``shown``); empty when none were."""
+    pairs = list(left_out.items())
+    listed = ", ".join(f"{name} ({why})" for name, why in pairs[:shown])
+    return listed + (", …" if len(pairs) > shown else "")
+
+
+def _refuse_duplicates(names: Sequence[str], where: str) -> None:
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise InputError(f"{where}: duplicate column names {dup}: rename them in the data")
 
 
 def _excluding(
-    selected: list[str], names: Sequence[str], exclude: Sequence[str] | None
+    selected: list[str],
+    names: Sequence[str],
+    exclude: Sequence[str] | None,
+    options: OptionNames,
 ) -> list[str]:
     """``selected`` without the columns matching any pattern of ``exclude`` (case-sensitive)."""
     if not exclude:
@@ -263,13 +354,13 @@ def _excluding(
     unmatched = [p for p in exclude if not any(fnmatchcase(name, p) for name in names)]
     if unmatched:
         raise InputError(
-            f"--exclude-columns pattern {unmatched[0]!r} matches no column: available "
+            f"{options.exclude} pattern {unmatched[0]!r} matches no column: available "
             f"columns are {list(names[:20])}"
         )
     kept = [name for name in selected if not any(fnmatchcase(name, p) for p in exclude)]
     if not kept:
         raise InputError(
-            f"--exclude-columns leaves no feature column (it removes all of {selected[:20]}): "
+            f"{options.exclude} leaves no feature column (it removes all of {selected[:20]}): "
             "exclude fewer columns"
         )
     return kept
@@ -287,20 +378,6 @@ def looks_like_id(name: str, type_name: str) -> bool:
         return False
     spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)  # userId → user Id
     return any(part in ID_WORDS for part in re.split(r"[^a-z0-9]+", spaced.lower()))
-
-
-def id_like_message(names: Sequence[str], option: str) -> str:
-    """The one-line warning for id-like feature columns; ``option`` names how to drop them."""
-    return (
-        f"feature column(s) {', '.join(names)} look like identifiers (integer type, "
-        f"id/key-like name): pass {option} without them unless they are measurements"
-    )
-
-
-def id_like_columns(info: FileInfo, selected: Sequence[str]) -> list[str]:
-    """The selected feature columns that look like identifiers (:func:`looks_like_id`)."""
-    types = {c.name: c.type for c in info.columns}
-    return [name for name in selected if looks_like_id(name, types.get(name, ""))]
 
 
 def column_widths(infos: Sequence[FileInfo], selected: Sequence[str]) -> list[int | None]:
