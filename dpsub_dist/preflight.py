@@ -10,7 +10,9 @@ run time (the data changed, the ledger's budget was spent meanwhile, a storage o
 3. **budget**: what remains of the grant covers the run's charge (or the run id is already
    published or reserved, so the run charges nothing new);
 4. **dataset**: the dataset is listed and every file's Parquet *footer* is read and checked
-   against the job's columns and unit column (no row is read);
+   against the job's columns and unit column (no row is read: a variable list's width,
+   which only its rows hold, is reported as read at run time, and the rank is checked
+   against it then);
 5. **output**: the run's output folder is usable: its parent exists and is writable (local)
    or the bucket accepts a write (object storage), and it does not exist yet unless the job
    sets ``overwrite`` or the run id is already published.
@@ -20,8 +22,9 @@ and no grant (on object storage, as a run does, it writes and deletes one empty 
 object under the output prefix to learn that the bucket accepts writes).
 
 Privacy: ``--check`` reads only public facts (paths, footers' schemas, the ledger's grant
-and charges, which ``dpsub budget show`` prints as well). It prints no row count, since n
-is private at user level; a footer error names a file and a column, as a run would.
+and charges, which ``dpsub budget show`` prints as well) and never a row, so it can raise no
+data error and is no free probe of the data. It prints no row count, since n is private at
+user level; a footer error names a file and a column, as a run would.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpsub_dist.errors import BudgetRefused, DpsubError, InputError
+from dpsub_dist.estimators import auto
 from dpsub_dist.io.output import check_output_dir
 from dpsub_dist.io.parquet import (
     column_widths,
@@ -40,6 +44,7 @@ from dpsub_dist.io.parquet import (
     inspect_file,
     list_parquet_files,
     select_columns,
+    widths_in_rows,
 )
 from dpsub_dist.io.storage import StorageOptions, filesystem, is_local
 from dpsub_dist.jobfile import Job, own_unpublished_output
@@ -153,13 +158,25 @@ def _dataset(job: Job) -> str:
     files = list_parquet_files(job.dataset, options)
     with ThreadPoolExecutor(max_workers=min(FOOTER_THREADS, len(files))) as pool:
         infos = list(pool.map(lambda name: inspect_file(name, options), files))
-    columns = select_columns(infos, job.columns, job.unit_column)
-    features = feature_count(columns, column_widths(infos, columns))
-    if job.rank > features:
-        raise InputError(
-            f"rank {job.rank} exceeds the {features} features of {job.dataset}: lower rank"
+    columns = select_columns(infos, job.columns, job.unit_column, job.exclude_columns)
+    found = f"{job.dataset}: {len(files)} Parquet files, footers readable"
+    variable = widths_in_rows(infos, columns)
+    if job.method == "auto":
+        auto.check_schema_width(variable)
+    if variable:
+        fixed = [name for name in columns if name not in variable]
+        return (
+            f"{found}, {feature_count(fixed, column_widths(infos, fixed))} features and list "
+            f"column(s) {', '.join(variable)}, whose width the run reads from their rows "
+            "(the rank is checked then)"
         )
-    return f"{job.dataset}: {len(files)} Parquet files, footers readable, {features} features"
+    features = feature_count(columns, column_widths(infos, columns))
+    if job.rank >= features:
+        raise InputError(
+            f"rank {job.rank} must be smaller than the {features} features of {job.dataset}: "
+            "lower rank"
+        )
+    return f"{found}, {features} features"
 
 
 def _output(job: Job, run_id: str, record: RunRecord | None) -> str:

@@ -18,11 +18,13 @@ from dpsub_dist.io.parquet import (
     column_widths,
     feature_count,
     feature_name,
+    first_row_widths,
     id_like_columns,
     inspect_file,
     list_parquet_files,
     plan_parts,
     select_columns,
+    widths_in_rows,
 )
 from dpsub_dist.io.storage import StorageOptions
 
@@ -66,6 +68,8 @@ class Dataset:
     widths: list[int | None] | None = None
     id_like: tuple[str, ...] = ()
     """Feature columns whose schema looks like an identifier (:func:`looks_like_id`)."""
+    widths_from_rows: tuple[str, ...] = ()
+    """Variable list columns: their width (so ``dim``) was read from a row, not the schema."""
 
     @property
     def dim(self) -> int:
@@ -101,7 +105,15 @@ def parquet_dataset(
     selected = select_columns(infos, columns, unit_column, exclude)
     if unit_column is not None:
         check_unit_column(infos[0], unit_column)
-    widths = column_widths(infos, selected)
+    variable = widths_in_rows(infos, selected)  # their width: from rows, at run time only
+    firsts = (
+        Executor.of(executor).map(
+            first_row_widths, files, names=tuple(variable), storage_options=storage_options
+        )
+        if variable
+        else []
+    )
+    widths = column_widths(infos, selected, firsts)
     if all(w is None for w in widths):
         widths = []  # scalar columns only: one feature per column
     parts = plan_parts(infos)
@@ -118,6 +130,7 @@ def parquet_dataset(
         files=len(files),
         widths=widths or None,
         id_like=tuple(id_like_columns(infos[0], selected)),
+        widths_from_rows=tuple(variable),
     )
 
 
