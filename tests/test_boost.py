@@ -201,8 +201,9 @@ def test_cli_boost_without_agreement_exits_3(small_dataset, scheduler_address, t
     assert not (out / "basis.npy").exists()
 
 
+@pytest.mark.parametrize("method", ["gauss", "auto"])  # auto chooses gauss in each group
 def test_cli_boost_charges_the_budget_when_groups_straddle_the_sampled_centre(
-    tmp_path, scheduler_address, capsys, monkeypatch
+    tmp_path, scheduler_address, capsys, monkeypatch, method
 ):
     """Gauss's sampled-centre route splits the mean's charge (``mean`` + ``centred_sum``) and
     is decided from a group's public row count. With its row threshold lowered to this
@@ -225,7 +226,7 @@ def test_cli_boost_charges_the_budget_when_groups_straddle_the_sampled_centre(
     out = tmp_path / "out"
     code = main(
         ["estimate", str(data), "--rank", "1", "--epsilon", "20", "--delta", "1e-6"]
-        + ["--method", "gauss", "--boost", "3", "--seed", "0", "--out", str(out)]
+        + ["--method", method, "--boost", "3", "--seed", "0", "--out", str(out)]
         + ["--scheduler", scheduler_address, "--quiet"]
     )
     assert code == 0, capsys.readouterr().err

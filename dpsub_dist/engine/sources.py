@@ -70,6 +70,9 @@ class Dataset:
     """Feature columns whose schema looks like an identifier (:func:`looks_like_id`)."""
     widths_from_rows: tuple[str, ...] = ()
     """Variable list columns: their width (so ``dim``) was read from a row, not the schema."""
+    sampled_centre: bool = True
+    """Whether gauss may centre on a sample of these partitions (boosting clears it where its
+    groups would not all take that route, so that every group runs one plan)."""
 
     @property
     def dim(self) -> int:

@@ -169,16 +169,17 @@ def _budget(fields: dict[str, float]) -> Budget:
     return ZCDP(fields["rho"], fields["delta0"])
 
 
-def one_centre_route(config: EstimateConfig, parts: Sequence[Dataset]) -> EstimateConfig:
-    """``config``, without the sampled-centre route unless every group takes it (public: the
-    groups' row counts at row level). The route splits the mean's charge in two steps, so
-    groups on both sides of its threshold would list each step at its larger charge and sum
-    above the budget: the run refused after its noise was drawn."""
-    if all(centre_sample(config, part) is not None for part in parts):
-        return config
-    plain = dataclasses.replace(config, sampled_centre=False)
-    plain.use_budget(config.budget())
-    return plain
+def one_centre_route(config: EstimateConfig, parts: list[Dataset]) -> list[Dataset]:
+    """The groups, without gauss's sampled-centre route unless every one takes it (public:
+    the groups' row counts at row level; asked as gauss, which auto may choose and which
+    alone reads it). The route splits the mean's charge in two steps, so groups on both
+    sides of its threshold would list each step at its larger charge and sum above the
+    budget: the run refused after its noise was drawn."""
+    as_gauss = dataclasses.replace(config, method="gauss")
+    as_gauss.use_budget(config.budget())
+    if all(centre_sample(as_gauss, part) is not None for part in parts):
+        return parts
+    return [dataclasses.replace(part, sampled_centre=False) for part in parts]
 
 
 def charge_parallel(accountant: Accountant, group_reports: Sequence[dict[str, Any]]) -> None:
@@ -215,7 +216,7 @@ def run_boosted(
     inner = dataclasses.replace(config, boost=None, boost_alpha=None, seed=seed)
     inner.use_budget(config.budget())  # the groups' plans split the budget parsed at the edge
     parts = [group_dataset(dataset, g, groups, seed_of_groups, sizes) for g in range(groups)]
-    inner = one_centre_route(inner, parts)
+    parts = one_centre_route(inner, parts)
 
     results: list[EstimateResult] = []
     for g, part in enumerate(parts):

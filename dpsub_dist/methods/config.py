@@ -78,9 +78,6 @@ class EstimateConfig(_Run):
     iterations: int | None = None  # power: T, public
     oversample: int | None = None  # power: k′ − k, public
     storage_options: dict[str, Any] = field(default_factory=dict)
-    sampled_centre: bool = True
-    """Whether gauss may take the sampled-centre route (no flag: boosting clears it where its
-    groups would not all take it, so that every group runs one plan)."""
 
     def validate(self) -> None:
         """Parameter checks that need no data."""
