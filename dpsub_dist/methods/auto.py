@@ -10,7 +10,7 @@ from typing import Any
 from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.estimators import auto as rule
-from dpsub_dist.estimators.common import EstimateResult, check_rank
+from dpsub_dist.estimators.common import EstimateResult, open_checked
 from dpsub_dist.methods._centring import CENTRING_PARAMS
 from dpsub_dist.methods._sample_aggregate import PLAN_PARAMS
 from dpsub_dist.methods.friendly import METHOD as FRIENDLY
@@ -31,9 +31,7 @@ def run_auto(
     noise_seed: int | None,
 ) -> EstimateResult:
     """Open the dataset, choose (public facts only), run the chosen method with the budget."""
-    dataset = open_dataset(Executor(client))
-    rule.check_schema_width(dataset.widths_from_rows)  # public: before the rank's check
-    check_rank(config, dataset)
+    dataset = open_checked(config, open_dataset, Executor(client))  # D from the schema
     name, reason = rule.choose(config, dataset.dim)
     chosen = dataclasses.replace(config, method=name)
     chosen.use_budget(config.budget())  # parsed once, at the edge
