@@ -10,7 +10,9 @@ run time (the data changed, the ledger's budget was spent meanwhile, a storage o
 3. **budget**: what remains of the grant covers the run's charge (or the run id is already
    published or reserved, so the run charges nothing new);
 4. **dataset**: the dataset is listed and every file's Parquet *footer* is read and checked
-   against the job's columns and unit column (no row is read);
+   against the job's columns and unit column (no row is read: a variable list's width,
+   which only its rows hold, is reported as read at run time, and the rank is checked
+   against it then);
 5. **output**: the run's output folder is usable, by the check the run makes itself: its
    parent (or, when that is missing and the run would create it, the nearest existing
    ancestor) is a writable folder (local) or the bucket accepts a write (object storage),
@@ -22,8 +24,9 @@ and no grant (on object storage, as a run does, it writes and deletes one empty 
 object under the output prefix to learn that the bucket accepts writes).
 
 Privacy: ``--check`` reads only public facts (paths, footers' schemas, the ledger's grant
-and charges, which ``dpsub budget show`` prints as well). It prints no row count, since n
-is private at user level; a footer error names a file and a column, as a run would.
+and charges, which ``dpsub budget show`` prints as well) and never a row, so it can raise no
+data error and is no free probe of the data. It prints no row count, since n is private at
+user level; a footer error names a file and a column, as a run would.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from dpsub_dist.errors import BudgetRefused, DpsubError, InputError
+from dpsub_dist.estimators import auto
 from dpsub_dist.io.output import check_output_dir
 from dpsub_dist.io.parquet import (
     column_widths,
@@ -41,6 +45,7 @@ from dpsub_dist.io.parquet import (
     inspect_file,
     list_parquet_files,
     select_columns,
+    widths_in_rows,
 )
 from dpsub_dist.io.storage import StorageOptions
 from dpsub_dist.jobfile import Job, own_unpublished_output
@@ -155,15 +160,28 @@ def _dataset(job: Job) -> str:
     with ThreadPoolExecutor(max_workers=min(FOOTER_THREADS, len(files))) as pool:
         infos = list(pool.map(lambda name: inspect_file(name, options), files))
     choice = select_columns(infos, job.columns, job.unit_column, job.exclude_columns)
-    features = feature_count(choice.used, column_widths(infos, choice.used))
-    if job.rank > features:
-        raise InputError(
-            f"rank {job.rank} exceeds the {features} features of {job.dataset}: lower rank"
-        )
+    columns = choice.used
     left_out = describe_left_out(choice.left_out)
-    return f"{job.dataset}: {len(files)} Parquet files, footers readable, {features} features" + (
-        f" (left out: {left_out})" if left_out else ""
-    )
+    found = f"{job.dataset}: {len(files)} Parquet files, footers readable"
+    variable = widths_in_rows(infos, columns)
+    if job.method == "auto":
+        auto.check_schema_width(variable)
+    if variable:
+        fixed = [name for name in columns if name not in variable]
+        features = (
+            f"{feature_count(fixed, column_widths(infos, fixed))} features and list "
+            f"column(s) {', '.join(variable)}, whose width the run reads from their rows "
+            "(the rank is checked then)"
+        )
+    else:
+        count = feature_count(columns, column_widths(infos, columns))
+        if job.rank >= count:
+            raise InputError(
+                f"rank {job.rank} must be smaller than the {count} features of {job.dataset}: "
+                "lower rank"
+            )
+        features = f"{count} features"
+    return f"{found}, {features}" + (f" (left out: {left_out})" if left_out else "")
 
 
 def _output(job: Job, run_id: str, record: RunRecord | None) -> str:

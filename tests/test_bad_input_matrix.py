@@ -468,6 +468,20 @@ FAULTS: list[Fault] = [
         r"part-5.parquet: list column x has rows of different lengths \(row 40 has 3 values, "
         r"expected 4\)",
         6,
+        args=("--method", "gauss"),
+    ),
+    Fault(
+        "auto-with-variable-list",
+        _ragged_folder,
+        r"--method auto chooses from the width D in the Parquet schema, but list column\(s\) x "
+        r"have their width in their rows only: store them as fixed_size_list",
+    ),
+    Fault(  # boosting opens the data before its groups: the refusal comes before the rank's
+        "auto-boost-with-variable-list",
+        _ragged_folder,
+        r"--method auto chooses from the width D in the Parquet schema, but list column\(s\) x",
+        args=("--boost", "2"),
+        rank=4,
     ),
     Fault(
         "vector-null-element",

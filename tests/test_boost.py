@@ -199,3 +199,43 @@ def test_cli_boost_without_agreement_exits_3(small_dataset, scheduler_address, t
     assert manifest["outcome"] == "no_stable_subspace"
     assert manifest["release"]["chosen_group"] is None
     assert not (out / "basis.npy").exists()
+
+
+@pytest.mark.parametrize("method", ["gauss", "auto"])  # auto chooses gauss in each group
+def test_cli_boost_charges_the_budget_when_groups_straddle_the_sampled_centre(
+    tmp_path, scheduler_address, capsys, monkeypatch, method
+):
+    """Gauss's sampled-centre route splits the mean's charge (``mean`` + ``centred_sum``) and
+    is decided from a group's public row count. With its row threshold lowered to this
+    table's size, the three groups fall on both sides of it; the run must still charge its
+    budget once (every group on one plan), not refuse with exit 4 after drawing noise."""
+    from dpsub_dist.engine.sources import parquet_dataset
+    from dpsub_dist.estimators import covariance
+    from dpsub_dist.synth import generate
+
+    monkeypatch.setattr(covariance, "SAMPLE_MIN_ROWS", 1950)
+    data = tmp_path / "data"
+    generate(data, rows=48_000, dim=4, rank=1, partitions=16, seed=1)
+    config = EstimateConfig(1, epsilon=20.0, delta=1e-6, method="gauss", center=True, seed=0)
+    dataset = parquet_dataset(str(data), None, None, None, None)
+    seed = boost.group_seed(0)
+    sizes = boost.group_sizes(boost._part_rows(dataset), seed, 3)
+    parts = [boost.group_dataset(dataset, g, 3, seed, sizes) for g in range(3)]
+    routes = [covariance.centre_sample(config, part) is not None for part in parts]
+    assert routes == [True, False, False]  # the precondition: the groups straddle the route
+    out = tmp_path / "out"
+    code = main(
+        ["estimate", str(data), "--rank", "1", "--epsilon", "20", "--delta", "1e-6"]
+        + ["--method", method, "--boost", "3", "--seed", "0", "--out", str(out)]
+        + ["--scheduler", scheduler_address, "--quiet"]
+    )
+    assert code == 0, capsys.readouterr().err
+    manifest = json.loads((out / "manifest.json").read_text())
+    budget = manifest["privacy"]["budget"]
+    assert budget["spent"]["epsilon"] == pytest.approx(20.0)
+    assert budget["spent"]["delta"] == pytest.approx(1e-6)
+    plans = {
+        tuple(sorted(run["parameters"])) + ("centre_sample" in run["parameters"],)
+        for run in manifest["parameters"]["group_runs"]
+    }
+    assert len(plans) == 1, plans  # one route for every group

@@ -359,3 +359,71 @@ def test_published_sulq_bound_audit_catches_a_32nd_of_the_noise(laplace_factor) 
 def test_published_sulq_bound_audit_catches_a_16th_of_the_noise(laplace_factor) -> None:
     honest, twin, grant = sulq_bound_audit(laplace_factor, 1 / 16, 2000)
     assert_holds_and_catches(honest, twin, grant)
+
+
+def rows_of_users(users: list[list[list[float]]]) -> Dataset:
+    """One partition holding each user's rows, in order."""
+    rows = np.array([row for user in users for row in user], dtype=np.float64)
+    ids = np.concatenate([np.full(len(user), u) for u, user in enumerate(users)])
+    return Dataset([(rows, ids)], [0], _UserRows(), ["x0", "x1"], len(rows), "users")
+
+
+USER_POWER_BEFORE = [[[0.0, 1.0]]]
+"""One user, one row e₂ at the public bound 1."""
+USER_POWER_AFTER = [*USER_POWER_BEFORE, [[1.0, 0.0], [1.0, 0.0]]]
+"""The same plus a user whose two rows e₁ (Σ‖x‖² = 2) are scaled to weight 1/2 each."""
+
+
+def user_power_audit(
+    gaussian_factor, method: str, twin: float, runs: int
+) -> tuple[AuditResult, AuditResult]:
+    """``--method power`` (or auto, choosing power) at user level as published: public
+    --row-norm 1, add/remove a user, so C moves by e₁e₁ᵀ after the user's scaling, ‖E‖_F ≤ 1
+    = Δ (the power step is the whole budget). Before, C·V + G has one direction, e₂; after,
+    C = I and the top left singular vector follows the noise: the event "the released basis
+    leans to e₁" reads the power step alone."""
+    config = EstimateConfig(
+        1, epsilon=2.0, delta=DELTA, method=method, row_norm=1.0, seed=3, unit_column="user"
+    )
+    before, after = rows_of_users(USER_POWER_BEFORE), rows_of_users(USER_POWER_AFTER)
+
+    def result(dataset: Dataset, rng: np.random.Generator) -> Any:
+        seed = int(rng.integers(2**63))
+        return run_estimate(config, lambda _client: dataset, None, noise_seed=seed)
+
+    manifest = result(before, np.random.default_rng(0)).manifest
+    assert manifest["method"] == "power" and manifest["parameters"]["row_norm"] == 1.0
+    assert [s["step"] for s in manifest["privacy"]["budget"]["steps"]] == ["power"]
+
+    def once(factor: float) -> AuditResult:
+        gaussian_factor(factor)
+        return audit(
+            lambda dataset, rng: result(dataset, rng).basis,
+            before,
+            after,
+            lambda basis: abs(basis[0, 0]) > abs(basis[1, 0]),
+            runs,
+            DELTA,
+        )
+
+    return once(1.0), once(twin)
+
+
+def test_published_user_level_power_audit_catches_a_16th_of_the_noise(gaussian_factor) -> None:
+    honest, twin = user_power_audit(gaussian_factor, "power", 1 / 16, 250)
+    assert honest.epsilon_lower < 2.0, honest
+    assert twin.epsilon_lower > 2.0, twin
+
+
+@pytest.fixture()
+def auto_chooses_power(monkeypatch) -> None:
+    """auto's driver budget at 0 bytes: it chooses power at D = 2, as at D ≳ 9,459."""
+    monkeypatch.setattr("dpsub_dist.estimators.auto.DRIVER_BYTES", 0)
+
+
+def test_published_user_level_auto_power_audit_catches_a_16th_of_the_noise(
+    gaussian_factor, auto_chooses_power
+) -> None:
+    honest, twin = user_power_audit(gaussian_factor, "auto", 1 / 16, 250)
+    assert honest.epsilon_lower < 2.0, honest
+    assert twin.epsilon_lower > 2.0, twin

@@ -7,8 +7,10 @@ folder, no ledger, no reservation.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -261,3 +263,68 @@ def test_budget_init_help_describes_the_total_grant(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "for the whole run" not in text
     assert "the dataset's total grant" in text
+
+
+def list_folder(root: Path, first_row: list[float] | None, file: int = 1) -> Path:
+    """Two files of a variable list column x (4 values a row) and a scalar column y; the
+    first row of file ``file`` is ``first_row``: the one private row a probe would read."""
+    rng = np.random.default_rng(5)
+    root.mkdir(parents=True)
+    for i in range(2):
+        rows: list = [list(row) for row in rng.normal(size=(50, 4))]
+        if i == file:
+            rows[0] = first_row
+        x = pa.array(rows, pa.list_(pa.float64()))
+        pq.write_table(pa.table({"x": x, "y": rng.normal(size=50)}), root / f"part-{i}.parquet")
+    return root
+
+
+@pytest.mark.parametrize("method", ["gauss", "auto"])
+def test_check_reads_no_row_of_a_variable_list(tmp_path, capsys, method):
+    """A variable list's width is in its rows: --check (free, repeatable, its output
+    forwarded) must print and exit the same whatever one row holds, so it reads none."""
+    outputs = {}
+    for name, first in (("same", [0.5] * 4), ("longer", [0.5] * 9), ("null", None)):
+        root = tmp_path / name
+        data = list_folder(root / "data", first)
+        (root / "results").mkdir()
+        grant(root, data)
+        code, out = check(job_file(root, data, method=method), capsys)
+        outputs[name] = (code, out.replace(str(root), "ROOT"))
+    assert outputs["longer"] == outputs["same"] == outputs["null"], outputs
+    code, out = outputs["same"]
+    if method == "auto":  # auto chooses from D, which the schema does not hold: refused
+        assert code == 2, out
+        assert "list column(s) x have their width in their rows only" in failed(out, "dataset")
+    else:
+        assert code == 0, out
+        assert "1 features and list column(s) x, whose width the run reads from" in out
+
+
+def test_a_rank_checked_against_a_row_width_fails_as_data_and_charges(
+    tmp_path, capsys, monkeypatch
+):
+    """Under the ledger the rank is checked against a variable list's width once a row gave
+    it: rank 4 on width 4 (valid rows), and the neighbour whose first row has 9 values,
+    publish the same thing (exit 6, one generic line, the run failed and charged), not a
+    refund naming the width for one and a charge for the other."""
+    monkeypatch.setenv("DPSUB_DIAGNOSTICS_DIR", str(tmp_path / "diagnostics"))
+    published = {}
+    for name, first in (("valid", [0.5] * 4), ("longer", [0.5] * 9)):
+        root = tmp_path / name
+        data = list_folder(root / "data", first, file=0)
+        (root / "results").mkdir()
+        grant(root, data)
+        job = job_file(
+            root, data, method="gauss", columns="[x]", rank="4", parameters="{row_norm: 1.0}"
+        )
+        capsys.readouterr()
+        code = main(["run", str(job), "--run-id", RUN, "--quiet"])
+        captured = capsys.readouterr()
+        line = captured.err.strip().rsplit(" ", 1)[0]  # without the diagnostics file's path
+        history = json.loads(ledger_runs(root, capsys))
+        published[name] = (code, captured.out, line, [r["state"] for r in history])
+    assert published["valid"] == published["longer"], published
+    code, out, line, states = published["valid"]
+    assert code == 6 and states == ["failed"], published
+    assert line == "dpsub run: error: the data did not pass validation; details for the operator in"

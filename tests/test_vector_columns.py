@@ -16,7 +16,7 @@ import pytest
 
 from dpsub_dist.cli import main
 from dpsub_dist.engine.sources import parquet_dataset
-from dpsub_dist.errors import InputError
+from dpsub_dist.errors import DataError, InputError
 from dpsub_dist.estimators import sample_aggregate as sa
 from dpsub_dist.io.output import read_run
 from dpsub_dist.io.parquet import Part, PartReader, feature_name
@@ -226,10 +226,25 @@ def test_list_rows_of_unequal_length_name_file_column_and_row(tmp_path):
 
 
 def test_list_widths_that_differ_between_files(tmp_path):
+    """The first file's first row sets the width; the pass finds the other file's rows."""
     pq.write_table(pa.table({"x": lists(matrix(10, 4))}), tmp_path / "a.parquet")
     pq.write_table(pa.table({"x": lists(matrix(10, 5))}), tmp_path / "b.parquet")
-    with pytest.raises(InputError, match=r"list column x has rows of length 4 in .*a.parquet "
-                       r"but 5 in .*b.parquet"):  # fmt: skip
+    with pytest.raises(DataError, match=r"b.parquet: list column x has rows of different "
+                       r"lengths \(row 0 has 5 values, expected 4\)"):  # fmt: skip
+        read_all(tmp_path)
+
+
+def test_a_null_first_row_is_found_by_the_pass_not_at_open(tmp_path):
+    data: list = [list(row) for row in matrix(20, 3)]
+    data[0] = None
+    pq.write_table(pa.table({"x": lists(data)}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"x": lists(matrix(10, 3))}), tmp_path / "b.parquet")
+    dataset = parquet_dataset(str(tmp_path), None, None, None, None)
+    assert dataset.widths == [3] and dataset.widths_from_rows == ("x",)  # from b's first row
+    with pytest.raises(DataError, match="column x has 1 missing"):
+        read_all(tmp_path)
+    pq.write_table(pa.table({"x": lists([None, [1.0]])}), tmp_path / "b.parquet")
+    with pytest.raises(DataError, match="null.* list in the first row of every file"):
         read_all(tmp_path)
 
 

@@ -25,10 +25,12 @@ from dpsub_dist.io.parquet import (
     column_widths,
     feature_count,
     feature_name,
+    first_row_widths,
     inspect_file,
     list_parquet_files,
     plan_parts,
     select_columns,
+    widths_in_rows,
 )
 from dpsub_dist.io.storage import StorageOptions
 
@@ -72,6 +74,11 @@ class Dataset:
     widths: list[int | None] | None = None
     left_out: dict[str, str] = field(default_factory=dict)
     """Columns the default rule left out, with the reason (:class:`ColumnChoice`)."""
+    widths_from_rows: tuple[str, ...] = ()
+    """Variable list columns: their width (so ``dim``) was read from a row, not the schema."""
+    sampled_centre: bool = True
+    """Whether gauss may centre on a sample of these partitions (boosting clears it where its
+    groups would not all take that route, so that every group runs one plan)."""
 
     @property
     def dim(self) -> int:
@@ -110,7 +117,15 @@ def parquet_dataset(
     selected = choice.used
     if unit_column is not None:
         check_unit_column(infos[0], unit_column)
-    widths = column_widths(infos, selected)
+    variable = widths_in_rows(infos, selected)  # their width: from rows, at run time only
+    firsts = (
+        Executor.of(executor).map(
+            first_row_widths, files, names=tuple(variable), storage_options=storage_options
+        )
+        if variable
+        else []
+    )
+    widths = column_widths(infos, selected, firsts)
     if all(w is None for w in widths):
         widths = []  # scalar columns only: one feature per column
     parts = plan_parts(infos)
@@ -127,6 +142,7 @@ def parquet_dataset(
         files=len(files),
         widths=widths or None,
         left_out=choice.left_out,
+        widths_from_rows=tuple(variable),
     )
 
 

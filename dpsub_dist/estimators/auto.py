@@ -1,7 +1,9 @@
 """``--method auto``: choose the estimator from public facts only, then run it (docs/auto.md).
 
-The rule reads the parameters the user gave and the width D from the Parquet footers (public at
+The rule reads the parameters the user gave and the width D from the Parquet schema (public at
 both privacy units), nothing else: not the rows, not n at user level, and no private statistic.
+A variable ``list`` column has its width in its rows only, so auto refuses it (exit 2, from
+the schema, before any row is read): store it as ``fixed_size_list`` or name the method.
 So the choice is a function of public values, the chosen method then spends the whole budget,
 and the run is exactly as private as that method (the choice itself costs nothing).
 
@@ -19,7 +21,10 @@ Rule, in order (measured in docs/auto.md):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from dpsub_dist.errors import InputError
 
 if TYPE_CHECKING:
     from dpsub_dist.methods.config import EstimateConfig
@@ -37,8 +42,26 @@ def gauss_fits(dim: int) -> bool:
     return GAUSS_COPIES * 8 * dim * dim <= DRIVER_BYTES
 
 
+INPUTS = (
+    "the options given and D from the Parquet schema (scalar columns and fixed_size_list "
+    "widths): no row, no private statistic"
+)
+"""What the choice read, as the manifest's ``method_choice`` says."""
+
+
+def check_schema_width(widths_from_rows: Sequence[str]) -> None:
+    """Refuse (exit 2) columns whose width, so D, only a row would tell (variable lists)."""
+    if widths_from_rows:
+        names = ", ".join(widths_from_rows)
+        raise InputError(
+            f"--method auto chooses from the width D in the Parquet schema, but list column(s) "
+            f"{names} have their width in their rows only: store them as fixed_size_list "
+            "(pyarrow: pa.list_(pa.float32(), D)) or pass --method gauss or --method power"
+        )
+
+
 def choose(config: EstimateConfig, dim: int) -> tuple[str, str]:
-    """The method and why, from the user's parameters and the public width D only."""
+    """The method and why, from the user's parameters and the width D from the schema only."""
     given = [
         flag
         for flag, value in (

@@ -8,7 +8,11 @@
 2. **Runs**: the method runs on each group with the **full budget**. The groups are
    disjoint, so one unit changes one group's output only and the B outputs together are
    as private as one run (parallel composition, McSherry 2009); the manifest lists the
-   budget once (each step at its largest charge over the groups).
+   budget once. Every group runs one plan (the same steps at the same charges), so listing
+   each step at its largest charge over the groups charges exactly one group's total: the
+   one plan-changing route, gauss's sampled centre, is decided per group from its public
+   row count, so where the groups would not all take it none does
+   (:func:`one_centre_route`).
 3. **Selection** (post-processing): the first estimate ``Π̂_i`` within operator-norm
    ``2α`` of at least ``⌈0.6B − 1⌉`` other estimates, else ⊥.
 
@@ -40,6 +44,7 @@ from dpsub_dist.estimators.common import (
     open_checked,
     public_seed,
 )
+from dpsub_dist.estimators.covariance import centre_sample
 from dpsub_dist.linalg import subspace_error
 from dpsub_dist.privacy.accountant import ZCDP, Accountant, ApproxDP, Budget
 
@@ -164,6 +169,19 @@ def _budget(fields: dict[str, float]) -> Budget:
     return ZCDP(fields["rho"], fields["delta0"])
 
 
+def one_centre_route(config: EstimateConfig, parts: list[Dataset]) -> list[Dataset]:
+    """The groups, without gauss's sampled-centre route unless every one takes it (public:
+    the groups' row counts at row level; asked as gauss, which auto may choose and which
+    alone reads it). The route splits the mean's charge in two steps, so groups on both
+    sides of its threshold would list each step at its larger charge and sum above the
+    budget: the run refused after its noise was drawn."""
+    as_gauss = dataclasses.replace(config, method="gauss")
+    as_gauss.use_budget(config.budget())
+    if all(centre_sample(as_gauss, part) is not None for part in parts):
+        return parts
+    return [dataclasses.replace(part, sampled_centre=False) for part in parts]
+
+
 def charge_parallel(accountant: Accountant, group_reports: Sequence[dict[str, Any]]) -> None:
     """Charge disjoint groups once: each step at its largest cost over the groups."""
     largest: dict[str, dict[str, float]] = {}
@@ -197,10 +215,11 @@ def run_boosted(
     sizes = None if user_level else group_sizes(_part_rows(dataset), seed_of_groups, groups)
     inner = dataclasses.replace(config, boost=None, boost_alpha=None, seed=seed)
     inner.use_budget(config.budget())  # the groups' plans split the budget parsed at the edge
+    parts = [group_dataset(dataset, g, groups, seed_of_groups, sizes) for g in range(groups)]
+    parts = one_centre_route(inner, parts)
 
     results: list[EstimateResult] = []
-    for g in range(groups):
-        part = group_dataset(dataset, g, groups, seed_of_groups, sizes)
+    for g, part in enumerate(parts):
         results.append(
             runner(
                 inner, lambda _client, d=part: d, client, progress, _child_noise_seed(noise_seed, g)

@@ -15,7 +15,8 @@ import numpy as np
 from dpsub_dist._version import __version__
 from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.sources import Dataset
-from dpsub_dist.errors import InputError
+from dpsub_dist.errors import DataError, InputError
+from dpsub_dist.estimators import auto
 from dpsub_dist.privacy.accountant import Accountant, Budget
 from dpsub_dist.privacy.noise import new_noise_seed
 
@@ -82,14 +83,26 @@ def progress_shown(config: Any, progress: bool) -> bool:
 
 
 def open_checked(config: Any, open_dataset, executor: Executor) -> Dataset:
-    """Open the dataset (footers only, read where ``executor`` runs tasks) and check the rank
-    against its width."""
+    """Open the dataset (footers, and a variable list's first row, read where ``executor``
+    runs tasks), refuse what auto cannot choose from the schema (first: a public cause), then
+    check the rank against the width: bad input where the width is the schema's; where a row
+    gave it, data that did not pass validation (published as such and charged, as every
+    failure that depends on a row is)."""
     dataset: Dataset = open_dataset(executor)
+    if config.method == "auto":  # boosted auto opens here too, before its groups
+        auto.check_schema_width(dataset.widths_from_rows)
     if config.rank >= dataset.dim:
-        raise InputError(
+        message = (
             f"--rank {config.rank} must be smaller than the number of features ({dataset.dim}): "
             "lower --rank or add columns"
         )
+        if dataset.widths_from_rows:
+            raise DataError(
+                f"{message} (list column(s) {', '.join(dataset.widths_from_rows)} have the "
+                "width of their first row; store them as fixed_size_list to have it checked "
+                "before any budget is spent)"
+            )
+        raise InputError(message)
     return dataset
 
 

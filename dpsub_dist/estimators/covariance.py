@@ -355,6 +355,7 @@ def centre_sample(config: EstimateConfig, dataset: Dataset) -> CentreSample | No
     Without s, a centre off by e = μ − c would add the rank-one n·eeᵀ (docs/scale.md)."""
     if (
         config.method != "gauss"
+        or not dataset.sampled_centre
         or not config.center
         or config.row_norm is not None
         or config.unit_column is not None

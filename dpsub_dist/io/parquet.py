@@ -7,7 +7,10 @@ Feature columns are scalar numeric columns or *vector* columns: a ``fixed_size_l
 ``list`` or ``large_list`` of numbers (e.g. ``x: fixed_size_list<float>[100000]``, the
 usual layout of embeddings). A vector column contributes its width to the dimension;
 features are concatenated in column order. A fixed-size list's width is in the schema;
-a variable ``list``'s width is the length of its first row, and every row must have it.
+a variable ``list``'s width is not in the schema: a run reads it from the first row of the
+first file with one (after its budget is reserved) and every row must have it, or the run
+fails as data that did not pass validation. ``dpsub run --check`` reads no row, so it
+reports such a width as known at run time.
 Features of a vector column ``x`` are named ``x[0]``, ``x[1]``, … in messages.
 """
 
@@ -15,9 +18,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any, ClassVar
 
@@ -46,8 +49,8 @@ class ColumnInfo:
     """One column of a footer's schema.
 
     ``numeric``: a number, or a list of numbers (a vector column). ``width``: values per
-    row of a numeric vector column (from the type for fixed-size lists, from the first
-    row for variable lists; None for scalars and for a list file without rows).
+    row of a numeric ``fixed_size_list`` column, from its type (None for scalars and for
+    variable lists, whose width is in their rows: :func:`first_row_widths`).
     """
 
     name: str
@@ -144,37 +147,53 @@ def _column_info(field: pa.Field) -> ColumnInfo:
     return ColumnInfo(field.name, str(t), numeric, vector=True, width=width)
 
 
-def _first_row_width(pf: pq.ParquetFile, name: str, path: str) -> int | None:
-    """Length of the first row of a variable list column (None: the file has no rows)."""
-    for batch in pf.iter_batches(batch_size=1, columns=[name], use_threads=False):
-        if batch.num_rows:
-            first = batch.column(0)
-            if first.null_count:
-                raise DataError(
-                    f"{path}: column {name} has a missing (null) list in row 0: fill or drop "
-                    "the rows with missing values before estimating"
-                )
-            return len(first[0])
-    return None
+def in_rows(column: ColumnInfo) -> bool:
+    """Whether a column is a numeric variable list, whose width only its rows tell."""
+    return column.vector and column.numeric and column.width is None
+
+
+def first_row_widths(
+    path: str, names: Sequence[str], storage_options: Mapping[str, Any] | None = None
+) -> tuple[int | None, ...]:
+    """Length of the first row of each variable list column ``names`` in one file (runs on a
+    worker, at run time only): None where the file has no rows or that row is a null list
+    (the run's pass then fails on it as data that did not pass validation)."""
+    with reading_rows(path):
+        fs, local = filesystem(path, storage_options)
+        with fs.open(local, "rb") as handle:
+            pf = pq.ParquetFile(handle, buffer_size=1 << 20)  # streams the first batch only
+            for batch in pf.iter_batches(batch_size=1, columns=list(names), use_threads=False):
+                if batch.num_rows:
+                    firsts = [batch.column(name)[0] for name in names]
+                    return tuple(len(v) if v.is_valid else None for v in firsts)
+    return (None,) * len(names)
+
+
+@contextmanager
+def reading_rows(path: str) -> Iterator[None]:
+    """A failure to read ``path``'s rows as a one-line error: a file Arrow cannot decode is
+    bad input; a storage fault mid-read is not (not refundable under the ledger)."""
+    try:
+        yield
+    except PermissionError as err:
+        raise storage_error(err, path, "reading") from None
+    except (pa.ArrowInvalid, ValueError) as err:
+        raise InputError(
+            f"{path}: cannot read rows ({short_error(err)}): replace the file"
+        ) from None
+    except STORAGE_ERRORS as err:  # OSError included
+        raise storage_error(err, path, "reading") from None
 
 
 def inspect_file(path: str, storage_options: Mapping[str, Any] | None = None) -> FileInfo:
-    """Read one file's footer (runs on a worker)."""
+    """Read one file's footer (runs on a worker): its schema and row groups, no row."""
     try:
         fs, local = filesystem(path, storage_options)
         with fs.open(local, "rb") as handle:
-            pf = pq.ParquetFile(handle, buffer_size=1 << 20)  # the width probe streams
-            meta = pf.metadata
+            meta = pq.ParquetFile(handle).metadata
             schema = meta.schema.to_arrow_schema()
             groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
             columns = tuple(_column_info(f) for f in schema)
-            counts = Counter(schema.names)
-            columns = tuple(
-                replace(c, width=_first_row_width(pf, c.name, path))
-                if c.vector and c.numeric and c.width is None and counts[c.name] == 1
-                else c
-                for c in columns
-            )
     except InputError:
         raise
     except FileNotFoundError:
@@ -380,29 +399,42 @@ def looks_like_id(name: str, type_name: str) -> bool:
     return any(part in ID_WORDS for part in re.split(r"[^a-z0-9]+", spaced.lower()))
 
 
-def column_widths(infos: Sequence[FileInfo], selected: Sequence[str]) -> list[int | None]:
-    """Width of each selected column (None: scalar), the same in every file that has rows."""
+def widths_in_rows(infos: Sequence[FileInfo], selected: Sequence[str]) -> list[str]:
+    """The selected columns that are variable lists: their width is in their rows only."""
+    variable = {c.name for c in infos[0].columns if in_rows(c)}
+    return [name for name in selected if name in variable]
+
+
+def column_widths(
+    infos: Sequence[FileInfo],
+    selected: Sequence[str],
+    firsts: Sequence[Sequence[int | None]] = (),
+) -> list[int | None]:
+    """Width of each selected column (None: scalar): a fixed_size_list's from the schema, a
+    variable list's from ``firsts`` (:func:`first_row_widths` of its columns, in
+    :func:`widths_in_rows` order, one tuple per file): the first file's whose first row has one.
+    Rows of another length are found by the pass that reads them (:class:`PartReader`)."""
+    variable = widths_in_rows(infos, selected)
+    fixed = {c.name: c.width for c in infos[0].columns if c.vector and not in_rows(c)}
     widths: list[int | None] = []
-    vectors = {c.name for c in infos[0].columns if c.vector}
     for name in selected:
-        if name not in vectors:
-            widths.append(None)
+        if name not in variable:
+            widths.append(fixed.get(name))
             continue
-        found = [(info.path, c) for info in infos for c in info.columns if c.name == name]
-        known = [(path, c.width) for path, c in found if c.width is not None]
-        if not known:
+        i = variable.index(name)
+        known = [f[i] for f in firsts if f[i] is not None]
+        if known:
+            widths.append(known[0])
+        elif not any(info.num_rows for info in infos):
             raise InputError(
                 f"list column {name} has no rows in any file, so its length is unknown: "
                 "pass data with rows, or store it as a fixed_size_list"
             )
-        path, width = known[0]
-        for other, w in known[1:]:
-            if w != width:
-                raise DataError(
-                    f"list column {name} has rows of length {width} in {path} but {w} in "
-                    f"{other}: every row of a vector column must have the same length"
-                )
-        widths.append(width)
+        else:
+            raise DataError(
+                f"list column {name} has a missing (null) list in the first row of every file: "
+                "fill or drop the rows with missing values before estimating"
+            )
     return widths
 
 
@@ -470,23 +502,13 @@ class PartReader:
 
     def __call__(self, part: Part) -> tuple[np.ndarray, np.ndarray | None]:
         wanted = list(self.columns) + ([self.unit_column] if self.unit_column else [])
-        try:
+        with reading_rows(part.path):
             fs, local = filesystem(part.path, self.storage_options)
             with fs.open(local, "rb") as handle:
                 pf = pq.ParquetFile(handle)
                 table = pf.read_row_groups(list(part.row_groups), wanted)
                 first = part.row_groups[0] if part.row_groups else 0
                 file_row = sum(pf.metadata.row_group(i).num_rows for i in range(first))
-        except PermissionError as err:
-            raise storage_error(err, part.path, "reading") from None
-        except (pa.ArrowInvalid, ValueError) as err:
-            raise InputError(
-                f"{part.path}: cannot read rows ({short_error(err)}): replace the file"
-            ) from None
-        except OSError as err:  # a storage fault mid-read is not bad input (not refundable)
-            raise storage_error(err, part.path, "reading") from None
-        except STORAGE_ERRORS as err:
-            raise storage_error(err, part.path, "reading") from None
         if table.num_rows != part.rows:
             raise InputError(
                 f"{part.path}: footer declares {part.rows} rows but {table.num_rows} were read: "

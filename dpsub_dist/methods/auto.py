@@ -30,8 +30,8 @@ def run_auto(
     progress: bool,
     noise_seed: int | None,
 ) -> EstimateResult:
-    """Open the footers, choose (public facts only), run the chosen method with the budget."""
-    dataset = open_checked(config, open_dataset, Executor(client))
+    """Open the dataset, choose (public facts only), run the chosen method with the budget."""
+    dataset = open_checked(config, open_dataset, Executor(client))  # D from the schema
     name, reason = rule.choose(config, dataset.dim)
     chosen = dataclasses.replace(config, method=name)
     chosen.use_budget(config.budget())  # parsed once, at the edge
@@ -41,7 +41,7 @@ def run_auto(
         "requested": "auto",
         "chosen": name,
         "reason": reason,
-        "inputs": "the options given and D (public); no data and no private statistic",
+        "inputs": rule.INPUTS,
     }
     return result
 
