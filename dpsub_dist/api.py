@@ -329,6 +329,14 @@ class PrivateSubspace(_PrivateEstimator):
         out = X @ self.components_
         return out if self.mean_ is None else out + self.mean_
 
+    def plot_explained_variance(self, ax: Any = None) -> Any:
+        """Scree plot of the released explained-variance ratio (published values: no budget);
+        needs matplotlib (``pip install 'dpsub_dist[plot]'``). Returns the axes."""
+        from dpsub_dist.report import plot_explained_variance
+
+        check_is_fitted(self)
+        return plot_explained_variance(self.manifest_, ax)
+
 
 class PrivateSubspaceClustering(_PrivateEstimator):
     """Differentially private subspace clustering (``dpsub cluster``): ``n_clusters`` linear

@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_scheduled_commands(sub)
     from dpsub_dist.report.command import add_report_command
 
-    add_report_command(sub)
+    add_storage_arguments(add_report_command(sub))
     return parser
 
 

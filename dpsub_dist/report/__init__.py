@@ -20,27 +20,24 @@ def plot_explained_variance(manifest: Mapping[str, Any], ax: Any = None) -> Any:
 
     Needs matplotlib: ``pip install 'dpsub_dist[plot]'``.
     """
+    from dpsub_dist.errors import InputError
+    from dpsub_dist.report.run import noise_ratio
+
     try:
         import matplotlib.pyplot as plt
     except ImportError:
-        from dpsub_dist.errors import InputError
-
         raise InputError(
             "plotting needs matplotlib: pip install 'dpsub_dist[plot]' (or use dpsub report "
             "RUN_DIR for an HTML page)"
         ) from None
-    from dpsub_dist.report.run import noise_ratio
-
     ratios = (manifest.get("release") or {}).get("explained_variance_ratio")
     if not ratios:
-        from dpsub_dist.errors import InputError
-
         raise InputError("this run released no explained-variance ratio: nothing to plot")
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.5))
     components = [f"PC{i + 1}" for i in range(len(ratios))]
     ax.bar(components, ratios, color="#1f6fb4")
-    noise, how = noise_ratio(manifest)
+    noise, _ = noise_ratio(manifest)
     if noise is not None:
         ax.axhline(noise, color="#c0392b", linestyle="--", label="Gram noise level")
         ax.legend()

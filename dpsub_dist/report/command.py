@@ -10,10 +10,9 @@ from dpsub_dist.errors import InputError
 LEDGER_REPORT = "ledger-report.html"
 
 
-def add_report_command(sub: argparse._SubParsersAction) -> None:
-    """``dpsub report RUN_DIR | --job JOB --run-id ID | --ledger L [--dataset URI]``."""
-    from dpsub_dist.cli import add_storage_arguments
-
+def add_report_command(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """``dpsub report RUN_DIR | --job JOB --run-id ID | --ledger L [--dataset URI]``; the
+    caller adds the storage options (:func:`dpsub_dist.cli.add_storage_arguments`)."""
     report = sub.add_parser(
         "report",
         help="an HTML page of a run (RUN_DIR/report.html) or of a ledger, from published values",
@@ -37,7 +36,7 @@ def add_report_command(sub: argparse._SubParsersAction) -> None:
         help="add the operator-only section (timings: not published); written to the "
         "owner-only diagnostics folder, never beside the run",
     )
-    add_storage_arguments(report)
+    return report
 
 
 def run_report_command(args: argparse.Namespace) -> int:

@@ -159,6 +159,7 @@ def ledger_page(book: Ledger, dataset: str | None = None) -> str:
                 span,
                 (0.0, 1.0),
                 ("0%", "100%"),
+                steps=True,
             ),
             _status_table(statuses),
         ),

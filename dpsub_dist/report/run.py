@@ -195,7 +195,7 @@ def _outcome_section(manifest: Mapping[str, Any]) -> str:
     ledger = manifest.get("ledger") or {}
     if ledger:
         rows.append(["run id", escape(f"{ledger.get('run_id')} (job {ledger.get('job')})")])
-    return section("route", "Outcome, method and route", table(["", ""], rows))
+    return section("route", "Outcome, method and route", table(["", ""], rows, "route-table"))
 
 
 def _versions_section(manifest: Mapping[str, Any]) -> str:
@@ -219,7 +219,9 @@ def _operator_section(timings: Mapping[str, Any] | None) -> str:
             "dpsub_dist.report.run_page(manifest, timings=result.timings, operator=True)."
         )
     else:
-        body = table(["step", "value"], [[escape(k), escape(str(v))] for k, v in timings.items()])
+        body = table(
+            ["step", "value"], [[escape(k), escape(str(v))] for k, v in timings.items()], "timings"
+        )
     return section("operator", "Operator only: timings", warning, body, css="operator")
 
 

@@ -88,8 +88,10 @@ def lines(
     y_range: tuple[float, float],
     y_labels: tuple[str, str],
     flagged: dict[str, list[bool]] | None = None,
+    steps: bool = False,
 ) -> str:
-    """One step-free polyline per series (x, y), with a legend; flagged points drawn red.
+    """One polyline per series (x, y), with a legend; flagged points drawn red. ``steps``:
+    a value holds until the next point, and every series runs on to the last x of all.
 
     The axes are labelled only at their ends (``x_labels``, ``y_labels``), with text the
     caller chose, so no tick value is computed here.
@@ -120,7 +122,12 @@ def lines(
     for i, (name, points) in enumerate(series.items()):
         color = PALETTE[i % len(PALETTE)]
         xy = [at(x, y) for x, y in points]
-        path = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
+        drawn = xy
+        if steps and xy:
+            drawn = [xy[0]]
+            for x, y in [*xy[1:], (left + plot_w, xy[-1][1])]:
+                drawn += [(x, drawn[-1][1]), (x, y)]
+        path = " ".join(f"{x:.1f},{y:.1f}" for x, y in drawn)
         parts.append(
             f'<polyline class="series" points="{path}" fill="none" stroke="{color}" '
             'stroke-width="2.5"/>'
