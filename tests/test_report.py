@@ -11,6 +11,7 @@ screenshots to docs/img (report-run.png, report-ledger.png).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -79,7 +80,24 @@ def user_run(scheduler_address, tmp_path_factory) -> tuple[Path, int]:
     return out, n
 
 
+@pytest.fixture(scope="module")
+def shown(tmp_path_factory):
+    """Render a page once per module: ``shown(page) -> (Dom, requests, screenshot)``."""
+    folder, seen = tmp_path_factory.mktemp("shots"), {}
+
+    def show(page: Path, height: int = 2400) -> tuple[Dom, list[str], Path]:
+        if page not in seen:
+            png = folder / f"{len(seen)}.png"
+            html, requests = render(page, png, height=height)
+            seen[page] = (Dom(html), requests, png)
+        return seen[page]
+
+    return show
+
+
+@functools.cache
 def report_of(run: Path) -> tuple[Path, dict]:
+    """``dpsub report RUN`` (once per run) and the run's manifest."""
     done = dpsub("report", str(run))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"wrote {run}/report.html"
@@ -103,11 +121,9 @@ def test_the_network_probe_sees_a_page_that_fetches(tmp_path):
     assert hosts == {"example.com", "example.org"}, requests
 
 
-def test_run_page_renders_budget_scree_and_fetches_nothing(row_run, tmp_path):
+def test_run_page_renders_budget_scree_and_fetches_nothing(row_run, shown):
     page, manifest = report_of(row_run)
-    png = tmp_path / "run.png"
-    html, requests = render(page, png)
-    dom = Dom(html)
+    dom, requests, png = shown(page)
     assert_self_contained(dom, requests)
     assert dom.sections == ["route", "budget", "scree", "columns", "versions"]  # no operator
     assert "costs no privacy budget" in dom.text_by_id["free"]
@@ -138,12 +154,10 @@ def test_run_page_renders_budget_scree_and_fetches_nothing(row_run, tmp_path):
     keep_screenshot(png, "report-run.png")
 
 
-def test_user_level_page_shows_no_row_count(user_run, tmp_path):
+def test_user_level_page_shows_no_row_count(user_run, shown):
     run, n = user_run
     page, manifest = report_of(run)
-    png = tmp_path / "user.png"
-    html, requests = render(page, png)
-    dom = Dom(html)
+    dom, requests, png = shown(page)
     assert_self_contained(dom, requests)
     text = " ".join(dom.visible)
     shown = set(NUMBER.findall(text))
@@ -190,19 +204,18 @@ def gram_noise_level(manifest: dict) -> str:
 
 
 @pytest.mark.parametrize("level", ["row", "user"])
-def test_every_number_on_the_page_is_published(level, row_run, user_run, tmp_path):
+def test_every_number_on_the_page_is_published(level, row_run, user_run, shown):
     """Each number the browser shows is one of the manifest's (a released value or a public
     fact, which the manifest's own tests hold to the privacy contract), the Gram noise
     level computed from them, or the constant 2 of its formula 2σ√D."""
     run = row_run if level == "row" else user_run[0]
     page, manifest = report_of(run)
-    html, _ = render(page, tmp_path / "page.png", height=400)
-    shown = set(NUMBER.findall(" ".join(Dom(html).visible)))
+    numbers = set(NUMBER.findall(" ".join(shown(page)[0].visible)))
     allowed = published_numbers(manifest, set()) | {"2"}
     if level == "row":
         allowed.add(gram_noise_level(manifest))
-    assert shown - allowed == set()
-    assert len(shown) > 20  # the page does show numbers
+    assert numbers - allowed == set()
+    assert len(numbers) > 20  # the page does show numbers
 
 
 def test_operator_section_only_when_asked(row_run, tmp_path):
@@ -241,12 +254,10 @@ def test_operator_page_from_python_shows_the_timings(tmp_path):
     result = run_estimate(config, lambda client: array_dataset(rows))
     page = tmp_path / "operator.html"
     page.write_text(run_page(result.manifest, operator=True, timings=result.timings))
-    published = tmp_path / "published.html"
-    published.write_text(run_page(result.manifest, timings=result.timings))
     operator = Dom(render(page, tmp_path / "o.png", height=400)[0])
     steps = [row[0] for row in operator.cells["timings"][1:] if row and row[0].endswith("_s")]
     assert "total_s" in steps and set(steps) <= set(result.timings)
-    public = Dom(render(published, tmp_path / "p.png", height=400)[0])
+    public = Dom(run_page(result.manifest, timings=result.timings))  # ignored unless operator
     assert "operator" not in public.sections
     assert not any(key in " ".join(public.visible) for key in result.timings)
 
@@ -263,16 +274,11 @@ def test_operator_page_from_python_shows_the_timings(tmp_path):
         (["missing-run"], "no manifest.json in missing-run"),
     ],
 )
-def test_bad_arguments_exit_2_and_write_nothing(args, message, tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-m", "dpsub_dist.cli", "report", *args],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert done.returncode == 2
-    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+def test_bad_arguments_exit_2_and_write_nothing(args, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", *args]) == 2
+    said = capsys.readouterr().err
+    assert message in said and len(said.strip().splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
 
 
@@ -399,7 +405,7 @@ def test_ledger_page_of_one_dataset(ledger, tmp_path):
     events = str(ledger.parent / "events")
     done = dpsub("report", "--ledger", str(ledger), "--dataset", events, "--out", str(out))
     assert done.returncode == 0, done.stderr
-    dom = Dom(render(out, tmp_path / "one.png", height=600)[0])
+    dom = Dom(out.read_text())  # rendered in the test above; here only what is on it
     assert [row[0] for row in dom.cells["budget-table"][1:]] == [events]
     assert dom.svg_shapes["polyline"] == 2
 
