@@ -16,7 +16,6 @@ import json
 import math
 import os
 import re
-import shutil
 import stat
 import subprocess
 import sys
@@ -45,9 +44,16 @@ def dpsub(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 
 def keep_screenshot(png: Path, name: str) -> None:
+    """Copy a screenshot to $DPSUB_REPORT_SCREENSHOTS (docs/img), less its blank bottom."""
     folder = os.environ.get("DPSUB_REPORT_SCREENSHOTS")
     if folder:
-        shutil.copy(png, Path(folder) / name)
+        from PIL import Image, ImageOps
+
+        with Image.open(png) as image:
+            box = ImageOps.invert(image.convert("RGB")).getbbox()
+            image.crop((0, 0, image.width, min(image.height, box[3] + 24))).save(
+                Path(folder) / name
+            )
 
 
 @pytest.fixture(scope="module")

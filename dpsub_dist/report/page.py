@@ -24,7 +24,7 @@ td, th { border-bottom: 1px solid #ddd; padding: 3px 10px 3px 0; text-align: lef
          vertical-align: top; }
 .chart text { font: 12px system-ui, sans-serif; fill: #222; }
 .chart .ctitle { font-weight: 600; }
-.flag { color: #c0392b; font-weight: 600; }
+.flag { color: #c0392b; font-weight: 600; } .chart .flagtext { fill: #c0392b; }
 .muted { color: #666; }
 """
 

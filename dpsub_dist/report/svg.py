@@ -75,8 +75,8 @@ def scree(title: str, ratios: Sequence[float], noise: float | None, noise_label:
         parts.append(
             f'<line class="noise" x1="{left}" y1="{y:.1f}" x2="{WIDTH - 20}" y2="{y:.1f}" '
             f'stroke="{FLAG}" stroke-width="2" stroke-dasharray="6 4"/>'
-            f'<text x="{WIDTH - 22}" y="{y - 5:.1f}" text-anchor="end" fill="{FLAG}">'
-            f"{escape(noise_label)}</text>"
+            f'<text class="flagtext" x="{WIDTH - 20}" y="16" text-anchor="end">'
+            f"- - - {escape(noise_label)}</text>"
         )
     return _svg(height, title, "".join(parts), "scree")
 
