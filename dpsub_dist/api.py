@@ -25,6 +25,7 @@ from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from dpsub_dist.engine.sources import Dataset, array_dataset, parquet_dataset
 from dpsub_dist.errors import InputError, NoStableSubspace
+from dpsub_dist.estimators.boost import chosen_view
 from dpsub_dist.io.parquet import feature_name, id_like_message, looks_like_id
 from dpsub_dist.job import EstimateConfig, EstimateResult, run_estimate
 from dpsub_dist.methods import DEFAULTS
@@ -285,7 +286,7 @@ class PrivateSubspace(_PrivateEstimator):
                 raise InputError("exclude_columns applies to Parquet input: pass columns=")
             result = self._fit_run(X, config, run_estimate)
         if result.basis is None:
-            reason = _chosen_release(result.manifest).get("failure_reason")
+            reason = chosen_view(result.manifest)["release"].get("failure_reason")
             raise NoStableSubspace(
                 f"no stable subspace: {reason or 'see manifest_'}; try method='gauss', more "
                 "data or a larger budget"
@@ -294,7 +295,7 @@ class PrivateSubspace(_PrivateEstimator):
         self.components_ = result.basis.T
         self.n_components_ = result.basis.shape[1]
         self._n_features_out = self.n_components_
-        release = _chosen_release(result.manifest)
+        release = chosen_view(result.manifest)["release"]
         self.mean_ = None if release.get("mean") is None else np.asarray(release["mean"])
         self.explained_variance_ = _array_or_none(release.get("explained_variance"))
         self.explained_variance_ratio_ = _array_or_none(release.get("explained_variance_ratio"))
@@ -506,15 +507,6 @@ def _warn_id_like(X: Any) -> None:
 
 def _array_or_none(values: Any) -> np.ndarray | None:
     return None if values is None else np.asarray(values, dtype=np.float64)
-
-
-def _chosen_release(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The release behind the basis: the chosen group's when boosted, else the run's."""
-    release = manifest["release"]
-    chosen = release.get("chosen_group")
-    if chosen is None:
-        return release
-    return manifest["parameters"]["group_runs"][chosen]["release"]
 
 
 def _read_part(loader: Any, part: Any) -> np.ndarray:

@@ -134,21 +134,24 @@ def _budget_section(manifest: Mapping[str, Any]) -> str:
     )
 
 
-def _scree_section(manifest: Mapping[str, Any]) -> str:
-    release = manifest.get("release") or {}
+def _scree_section(view: Mapping[str, Any]) -> str:
+    release = view.get("release") or {}
     ratios = release.get("explained_variance_ratio")
-    if not ratios or any(r is None for r in ratios):
+    variance = release.get("explained_variance")
+    note = para(str(release.get("explained_variance_note", "")), "muted")
+    if ratios and None not in ratios:
+        noise, how = noise_ratio(view)
+        label = f"noise ≈ {svg.number(noise)}" if noise is not None else ""
+        chart = svg.scree("Share of the noisy matrix's trace per component", ratios, noise, label)
         return section(
-            "scree", "Explained variance", para("This run released no explained-variance ratio.")
-        )
-    noise, how = noise_ratio(manifest)
-    label = f"noise ≈ {svg.number(noise)}" if noise is not None else ""
+            "scree", "Explained-variance ratio of the released components", chart,
+            para(how, "muted"), note,
+        )  # fmt: skip
+    if variance and None not in variance:
+        chart = svg.scree("Explained variance per component (released estimate)", variance, None)
+        return section("scree", "Explained variance of the released components", chart, note)
     return section(
-        "scree",
-        "Explained-variance ratio of the released components",
-        svg.scree("Share of the noisy matrix's trace per component", ratios, noise, label),
-        para(how, "muted"),
-        para(str(release.get("explained_variance_note", "")), "muted"),
+        "scree", "Explained variance", para("This run released no explained variance."), note
     )
 
 
@@ -192,6 +195,10 @@ def _outcome_section(manifest: Mapping[str, Any]) -> str:
     for key in ("local_route", "center", "row_norm_source"):
         if parameters.get(key) is not None:
             rows.append([escape(key), escape(str(parameters[key]))])
+    boost = parameters.get("boost")
+    if boost and release.get("chosen_group") is not None:
+        chosen = f"group {release['chosen_group']} of {boost['groups']} (its release is shown)"
+        rows.append(["boosted", escape(chosen)])
     ledger = manifest.get("ledger") or {}
     if ledger:
         rows.append(["run id", escape(f"{ledger.get('run_id')} (job {ledger.get('job')})")])
@@ -234,11 +241,13 @@ def run_page(
 ) -> str:
     """The run's report page; the operator section only with ``operator=True``."""
     title = f"dpsub run report: {manifest.get('method')} on {manifest.get('input')}"
+    from dpsub_dist.estimators.boost import chosen_view
+
     sections = [
         f'<p class="free" id="free">{escape(FREE)}</p>',
         _outcome_section(manifest),
         _budget_section(manifest),
-        _scree_section(manifest),
+        _scree_section(chosen_view(manifest)),
         _columns_section(manifest, left_out),
         _versions_section(manifest),
     ]
