@@ -88,7 +88,7 @@ def left_out_columns(
 
 
 def _budget_section(manifest: Mapping[str, Any]) -> str:
-    budget = manifest["privacy"]["budget"]
+    budget = (manifest.get("privacy") or {}).get("budget") or {}
     steps = budget.get("steps") or []
     charts = []
     for key, symbol in BUDGET_KEYS.items():
