@@ -90,29 +90,20 @@ def left_out_columns(
 def _budget_section(manifest: Mapping[str, Any]) -> str:
     budget = (manifest.get("privacy") or {}).get("budget") or {}
     steps = budget.get("steps") or []
+    totals = [("spent", budget.get("spent") or {}), ("granted", budget.get("total_granted") or {})]
+    keys = [k for k in BUDGET_KEYS if any(k in row for row in [*steps, *dict(totals).values()])]
     charts = []
-    for key, symbol in BUDGET_KEYS.items():
-        values = [step[key] for step in steps if key in step]
-        if values and any(v > 0 for v in values):
-            labels = [step["step"] for step in steps if key in step]
-            charts.append(svg.bars(f"{symbol} by step", labels, values))
-    rows = [
-        [escape(step["step"])]
-        + [
-            f'<span class="{key}">{svg.number(step[key])}</span>' if key in step else ""
-            for key in BUDGET_KEYS
-        ]
-        for step in steps
-    ]
-    for name, field in (("spent", "spent"), ("granted", "total_granted")):
-        given = budget.get(field) or {}
-        rows.append(
-            [f"<b>{name}</b>"]
-            + [
-                f'<b class="{name}-{key}">{svg.number(given[key])}</b>' if key in given else ""
-                for key in BUDGET_KEYS
-            ]
-        )
+    for k in keys:
+        charged = [s for s in steps if k in s]
+        if any(s[k] > 0 for s in charged):
+            labels, values = [s["step"] for s in charged], [s[k] for s in charged]
+            charts.append(svg.bars(f"{BUDGET_KEYS[k]} by step", labels, values))
+
+    def cells(values: Mapping[str, float]) -> list[str]:
+        return [svg.number(values[k]) if k in values else "" for k in keys]
+
+    rows = [[escape(s["step"]), *cells(s)] for s in steps]
+    rows += [[f"<b>{name}</b>", *(f"<b>{c}</b>" for c in cells(t))] for name, t in totals]
     as_dp = budget.get("spent_as_approx_dp") or {}
     note = (
         para(
@@ -122,14 +113,11 @@ def _budget_section(manifest: Mapping[str, Any]) -> str:
         if budget.get("mode") == "zcdp" and as_dp
         else ""
     )
-    columns = ["step", *BUDGET_KEYS.values()]
-    used = [i for i, key in enumerate(["step", *BUDGET_KEYS]) if any(r[i] for r in rows)]
-    shown = [[row[i] for i in used] for row in rows]
     return section(
         "budget",
         f"Budget by step ({budget.get('mode', '')})",
         *charts,
-        table([columns[i] for i in used], shown, "budget-table"),
+        table(["step", *(BUDGET_KEYS[k] for k in keys)], rows, "budget-table"),
         note,
     )
 
@@ -143,10 +131,8 @@ def _scree_section(view: Mapping[str, Any]) -> str:
         noise, how = noise_ratio(view)
         label = f"noise ≈ {svg.number(noise)}" if noise is not None else ""
         chart = svg.scree("Share of the noisy matrix's trace per component", ratios, noise, label)
-        return section(
-            "scree", "Explained-variance ratio of the released components", chart,
-            para(how, "muted"), note,
-        )  # fmt: skip
+        heading = "Explained-variance ratio of the released components"
+        return section("scree", heading, chart, para(how, "muted"), note)
     if variance and None not in variance:
         chart = svg.scree("Explained variance per component (released estimate)", variance, None)
         return section("scree", "Explained variance of the released components", chart, note)
