@@ -26,6 +26,7 @@ import pandas as pd
 import pytest
 from browser import Dom, colour_pixels, render
 from dpsub_shim import ROOT, write_job
+from pg import postgres_server, postgres_url  # noqa: F401  (fixtures)
 
 from dpsub_dist.cli import main
 from dpsub_dist.errors import DataError, InputError
@@ -429,3 +430,49 @@ def test_plot_explained_variance_from_the_estimator():
     heights = [patch.get_height() for patch in ax.patches]
     assert heights == pytest.approx(est.explained_variance_ratio_.tolist())
     assert len(ax.get_lines()) == 1  # the Gram noise level (row level: published)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def location(request, tmp_path) -> str:
+    """A ledger location: a SQLite file path, or a fresh PostgreSQL database URL."""
+    if request.param == "sqlite":
+        return str(tmp_path / "ledger.db")
+    return request.getfixturevalue("postgres_url")
+
+
+def rotated(degrees: float) -> np.ndarray:
+    """A 4×2 orthonormal basis: span(e1, e2) with e2 turned by ``degrees`` towards e3."""
+    turn = math.radians(degrees)
+    return np.array([[1, 0], [0, math.cos(turn)], [0, math.sin(turn)], [0, 0]], dtype=float)
+
+
+def test_drift_is_the_largest_principal_angle_and_jumps_are_flagged(location):
+    """Published bases at known angles (SQLite and PostgreSQL): drifts 2°, 1°, 3°, then 40°
+    (above 5° and twice the median 2°: flagged), then 1°; a ⊥ run in between is skipped."""
+    from dpsub_dist.ledger import RunRequest, open_ledger
+    from dpsub_dist.ledger.core import encode_array
+    from dpsub_dist.privacy.accountant import ApproxDP
+    from dpsub_dist.report.ledger import drifts, ledger_page
+
+    angles = [0.0, 2.0, 3.0, 6.0, None, 46.0, 45.0]  # None: published without a basis (⊥)
+    manifest = json.dumps({"ledger": {"job": "daily"}})
+    with open_ledger(location, create=True) as book:
+        book.grant("/data/events", "row", ApproxDP(10.0, 1e-5))
+        for day, angle in enumerate(angles):
+            run_id = f"daily-{day}"
+            charge = ApproxDP(1.0, 1e-6)
+            request = RunRequest("/data/events", "row", run_id, charge, "job-a", None, "/out")
+            lease = book.reserve(request).lease
+            book.begin_publishing("/data/events", run_id, lease)
+            outcome, basis = ("ok", encode_array(rotated(angle))) if angle is not None else (
+                "no_stable_subspace", None
+            )  # fmt: skip
+            book.publish("/data/events", run_id, lease, outcome, manifest, basis)
+        found = drifts(book, book.history("/data/events"))
+        page = Dom(ledger_page(book))
+    assert [d.job for d in found] == ["daily"] * 5
+    assert [(d.before, d.after) for d in found][3] == ("daily-3", "daily-5")  # ⊥ skipped
+    assert [d.degrees for d in found] == pytest.approx([2.0, 1.0, 3.0, 40.0, 1.0], abs=1e-9)
+    assert [d.flagged for d in found] == [False, False, False, True, False]
+    assert [row[4] for row in page.cells["drift-table"][1:]] == ["", "", "", "jump", ""]
+    assert page.cells["outcome-table"][1][1:] == ["6", "1", "0", "0", "0"]
