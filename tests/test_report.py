@@ -316,7 +316,7 @@ def ledger(tmp_path_factory, dask_cluster) -> Path:
     book, results = folder / "ledger.db", folder / "results"
     results.mkdir()
     events, sensors = folder / "events", folder / "sensors"
-    generate(events, rows=4000, dim=8, rank=2, partitions=2, seed=1)
+    generate(events, rows=20_000, dim=8, rank=2, partitions=2, seed=1)
     frame = pd.DataFrame(np.random.default_rng(0).standard_normal((500, 4)), columns=list("abcd"))
     frame.loc[7, "b"] = np.nan
     sensors.mkdir()
@@ -346,7 +346,7 @@ def ledger(tmp_path_factory, dask_cluster) -> Path:
                 clock.day = day
                 if day == 4:  # the data changes: another subspace
                     generate(
-                        events, rows=4000, dim=8, rank=2, partitions=2, seed=99, overwrite=True
+                        events, rows=20_000, dim=8, rank=2, partitions=2, seed=99, overwrite=True
                     )
                 run_job(good, f"events-basis-2024-06-{day + 1:02d}", client=client)
             clock.day = 6
@@ -399,7 +399,7 @@ def test_ledger_page_matches_the_ledger_and_flags_the_jump(ledger, tmp_path, cap
     flagged = [row[4] == "jump" for row in drift]
     assert flagged == [False, False, False, True, False], drift
     angles = [float(row[3]) for row in drift]
-    assert angles[3] > 30 and max(angles[:3] + angles[4:]) < 15
+    assert angles[3] > 30 and max(angles[:3] + angles[4:]) < 3  # noise alone: about 0.7°
 
     assert dom.svg_shapes["polyline"] == 3  # a line per dataset, and the job's drift
     assert colour_pixels(png, BAR) > 5_000 and colour_pixels(png, RED) > 30
