@@ -36,9 +36,16 @@ FLAGS = [
     "--proxy-bypass-list=<-loopback>",  # loopback too goes through the probe
     "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
 ]
-BROWSER_SERVICES = {"update.googleapis.com", "accounts.google.com", "clients2.google.com"}
-"""Hosts Chromium itself calls whatever the page (its updater and sign-in, which no flag
-turns off): their requests are the browser's, not the page's, and are not counted."""
+BROWSER_SERVICES = (".google.com", ".googleapis.com", ".gvt1.com")
+"""Domains Chromium itself calls whatever the page (seen: update.googleapis.com,
+accounts.google.com, clients2.google.com; no flag turns them off): their requests are
+the browser's, not the page's, and are not counted. Web fonts are the page's."""
+PAGE_SERVICES = ("fonts.googleapis.com",)
+
+
+def browser_service(host: str) -> bool:
+    """Whether a request to ``host`` is Chromium's own (updater, sign-in, time)."""
+    return host.endswith(BROWSER_SERVICES) and host not in PAGE_SERVICES
 
 
 def chromium() -> str:
@@ -78,7 +85,7 @@ class NetworkProbe:
     def page_requests(self) -> list[str]:
         """Request lines of every connection but Chromium's own services'."""
         lines = [r.split("\r\n")[0] for r in self.requests]
-        return [line for line in lines if host_of(line) not in BROWSER_SERVICES]
+        return [line for line in lines if not browser_service(host_of(line))]
 
     def __enter__(self) -> NetworkProbe:
         self._thread.start()

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from browser import Dom, colour_pixels, render
+from browser import Dom, colour_pixels, host_of, render
 from dpsub_shim import ROOT, write_job
 from pg import postgres_server, postgres_url  # noqa: F401  (fixtures)
 
@@ -122,10 +122,13 @@ def assert_self_contained(dom: Dom, requests: list[str]) -> None:
 def test_the_network_probe_sees_a_page_that_fetches(tmp_path):
     """The control for the no-fetch checks: a page with remote images is caught."""
     page = tmp_path / "fetches.html"
-    page.write_text('<img src="http://example.com/a.png"><img src="https://example.org/b.png">')
+    page.write_text(
+        '<img src="http://example.com/a.png"><img src="https://example.org/b.png">'
+        '<link rel="stylesheet" href="https://fonts.googleapis.com/css?family=Roboto">'
+    )
     _, requests = render(page, tmp_path / "fetches.png", height=300)
-    hosts = {r.split()[1].split("://")[-1].split("/")[0].split(":")[0] for r in requests}
-    assert hosts == {"example.com", "example.org"}, requests
+    hosts = {host_of(r) for r in requests}
+    assert hosts == {"example.com", "example.org", "fonts.googleapis.com"}, requests
 
 
 def test_run_page_renders_budget_scree_and_fetches_nothing(row_run, shown):
