@@ -27,6 +27,7 @@ from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from dpsub_dist.engine.sources import Dataset, array_dataset, frame_choice, parquet_dataset
 from dpsub_dist.errors import InputError, NoStableSubspace
+from dpsub_dist.estimators.boost import chosen_view
 from dpsub_dist.io.parquet import API_OPTIONS, feature_name
 from dpsub_dist.job import EstimateConfig, EstimateResult, run_estimate
 from dpsub_dist.methods import DEFAULTS, declared
@@ -342,7 +343,9 @@ class PrivateSubspace(_PrivateEstimator):
                 )
             result = self._fit_run(X, config, run_estimate)
         if result.basis is None:
-            reason = _chosen_release(result.manifest).get("failure_reason") or "see manifest_"
+            reason = (
+                chosen_view(result.manifest)["release"].get("failure_reason") or "see manifest_"
+            )
             raise NoStableSubspace(
                 f"no stable subspace: {api_wording(reason, self.get_params(deep=False))}; try "
                 "method='gauss', more data or a larger budget"
@@ -351,7 +354,7 @@ class PrivateSubspace(_PrivateEstimator):
         self.components_ = result.basis.T
         self.n_components_ = result.basis.shape[1]
         self._n_features_out = self.n_components_
-        release = _chosen_release(result.manifest)
+        release = chosen_view(result.manifest)["release"]
         self.mean_ = None if release.get("mean") is None else np.asarray(release["mean"])
         self.explained_variance_ = _array_or_none(release.get("explained_variance"))
         self.explained_variance_ratio_ = _array_or_none(release.get("explained_variance_ratio"))
@@ -385,6 +388,14 @@ class PrivateSubspace(_PrivateEstimator):
             raise ValueError(f"expected n_components_ = {k} columns per row, got shape {X.shape}")
         out = X @ self.components_
         return out if self.mean_ is None else out + self.mean_
+
+    def plot_explained_variance(self, ax: Any = None) -> Any:
+        """Scree plot of the released explained-variance ratio (published values: no budget);
+        needs matplotlib (``pip install 'dpsub_dist[plot]'``). Returns the axes."""
+        from dpsub_dist.report import plot_explained_variance
+
+        check_is_fitted(self)
+        return plot_explained_variance(self.manifest_, ax)
 
 
 class PrivateSubspaceClustering(_PrivateEstimator):
@@ -606,15 +617,6 @@ def _left_out_message(name: str, left_out: dict[str, str]) -> str:
 
 def _array_or_none(values: Any) -> np.ndarray | None:
     return None if values is None else np.asarray(values, dtype=np.float64)
-
-
-def _chosen_release(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The release behind the basis: the chosen group's when boosted, else the run's."""
-    release = manifest["release"]
-    chosen = release.get("chosen_group")
-    if chosen is None:
-        return release
-    return manifest["parameters"]["group_runs"][chosen]["release"]
 
 
 def _read_part(loader: Any, part: Any) -> np.ndarray:

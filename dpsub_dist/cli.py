@@ -323,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dim", type=int, default=50, help="D, columns (default 50)")
     demo.add_argument("--rank", type=int, default=4, help="k, subspace dimension (default 4)")
     add_scheduled_commands(sub)
+    from dpsub_dist.report.command import add_report_command
+
+    add_storage_arguments(add_report_command(sub))
     return parser
 
 
@@ -886,6 +889,12 @@ def data_error_report(args: argparse.Namespace, err: DataError) -> str:
     return f"{err.public_message}; details for the operator in {path}"
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from dpsub_dist.report.command import run_report_command
+
+    return run_report_command(args)
+
+
 COMMANDS = {
     "synth": cmd_synth,
     "estimate": cmd_estimate,
@@ -895,6 +904,7 @@ COMMANDS = {
     "run": cmd_run,
     "budget": cmd_budget,
     "stream": cmd_stream,
+    "report": cmd_report,
 }
 
 

@@ -27,14 +27,19 @@ def diagnostics_dir() -> Path:
 
 def write_diagnostics(command: str, detail: str, run_id: str | None = None) -> Path:
     """Write ``detail`` to a new owner-only file and return its path (OSError if it cannot)."""
+    header = f"time: {datetime.now(UTC).isoformat()}\ncommand: dpsub {command}\n"
+    if run_id:
+        header += f"run id: {run_id}\n"
+    return write_diagnostics_file(command, f"{header}detail: {detail}\n")
+
+
+def write_diagnostics_file(command: str, text: str, suffix: str = ".txt") -> Path:
+    """Write ``text`` to a new owner-only (0600) file in :func:`diagnostics_dir`; its path."""
     folder = diagnostics_dir()
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = folder / f"{stamp}-{command}-{secrets.token_hex(4)}.txt"
+    path = folder / f"{stamp}-{command}-{secrets.token_hex(4)}{suffix}"
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-        handle.write(f"time: {datetime.now(UTC).isoformat()}\ncommand: dpsub {command}\n")
-        if run_id:
-            handle.write(f"run id: {run_id}\n")
-        handle.write(f"detail: {detail}\n")
+        handle.write(text)
     return path

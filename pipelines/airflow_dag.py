@@ -10,6 +10,9 @@ returns the published one; it never charges the budget twice. Exit codes
 for budget: skipped, not retried · 2 bad job or input, nothing spent: failed, not retried ·
 5 aborted and 1 unexpected: failed and retried (the retry resumes the run) · any other
 code: failed, not retried.
+
+After each run that published, ``dpsub_runner`` writes ``report.html`` beside the run's
+output (``dpsub report``: published values only, no budget; docs/report.md).
 """
 
 from __future__ import annotations

@@ -10,6 +10,11 @@ The command is ``$DPSUB run $DPSUB_JOB --run-id events-basis-<YYYY-MM-DD> --quie
 file (default ``/etc/dpsub/events-basis.yaml``), both read when the task runs. The run id
 comes from the logical date, so a retry or a backfill of a date is the same run: it
 resumes the same release or returns the published one, and never charges twice.
+
+After a run that published (exit 0, or 3: published without a basis) it runs
+``$DPSUB report --job $DPSUB_JOB --run-id <run id>``, which writes ``report.html`` beside
+the run's output (published values only; no budget). The page is a convenience: if it
+cannot be written the task keeps its state and the summary says why.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ EXIT_CODES: dict[int, tuple[str, str]] = {
 }
 """dpsub run's exit codes (dpsub --help). Any other code fails the task without a retry."""
 
+PUBLISHED = (0, 3)
+"""Exit codes after which the run's output folder holds a published manifest."""
+
 UNKNOWN = (FAIL, "unknown exit code: failed without retrying; read the task log")
 KILLED = (RETRY, "killed by a signal: a retry resumes the same run")
 
@@ -50,10 +58,16 @@ class DpsubResult:
     meaning: str
     stdout: str
     stderr: str
+    report: str = ""
 
     def summary(self) -> str:
         said = (self.stdout.strip() + " " + self.stderr.strip()).strip()
-        return f"dpsub run exited {self.code}: {self.meaning}" + (f" | {said}" if said else "")
+        report = f" | report: {self.report}" if self.report else ""
+        return (
+            f"dpsub run exited {self.code}: {self.meaning}"
+            + (f" | {said}" if said else "")
+            + report
+        )
 
 
 def run_id(logical_date: date) -> str:
@@ -68,6 +82,13 @@ def dpsub_command(logical_date: date, job: str | None = None) -> list[str]:
     return [executable, "run", job, "--run-id", run_id(logical_date), "--quiet"]
 
 
+def report_command(logical_date: date, job: str | None = None) -> list[str]:
+    """The ``dpsub report`` command line writing the page beside that run's output."""
+    executable = os.environ.get("DPSUB", "dpsub")
+    job = job or os.environ.get("DPSUB_JOB", JOB)
+    return [executable, "report", "--job", job, "--run-id", run_id(logical_date)]
+
+
 def action_for(code: int) -> tuple[str, str]:
     """(action, meaning) of an exit code; a negative code is a signal (subprocess's view)."""
     if code < 0:
@@ -79,4 +100,8 @@ def run_dpsub(logical_date: date) -> DpsubResult:
     """Run ``dpsub run`` for ``logical_date`` and classify its exit code."""
     done = subprocess.run(dpsub_command(logical_date), capture_output=True, text=True)
     action, meaning = action_for(done.returncode)
-    return DpsubResult(done.returncode, action, meaning, done.stdout, done.stderr)
+    report = ""
+    if done.returncode in PUBLISHED:
+        page = subprocess.run(report_command(logical_date), capture_output=True, text=True)
+        report = (page.stdout if page.returncode == 0 else page.stderr).strip()
+    return DpsubResult(done.returncode, action, meaning, done.stdout, done.stderr, report)

@@ -11,6 +11,9 @@ published one and never charges the budget twice. Exit codes (``dpsub_runner.EXI
 0 Completed · 3 and 4 Completed in a state named "Skipped" (final: not retried) · 2 Failed,
 not retried · 5 and 1 Failed and retried (the retry resumes the run) · any other code
 Failed, not retried.
+
+After each run that published, ``dpsub_runner`` writes ``report.html`` beside the run's
+output (``dpsub report``: published values only, no budget; docs/report.md).
 """
 
 from __future__ import annotations

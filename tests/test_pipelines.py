@@ -142,3 +142,26 @@ def test_every_exit_code_has_a_scheduler_action():
 def test_example_job_is_valid_and_writes_one_folder_per_run():
     job = load_job(PIPELINES / "events-basis.yaml")
     assert job.output_for("events-basis-2024-06-01").endswith("/events-basis-2024-06-01")
+
+
+def test_runner_writes_the_report_beside_each_published_run(small_dataset, tmp_path, monkeypatch):
+    """After a published run (exit 0) the DAG's and the flow's runner writes report.html
+    beside the run's output; after a failed one (bad input, exit 2) it writes none."""
+    module = runner()
+    ledger, results = tmp_path / "ledger.db", tmp_path / "results"
+    results.mkdir()
+    data = Path(small_dataset.path)
+    grant = ["--ledger", str(ledger), "--dataset", str(data), "--epsilon", "3", "--delta", "1e-5"]
+    assert main(["budget", "init", *grant]) == 0
+    monkeypatch.setenv("DPSUB", str(write_dpsub(tmp_path / "bin")))
+    monkeypatch.setenv("DPSUB_JOB", str(write_job(tmp_path / "job.yaml", data, ledger, results)))
+    result = module.run_dpsub(date(2024, 6, 1))
+    page = results / "events-basis-2024-06-01" / "report.html"
+    assert result.code == 0 and result.action == "success", result.summary()
+    assert result.report == f"wrote {page}"
+    assert "costs no privacy budget" in page.read_text()
+    bad = write_job(tmp_path / "bad.yaml", data, ledger, results, columns="[x0, nope]")
+    monkeypatch.setenv("DPSUB_JOB", str(bad))
+    result = module.run_dpsub(date(2024, 6, 2))
+    assert result.code == 2 and result.report == ""
+    assert not (results / "events-basis-2024-06-02").exists()

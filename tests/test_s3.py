@@ -360,3 +360,24 @@ def test_run_on_s3_is_never_seen_half_written(s3, dataset, monkeypatch):
         ("_rm_file", "basis.npy", "unfinished"),
         ("_pipe_file", "manifest.json", "no_stable_subspace"),
     ]
+
+
+def test_report_of_a_run_on_s3_is_written_beside_it(s3, dataset, scheduler_address):
+    """``dpsub report s3://…/run/`` puts report.html under the run's prefix (one PUT), and
+    reads the input's schema from the bucket for the columns left out."""
+    out = "s3://data/runs/reported/"
+    run = estimate(
+        "s3://data/gauss/", out, "--scheduler", scheduler_address, *s3.storage_args("admin")
+    )
+    assert run.returncode == 0, run.stderr
+    done = dpsub("report", out, *s3.storage_args("admin"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "wrote s3://data/runs/reported/report.html"
+    assert sorted(objects(s3, "data/runs/reported")) == [
+        "data/runs/reported/basis.npy",
+        "data/runs/reported/manifest.json",
+        "data/runs/reported/report.html",
+    ]
+    page = s3.fs().cat_file("data/runs/reported/report.html").decode()
+    assert "Left out: none (every column of the input is a feature)." in page
+    assert_no_secret(s3, done.stdout, done.stderr, page)

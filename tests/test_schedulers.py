@@ -152,3 +152,4 @@ def test_shipped_pipeline_under_the_real_scheduler(scheduler, small_dataset, tmp
     assert published == ["events-basis-2024-06-01", "events-basis-2024-06-03"]
     for name in published:
         assert (results / name / "basis.npy").exists()
+        assert (results / name / "report.html").exists()  # written by the runner

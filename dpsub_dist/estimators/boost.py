@@ -271,3 +271,13 @@ def run_boosted(
         "largest charge over the groups); the selection is post-processing"
     )
     return EstimateResult(basis, manifest, timings)
+
+
+def chosen_view(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest as seen from the release behind its basis: a boosted run's chosen group
+    (its release, parameters and row count) in place of the run's own; others unchanged."""
+    chosen = manifest["release"].get("chosen_group")
+    if chosen is None:
+        return manifest
+    group = manifest["parameters"]["group_runs"][chosen]
+    return {**manifest, **{k: group[k] for k in ("release", "parameters", "n_rows")}}

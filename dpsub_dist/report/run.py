@@ -1,0 +1,283 @@
+"""``dpsub report RUN_DIR``: one run's page, drawn from its published manifest alone.
+
+Every value shown is a released value or a public fact: the manifest (which the privacy
+contract already covers), the input's schema (public: names and types only) and numbers
+computed from those. Drawing them is post-processing and costs no budget. Step timings
+are not published (they depend on the data); they appear only on the operator's page,
+written to the owner-only diagnostics folder, never beside the run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from dpsub_dist.report import svg
+from dpsub_dist.report.page import document, para, section, table
+
+REPORT = "report.html"
+
+FREE = (
+    "Everything on this page is read from the run's published manifest.json (and the input's "
+    "schema: column names and types), or computed from those values alone. Showing it is "
+    "post-processing of released values: it costs no privacy budget."
+)
+BUDGET_KEYS = {"epsilon": "ε", "delta": "δ", "rho": "ρ", "delta0": "δ₀"}
+
+
+def noise_ratio(manifest: Mapping[str, Any]) -> tuple[float | None, str]:
+    """The Gram noise's typical top eigenvalue in explained-variance-ratio units, and how.
+
+    A symmetric Gaussian D×D matrix of entry scale σ has its largest eigenvalue near
+    2σ√D; the released ratio λᵢ/tr is over the noisy Gram of rows scaled by 1/B, whose
+    trace is n·ev₁/(B²·ratio₁). All of σ, D, B, n, ev₁ and ratio₁ must be published: at
+    user level n and the variance are not, so no line is drawn.
+    """
+    release, parameters = manifest.get("release") or {}, manifest.get("parameters") or {}
+    sigma, bound = release.get("gram_noise_sigma"), parameters.get("row_norm")
+    n, dim = manifest.get("n_rows"), manifest.get("dim")
+    variance, ratio = release.get("explained_variance"), release.get("explained_variance_ratio")
+    if sigma is None:
+        return None, "this method publishes no Gram noise scale, so no noise line is drawn"
+    if not (n and bound and dim and variance and ratio and variance[0] > 0):
+        return None, (
+            "no noise line: it needs the row count and the explained variance, which this "
+            "run does not publish (private at user level)"
+        )
+    trace = n * variance[0] / (bound**2 * ratio[0])
+    return 2 * sigma * math.sqrt(dim) / trace, (
+        "dashed line: 2σ√D / trace, the typical largest eigenvalue of the Gram noise alone "
+        f"(σ = {svg.number(sigma)}, D = {dim}); components near or below it are "
+        "indistinguishable from the noise"
+    )
+
+
+def left_out_columns(
+    manifest: Mapping[str, Any], storage_options: Mapping[str, Any] | None = None
+) -> list[tuple[str, str, str]] | None:
+    """(name, type, why) of the input's columns that are not features: the manifest's
+    ``columns_left_out`` (the default rule's reasons) and the rest of the input's schema
+    (the first file's footer: public); None if the input cannot be read now."""
+    from dpsub_dist.errors import DpsubError
+    from dpsub_dist.io.parquet import inspect_file, list_parquet_files
+
+    try:
+        first = list_parquet_files(str(manifest["input"]), storage_options)[0]
+        schema = inspect_file(first, storage_options).columns
+    except (DpsubError, OSError, KeyError, IndexError):
+        return None
+    used = set(manifest.get("columns") or [])
+    unit = (manifest.get("parameters") or {}).get("unit_column")
+    recorded = manifest.get("columns_left_out") or {}
+    out = []
+    for column in schema:
+        if column.name in used:
+            continue
+        if column.name == unit:
+            why = "the user id: the privacy unit, never a feature"
+        elif column.name in recorded:
+            why = recorded[column.name]
+        elif not column.numeric:
+            why = "not numeric"
+        else:
+            why = "not in --columns, or removed by --exclude-columns"
+        out.append((column.name, column.type, why))
+    return out
+
+
+def _budget_section(manifest: Mapping[str, Any]) -> str:
+    budget = (manifest.get("privacy") or {}).get("budget") or {}
+    steps = budget.get("steps") or []
+    totals = [("spent", budget.get("spent") or {}), ("granted", budget.get("total_granted") or {})]
+    keys = [k for k in BUDGET_KEYS if any(k in row for row in [*steps, *dict(totals).values()])]
+    charts = []
+    for k in keys:
+        charged = [s for s in steps if k in s]
+        if any(s[k] > 0 for s in charged):
+            labels, values = [s["step"] for s in charged], [s[k] for s in charged]
+            charts.append(svg.bars(f"{BUDGET_KEYS[k]} by step", labels, values))
+
+    def cells(values: Mapping[str, float]) -> list[str]:
+        return [svg.number(values[k]) if k in values else "" for k in keys]
+
+    rows = [[escape(s["step"]), *cells(s)] for s in steps]
+    rows += [[f"<b>{name}</b>", *(f"<b>{c}</b>" for c in cells(t))] for name, t in totals]
+    as_dp = budget.get("spent_as_approx_dp") or {}
+    note = (
+        para(
+            f"As (ε, δ)-DP ({budget.get('conversion', 'conversion')}): ε = "
+            f"{svg.number(as_dp['epsilon'])}, δ = {svg.number(as_dp['delta'])}."
+        )
+        if budget.get("mode") == "zcdp" and as_dp
+        else ""
+    )
+    return section(
+        "budget",
+        f"Budget by step ({budget.get('mode', '')})",
+        *charts,
+        table(["step", *(BUDGET_KEYS[k] for k in keys)], rows, "budget-table"),
+        note,
+    )
+
+
+def _scree_section(view: Mapping[str, Any]) -> str:
+    release = view.get("release") or {}
+    ratios = release.get("explained_variance_ratio")
+    variance = release.get("explained_variance")
+    note = para(str(release.get("explained_variance_note", "")), "muted")
+    if ratios and None not in ratios:
+        noise, how = noise_ratio(view)
+        label = f"noise ≈ {svg.number(noise)}" if noise is not None else ""
+        chart = svg.scree("Share of the noisy matrix's trace per component", ratios, noise, label)
+        heading = "Explained-variance ratio of the released components"
+        return section("scree", heading, chart, para(how, "muted"), note)
+    if variance and None not in variance:
+        chart = svg.scree("Explained variance per component (released estimate)", variance, None)
+        return section("scree", "Explained variance of the released components", chart, note)
+    return section(
+        "scree", "Explained variance", para("This run released no explained variance."), note
+    )
+
+
+def _columns_section(manifest: Mapping[str, Any], left_out: list | None) -> str:
+    used = manifest.get("columns") or []
+    widths = manifest.get("vector_columns") or {}
+    shown = ", ".join(escape(f"{c} (vector of {widths[c]})" if c in widths else c) for c in used)
+    parts = [f"<p>Used ({len(used)} columns, D = {manifest.get('dim')}): {shown}</p>"]
+    if left_out is None:
+        parts.append(para("Left out: the input's schema could not be read now.", "muted"))
+    elif not left_out:
+        parts.append(para("Left out: none (every column of the input is a feature)."))
+    else:
+        rows = [[escape(n), escape(t), escape(w)] for n, t, w in left_out]
+        parts.append(table(["left out", "type", "why"], rows, "left-out"))
+    return section("columns", "Columns", *parts)
+
+
+def _outcome_section(manifest: Mapping[str, Any]) -> str:
+    release = manifest.get("release") or {}
+    outcome = manifest.get("outcome", "")
+    if outcome == "ok":
+        said = "published a basis"
+    else:
+        step = release.get("failed_step", "aggregation")
+        said = f"⊥ no stable subspace (step {step}): {release.get('failure_reason', '')}"
+    choice = manifest.get("method_choice") or {}
+    parameters = manifest.get("parameters") or {}
+    privacy = manifest.get("privacy") or {}
+    n = manifest.get("n_rows")
+    rows = [
+        ["outcome", f'<b id="outcome">{escape(said)}</b>'],
+        ["method", escape(str(manifest.get("method")))],
+        ["requested", escape(str(choice.get("requested", manifest.get("method"))))],
+        ["why this method", escape(str(choice.get("reason", "named by the caller")))],
+        ["privacy unit", escape(str(privacy.get("unit", "")))],
+        ["neighbours", escape(str(privacy.get("neighbours", "")))],
+        ["rank k", escape(str(manifest.get("rank")))],
+        ["rows n", escape(str(n)) if n is not None else escape(manifest.get("n_rows_note", ""))],
+    ]
+    for key in ("local_route", "center", "row_norm_source"):
+        if parameters.get(key) is not None:
+            rows.append([escape(key), escape(str(parameters[key]))])
+    boost = parameters.get("boost")
+    if boost and release.get("chosen_group") is not None:
+        chosen = f"group {release['chosen_group']} of {boost['groups']} (its release is shown)"
+        rows.append(["boosted", escape(chosen)])
+    ledger = manifest.get("ledger") or {}
+    if ledger:
+        rows.append(["run id", escape(f"{ledger.get('run_id')} (job {ledger.get('job')})")])
+    return section("route", "Outcome, method and route", table(["", ""], rows, "route-table"))
+
+
+def _versions_section(manifest: Mapping[str, Any]) -> str:
+    rows = [
+        [escape(k), escape(str(v))] for k, v in sorted((manifest.get("versions") or {}).items())
+    ]
+    return section("versions", "Versions", table(["package", "version"], rows))
+
+
+def _operator_section(timings: Mapping[str, Any] | None) -> str:
+    warning = para(
+        "OPERATOR ONLY: not published, not covered by the privacy claim. Step timings depend "
+        "on the data (on n at user level, on the data's spread everywhere); do not share "
+        "this page.",
+        "flag",
+    )
+    if not timings:
+        body = para(
+            "No timings are kept on disk: dpsub estimate and dpsub run hold them only in "
+            "memory (EstimateResult.timings in Python). Pass them to "
+            "dpsub_dist.report.run_page(manifest, timings=result.timings, operator=True)."
+        )
+    else:
+        body = table(
+            ["step", "value"], [[escape(k), escape(str(v))] for k, v in timings.items()], "timings"
+        )
+    return section("operator", "Operator only: timings", warning, body, css="operator")
+
+
+def run_page(
+    manifest: Mapping[str, Any],
+    left_out: list[tuple[str, str, str]] | None = None,
+    *,
+    operator: bool = False,
+    timings: Mapping[str, Any] | None = None,
+) -> str:
+    """The run's report page; the operator section only with ``operator=True``."""
+    title = f"dpsub run report: {manifest.get('method')} on {manifest.get('input')}"
+    from dpsub_dist.estimators.boost import chosen_view
+
+    sections = [
+        f'<p class="free" id="free">{escape(FREE)}</p>',
+        _outcome_section(manifest),
+        _budget_section(manifest),
+        _scree_section(chosen_view(manifest)),
+        _columns_section(manifest, left_out),
+        _versions_section(manifest),
+    ]
+    if operator:
+        sections.append(_operator_section(timings))
+    return document(title, sections)
+
+
+def write_run_report(
+    run: str,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    operator: bool = False,
+    timings: Mapping[str, Any] | None = None,
+) -> str:
+    """Write the run's page: ``RUN/report.html``, or with ``operator`` an owner-only file in
+    the diagnostics folder (never beside the published run). Returns where it went."""
+    from dpsub_dist.io.output import read_run
+    from dpsub_dist.io.storage import join
+
+    _, manifest = read_run(run, storage_options)
+    html = run_page(
+        manifest, left_out_columns(manifest, storage_options), operator=operator, timings=timings
+    )
+    if operator:
+        from dpsub_dist.diagnostics import write_diagnostics_file
+
+        return str(write_diagnostics_file("report", html, ".html"))
+    where = join(run, REPORT)
+    write_text(where, html, storage_options)
+    return where
+
+
+def write_text(where: str, text: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Write a page in one step: a local temporary sibling renamed in place, or one PUT."""
+    from dpsub_dist.io.storage import filesystem, is_local
+
+    if not is_local(where):
+        fs, path = filesystem(where, storage_options)
+        fs.pipe_file(path, text.encode())
+        return
+    path = Path(where.removeprefix("file://"))
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
