@@ -325,7 +325,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_scheduled_commands(sub)
     from dpsub_dist.report.command import add_report_command
 
-    add_storage_arguments(add_report_command(sub))
+    report = add_report_command(
+        sub,
+        examples(
+            "dpsub report run/",
+            "dpsub report --operator run/",
+            "dpsub report --ledger ledger.db --out ledger.html",
+        ),
+    )
+    add_storage_arguments(report)
     return parser
 
 

@@ -10,11 +10,13 @@ from dpsub_dist.errors import InputError
 LEDGER_REPORT = "ledger-report.html"
 
 
-def add_report_command(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """``dpsub report RUN_DIR | --job JOB --run-id ID | --ledger L [--dataset URI]``; the
-    caller adds the storage options (:func:`dpsub_dist.cli.add_storage_arguments`)."""
+def add_report_command(sub: argparse._SubParsersAction, epilog: str) -> argparse.ArgumentParser:
+    """``dpsub report RUN_DIR | --job JOB --run-id ID | --ledger L [--dataset URI]`` with the
+    caller's ``--help`` examples; the caller adds the storage options
+    (:func:`dpsub_dist.cli.add_storage_arguments`)."""
     report = sub.add_parser(
         "report",
+        epilog=epilog,
         help="an HTML page of a run (RUN_DIR/report.html) or of a ledger, from published values",
         description="Self-contained HTML pages (inline SVG, nothing fetched) drawn from "
         "published values only, so they cost no budget: of a run (method and route, budget "
