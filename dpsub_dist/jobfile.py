@@ -37,7 +37,14 @@ from typing import Any
 import numpy as np
 import yaml
 
-from dpsub_dist.errors import DataError, InputError, RunAborted, RunFailed, StorageFailure
+from dpsub_dist.errors import (
+    DataError,
+    DpsubError,
+    InputError,
+    RunAborted,
+    RunFailed,
+    StorageFailure,
+)
 from dpsub_dist.io.output import check_output_dir, read_run, write_run
 from dpsub_dist.io.storage import (
     STORAGE_ERRORS,
@@ -548,9 +555,10 @@ class _Attempt:
         Data that fails validation after it was read: the run is 'failed' and stays
         charged. Public bad input on a first attempt: the charge is returned (only if this
         attempt still holds the lease and the run was never resumed). Storage or cluster
-        failures: the run stays reserved, to be resumed. Any other error (a bug, a missing
-        module): the data may have been read, so the run is 'failed' (charged) and
-        :class:`RunFailed` carries the traceback for the operator only.
+        failures: the run stays reserved, to be resumed. An unexpected error (not a
+        :class:`DpsubError`: a bug, a missing module): the data may have been read, so the
+        run is 'failed' (charged) and :class:`RunFailed` carries the traceback for the
+        operator only.
         """
         from dpsub_dist.engine.cluster import dask_client
         from dpsub_dist.engine.sources import parquet_dataset
@@ -578,7 +586,9 @@ class _Attempt:
             if reservation.kind == "new":
                 self.book.return_reservation(self.dataset, self.run_id, self.lease)
             raise
-        except Exception as err:
+        except DpsubError:  # the others say what to do, as before
+            raise
+        except Exception as err:  # unexpected: the data may have been read
             self.book.fail(self.dataset, self.run_id, self.lease, OUTCOME_FAILED)
             raise RunFailed(traceback.format_exc()) from err
 
