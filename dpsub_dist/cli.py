@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -396,6 +397,7 @@ def run_to_output(args: argparse.Namespace, make_config, runner) -> int:
     """Build the config from the flags the method declares, validate, check --out, run on the
     Dask cluster, write atomically; exit 3 for ⊥."""
     from dpsub_dist.engine.cluster import dask_client
+    from dpsub_dist.engine.progress import closing_line, numbered_passes
     from dpsub_dist.engine.sources import parquet_dataset
     from dpsub_dist.io.output import check_output_dir, write_run
     from dpsub_dist.io.storage import StorageOptions
@@ -420,13 +422,21 @@ def run_to_output(args: argparse.Namespace, make_config, runner) -> int:
 
     def open_dataset(client):
         exclude = args.exclude_columns
-        return parquet_dataset(
+        dataset = parquet_dataset(
             args.input, args.columns, args.unit_column, storage_options, client, exclude
         )
+        if config.unit_column is None:  # n is public at row level: every pass's rows/s
+            passes.rows = dataset.n_rows
+        return dataset
 
+    started = time.monotonic()
     with dask_client(args.scheduler, args.quiet, args.workers, args.memory_limit) as client:
-        result = runner(config, open_dataset, client, progress=not args.quiet)
+        with numbered_passes() as passes:
+            result = runner(config, open_dataset, client, progress=not args.quiet)
     out = write_run(args.out, result.basis, result.manifest, args.overwrite, storage_options)
+    if not args.quiet:  # the time only where progress is shown: at row level (n public)
+        seconds = time.monotonic() - started if config.unit_column is None else None
+        print(closing_line(result.manifest, seconds), file=sys.stderr)
     if result.basis is None:
         failed = result.manifest["release"].get("failed_step", "aggregation")
         reason = result.manifest["release"].get("failure_reason", "the subsets disagree")
@@ -528,7 +538,10 @@ def evaluate_on_data(args: argparse.Namespace, basis, columns, storage_options) 
 def cmd_demo(args: argparse.Namespace) -> int:
     root = Path(args.dir)
     data, out = root / "data", root / "run"
-    if not (data / "_truth" / "basis.npy").exists():
+    if (data / "_truth" / "basis.npy").exists():
+        print(f"step 1 of 3: data kept from an earlier demo in {data}", file=sys.stderr)
+    else:
+        print(f"step 1 of 3: synthetic data with a known answer → {data}", file=sys.stderr)
         cmd = [
             "synth",
             str(data),
@@ -545,6 +558,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             "--overwrite",
         ]
         main(cmd)
+    print(f"step 2 of 3: private rank-{args.rank} basis → {out}", file=sys.stderr)
     code = main(
         [
             "estimate",
@@ -561,6 +575,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         ]
     )
     if code == 0:
+        print("step 3 of 3: error against the true basis", file=sys.stderr)
         main(["evaluate", str(out), "--truth", str(data / "_truth" / "basis.npy")])
     return code
 

@@ -48,6 +48,15 @@ class DataError(InputError):
     public_message = "the data did not pass validation"
 
 
+class RunFailed(DataError):
+    """An unexpected error while a ledger run read and computed (a bug, a missing module):
+    the data may have been read, so the run is 'failed' and stays charged, as for
+    :class:`DataError`. ``str(err)`` (a traceback, which may hold private values) is the
+    operator's detail; only :attr:`public_message` is published."""
+
+    public_message = "the run failed"
+
+
 class StorageFailure(InputError):
     """Storage or network failed (denied, missing, unreachable): exit 2 before the budget is
     reserved; after it is reserved the run stays reserved (resumable), never refunded."""

@@ -27,6 +27,7 @@ import json
 import math
 import os
 import string
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -38,8 +39,10 @@ import yaml
 
 from dpsub_dist.errors import (
     DataError,
+    DpsubError,
     InputError,
     RunAborted,
+    RunFailed,
     StorageFailure,
     did_you_mean,
 )
@@ -61,6 +64,7 @@ from dpsub_dist.ledger import (
     unit_name,
 )
 from dpsub_dist.ledger.core import (
+    OUTCOME_FAILED,
     RESUMABLE_STATES,
     budget_fields,
     decode_array,
@@ -557,8 +561,11 @@ class _Attempt:
 
         Data that fails validation after it was read: the run is 'failed' and stays
         charged. Public bad input on a first attempt: the charge is returned (only if this
-        attempt still holds the lease and the run was never resumed). Anything else
-        (storage, cluster, crash): the run stays reserved, to be resumed.
+        attempt still holds the lease and the run was never resumed). Storage or cluster
+        failures: the run stays reserved, to be resumed. An unexpected error (not a
+        :class:`DpsubError`: a bug, a missing module): the data may have been read, so the
+        run is 'failed' (charged) and :class:`RunFailed` carries the traceback for the
+        operator only.
         """
         from dpsub_dist.engine.cluster import dask_client
         from dpsub_dist.engine.sources import parquet_dataset
@@ -586,6 +593,11 @@ class _Attempt:
             if reservation.kind == "new":
                 self.book.return_reservation(self.dataset, self.run_id, self.lease)
             raise
+        except DpsubError:  # the others say what to do, as before
+            raise
+        except Exception as err:  # unexpected: the data may have been read
+            self.book.fail(self.dataset, self.run_id, self.lease, OUTCOME_FAILED)
+            raise RunFailed(traceback.format_exc()) from err
 
 
 def _manifest_entry(job: Job, record: RunRecord) -> dict[str, Any]:
@@ -623,6 +635,8 @@ def _finished(book, job: Job, dataset: str, run_id: str, options: Mapping[str, A
             f"run id {run_id} was used for a different job on {record.dataset}: "
             "pass a run id that names this job, e.g. --run-id <job>-<date>"
         )
+    if record.state == "failed" and record.outcome == OUTCOME_FAILED:
+        raise RunFailed(f"run {run_id} already failed (an error after its data was read)")
     if record.state == "failed":
         raise DataError(
             f"run {run_id} already failed: its data did not pass validation (the detail was "

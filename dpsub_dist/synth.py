@@ -380,7 +380,8 @@ def generate(
 
     Builds everything in a sibling ``OUT.tmp-*`` folder and renames it into place at the end,
     so ``OUT`` is either absent/untouched or complete. ``progress(done, total)`` is called
-    after each partition file. ``vector_column=True`` writes the features as one
+    with 0 before the first partition file (the clock of its rate starts there) and after
+    each. ``vector_column=True`` writes the features as one
     ``fixed_size_list`` column ``x`` instead of ``dim`` scalar columns. Raises ``ValueError``
     (``SynthParameterError``) for a bad parameter and ``FileExistsError``
     (``SynthExistsError``) if ``OUT`` is not empty and ``overwrite`` is false.
@@ -520,6 +521,8 @@ def generate(
             schema = pa.schema([pa.field(f"x{j}", value_type) for j in range(dim)])
         names: list[str] = []
         start = 0
+        if progress is not None:
+            progress(0, partitions)
         for i, n in enumerate(part_rows):
             name = f"part-{i:05d}.parquet"
             ss = np.random.SeedSequence(seed, spawn_key=(2, i))

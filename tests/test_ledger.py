@@ -448,6 +448,44 @@ def test_data_failure_charges_and_publishes_only_that_it_failed(
     assert b"NaN" not in stored and b"x3" not in stored and b"has 2" not in stored
 
 
+def test_crash_after_reservation_charges_and_publishes_only_failed(
+    ledger, tmp_path, small_dataset, scheduler_address, monkeypatch, capsys
+):
+    """Issue 26: an unexpected error while the run computed (there: rich missing on a
+    terminal) left the run 'reserved'. The data may have been read, so it is 'failed',
+    charged, and what is published says only that; the traceback is the operator's."""
+    monkeypatch.setenv("DPSUB_DIAGNOSTICS_DIR", str(tmp_path / "diag"))
+    grant(ledger, small_dataset.path, 2.0)
+    job = str(write_job(tmp_path, small_dataset.path, ledger))
+
+    def crash(config, open_dataset, client, *rest):
+        open_dataset(client)  # the data was opened: the failure may depend on it
+        raise RuntimeError("private value 0.123456789 (injected)")
+
+    monkeypatch.setattr(jobfile, "run_estimate", crash)
+    run = ["run", job, "--run-id", "day-1", "--quiet", "--scheduler", scheduler_address]
+    capsys.readouterr()
+    assert main(run) == 6
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dpsub run: error: the run failed; details for the operator in ")
+    assert "0.123456789" in Path(err.rsplit(" ", 1)[1]).read_text()  # the traceback
+    assert "0.123456789" not in err and "RuntimeError" not in err
+    assert not (tmp_path / "out" / "day-1").exists()
+    assert spent(ledger, str(small_dataset.path)) == pytest.approx((1.0, 1.0))
+    with open_ledger(ledger) as book:
+        record = book.lookup(str(small_dataset.path), "day-1")
+    assert (record.state, record.outcome) == ("failed", "failed")
+    monkeypatch.undo()  # fixed: the same id still reports the failure and charges nothing
+    monkeypatch.setenv("DPSUB_DIAGNOSTICS_DIR", str(tmp_path / "diag"))
+    assert main(run) == 6
+    assert "dpsub run: error: the run failed;" in capsys.readouterr().err
+    assert spent(ledger, str(small_dataset.path)) == pytest.approx((1.0, 1.0))
+    assert main(["budget", "history", "--ledger", ledger]) == 0
+    shown = capsys.readouterr().out
+    assert "failed" in shown and "0.123456789" not in shown
+    assert b"0.123456789" not in ledger_text(ledger)
+
+
 def test_history_never_shows_error_text_of_older_ledgers(ledger):
     """Finding 11: a refund recorded with error text (as older versions did) prints a category."""
     with open_ledger(ledger, create=True) as book:

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from dpsub_dist.engine.progress import closing_line
 from dpsub_dist.synth import generate
 
 FILES = 48
@@ -24,7 +25,10 @@ def many_files(tmp_path_factory):
     return generate(out, rows=9_600, dim=6, rank=2, partitions=FILES, seed=3).path
 
 
-def test_progress_in_a_log_is_plain_periodic_lines(many_files, tmp_path, scheduler_address):
+@pytest.fixture(scope="module")
+def estimate_log(many_files, tmp_path_factory, scheduler_address) -> str:
+    """stderr of one ``dpsub estimate`` written to a file, as under a scheduler."""
+    tmp_path = tmp_path_factory.mktemp("estimate-log")
     log = tmp_path / "stderr.log"
     argv = ["estimate", str(many_files), "--rank", "2", "--epsilon", "4", "--delta", "1e-6"]
     argv += ["--subsets", "120", "--seed", "1", "--out", str(tmp_path / "out")]
@@ -35,7 +39,11 @@ def test_progress_in_a_log_is_plain_periodic_lines(many_files, tmp_path, schedul
         proc = subprocess.run([sys.executable, "-c", code, *argv], stderr=stderr, timeout=300)
     text = log.read_text()
     assert proc.returncode in (0, 3), text  # released a basis, or ⊥: both are runs that finished
-    text = log.read_text()
+    return text
+
+
+def test_progress_in_a_log_is_plain_periodic_lines(estimate_log):
+    text = estimate_log
     assert "\r" not in text
     lines = [m for line in text.splitlines() if (m := LINE.match(line))]
     assert lines, text
@@ -56,3 +64,42 @@ def test_progress_in_a_log_is_plain_periodic_lines(many_files, tmp_path, schedul
         assert len(ms) <= 12, text  # start, at most one per 10 % (or 10 s), end
         assert int(ms[0]["done"]) == 0 and int(ms[-1]["done"]) == total, label
         assert all(int(m["done"]) < int(n["done"]) for m, n in zip(ms, ms[1:], strict=False))
+
+
+def test_each_pass_is_numbered_with_its_rows_per_second_and_the_run_closes(estimate_log):
+    """Issue 26: ``pass i`` on every pass, rows/s at the end of each, and a closing line
+    with the public n, the time and the budget spent."""
+    lines = [m for line in estimate_log.splitlines() if (m := LINE.match(line))]
+    numbers = [int(re.match(r"pass (\d+): ", m["label"])[1]) for m in lines]
+    assert numbers[0] == 1 and all(
+        b - a in (0, 1) for a, b in zip(numbers, numbers[1:], strict=False)
+    )
+    for number in set(numbers):
+        last = [m for m, i in zip(lines, numbers, strict=True) if i == number][-1]
+        assert int(last["done"]) == int(last["total"]) and "rows/s" in last[0], last[0]
+    (closing,) = [line for line in estimate_log.splitlines() if line.startswith("done")]
+    spent = r"spent epsilon=[\d.]+, delta=[\d.e-]+"  # all of ε = 4, or less on ⊥
+    assert re.fullmatch(rf"done: 9,600 rows in \d+:\d\d:\d\d, {spent}", closing), closing
+
+
+def test_closing_line_at_user_level_holds_no_row_count():
+    manifest = {
+        "n_rows": 7919,
+        "privacy": {"unit": "user", "budget": {"spent": {"rho": 0.5, "delta": 1e-6}}},
+    }
+    assert closing_line(manifest, None) == "done, spent rho=0.5, delta=1e-06"
+
+
+def test_first_rate_line_of_synth_counts_from_the_start(tmp_path):
+    """The first line's rows/s once divided the first file's rows by the microseconds
+    between two calls (≈705,626,667 rows/s): now every rate counts from the start."""
+    code = "import sys; from dpsub_dist.cli import main; sys.exit(main(sys.argv[1:]))"
+    argv = ["synth", str(tmp_path / "d"), "--rows", "200000", "--dim", "50", "--rank", "4"]
+    argv += ["--partitions", "4"]
+    with (tmp_path / "log").open("w") as stderr:
+        done = subprocess.run([sys.executable, "-c", code, *argv], stderr=stderr, timeout=300)
+    text = (tmp_path / "log").read_text()
+    assert done.returncode == 0, text
+    rates = [int(r.replace(",", "")) for r in re.findall(r"≈([\d,]+) rows/s", text)]
+    assert len(rates) == 4, text
+    assert rates[0] <= 5 * rates[-1], text  # the last one is rows / the whole time

@@ -46,7 +46,7 @@ def test_layout_and_truth(tmp_path):
         seed=5,
         progress=lambda done, total: calls.append((done, total)),
     )
-    assert calls == [(1, 3), (2, 3), (3, 3)]
+    assert calls == [(0, 3), (1, 3), (2, 3), (3, 3)]  # 0 first: the clock starts there
     assert res.path == out and (res.rows, res.dim, res.rank) == (1000, 7, 2)
     assert [f.name for f in res.files] == [f"part-0000{i}.parquet" for i in range(3)]
     assert sorted(p.name for p in out.glob("*.parquet")) == [f.name for f in res.files]

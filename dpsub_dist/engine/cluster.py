@@ -102,6 +102,20 @@ def check_versions(client: Client, scheduler: str) -> None:
         )
 
 
+DASHBOARD_HINT = "no dashboard (pip install 'dpsub_dist[dashboard]' for one)"
+"""What the banner says where Dask serves no dashboard: its page would only ask for bokeh."""
+
+
+def _dashboard(client) -> str:
+    """``dashboard <link>`` where Dask serves one, else :data:`DASHBOARD_HINT`. The test is
+    Dask's own (its scheduler falls back to a "needs bokeh" page when this import fails)."""
+    try:
+        import distributed.dashboard.scheduler  # noqa: F401  (needs bokeh>=3.1)
+    except ImportError:
+        return DASHBOARD_HINT
+    return f"dashboard {client.dashboard_link}"
+
+
 @contextlib.contextmanager
 def dask_client(
     scheduler: str | None = None,
@@ -163,7 +177,7 @@ def dask_client(
         with Client(cluster) as client:
             if not quiet:
                 print(
-                    f"local Dask cluster: {n_workers} workers, dashboard {client.dashboard_link}",
+                    f"local Dask cluster: {n_workers} workers, {_dashboard(client)}",
                     file=sys.stderr,
                 )
             with _workers_lost():

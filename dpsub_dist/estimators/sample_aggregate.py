@@ -213,15 +213,22 @@ def aggregate(
     return _aggregate_histogram(summaries, accountant, grants, rng, reference, seed, scale)
 
 
+def reference_norm(reference: np.ndarray) -> float:
+    """‖R‖_F, the same bits on every CPU: it sets the public radius grid. (``np.linalg.norm``
+    takes a BLAS dot product, whose last bit depends on the CPU's kernel: on SkylakeX the
+    chosen friend radius, and so the noise scale, moved by one ulp from Haswell's.)"""
+    return math.sqrt(math.fsum(np.square(reference).ravel().tolist()))
+
+
 def _search_grid(reference: np.ndarray, floor: float = 0.0) -> np.ndarray:
     # Every y_j = vec(Π_j R) has norm ≤ ‖R‖_F, so pairwise distances are ≤ 2‖R‖_F.
-    top = 2 * float(np.linalg.norm(reference))
+    top = 2 * reference_norm(reference)
     return geometric_grid(max(top / GRID_SPAN, floor), top)
 
 
 def friend_radius_floor(reference: np.ndarray) -> float:
     """Smallest friend radius resolved for the points y_j (norm ≤ ‖R‖_F; public, from R)."""
-    return radius_floor(reference.size, float(np.linalg.norm(reference)) * (1 + 2.0**-20))
+    return radius_floor(reference.size, reference_norm(reference) * (1 + 2.0**-20))
 
 
 def check_scale(method: Aggregator, scale: float | None, reference: np.ndarray) -> None:

@@ -30,9 +30,10 @@ the attempt that currently holds the run. A run moves through these states::
   still ``reserved``: nothing was written and the failure does not depend on private
   values. A resumed run is never refunded; neither is a storage or network failure
   (the run stays ``reserved``; resume it).
-- **fail** records a failure caused by private data after it was read (``failed``):
-  the charge stays, and the record says only ``failed: the data did not pass
-  validation``. Running the id again reports the same and charges nothing.
+- **fail** records a failure after the data was read (``failed``): the charge stays, and
+  the record says only ``failed: the data did not pass validation`` (private data) or
+  ``failed`` (an unexpected error while the run computed: a bug, a missing module).
+  Running the id again reports the same and charges nothing.
 
 Outcomes stored and printed are categories (:data:`OUTCOME_CATEGORIES`), never error
 text that could depend on the data. The private noise seed lives only in the run's
@@ -74,12 +75,14 @@ RESUMABLE_STATES = ("reserved", "publishing")
 
 OUTCOME_BAD_INPUT = "bad input: public"
 OUTCOME_DATA_FAILED = f"failed: {DataError.public_message}"
+OUTCOME_FAILED = "failed"
 OUTCOME_ABORTED = "aborted: resumable"
 OUTCOME_CATEGORIES = (
     "ok",
     "no_stable_subspace",
     OUTCOME_BAD_INPUT,
     OUTCOME_DATA_FAILED,
+    OUTCOME_FAILED,
     OUTCOME_ABORTED,
 )
 """Every outcome the ledger stores or prints: categories, never data-dependent text."""
@@ -718,10 +721,14 @@ class Ledger(ABC):
         if found is not None:
             raise LeaseLost(_lost(run_id, found))
 
-    def fail(self, dataset: str, run_id: str, lease: str) -> bool:
-        """Record that the data failed validation after it was read: 'failed', still charged.
+    def fail(
+        self, dataset: str, run_id: str, lease: str, outcome: str = OUTCOME_DATA_FAILED
+    ) -> bool:
+        """Record that the run failed after its data was read: 'failed', still charged.
 
-        The record says only :data:`OUTCOME_DATA_FAILED`. False if the lease was lost.
+        The record says only ``outcome``: :data:`OUTCOME_DATA_FAILED` (the data failed
+        validation) or :data:`OUTCOME_FAILED` (an unexpected error). False if the lease was
+        lost.
         """
         found = self._transition(
             dataset,
@@ -729,7 +736,7 @@ class Ledger(ABC):
             lease,
             RESUMABLE_STATES,
             "state = 'failed', outcome = ?",
-            (OUTCOME_DATA_FAILED,),
+            (outcome,),
         )
         return found is None
 

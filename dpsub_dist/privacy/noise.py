@@ -32,7 +32,7 @@ import math
 import secrets
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
@@ -78,13 +78,19 @@ class Draw:
     """One recorded noise draw (test seam: see :func:`draw_log`).
 
     ``scale`` is the scale/σ the caller asked for, before any internal widening;
-    ``size`` the number of independent noise values drawn.
+    ``size`` the number of independent noise values drawn. Not compared (``==``): ``grid``
+    ``g``, ``units`` (the integer DLap ``t`` or discrete-Gaussian ``σ_g``) and ``integers``,
+    the draws ``K`` themselves: with a fixed private seed they are the same on every
+    machine (integer arithmetic only), which tests/test_release_checksums.py pins.
     """
 
     kind: str
     scale: float
     sensitivity: float
     size: int
+    grid: float = field(default=0.0, compare=False)
+    units: int = field(default=0, compare=False)
+    integers: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 _LOGS: list[list[Draw]] = []
@@ -104,10 +110,16 @@ def draw_log() -> Iterator[list[Draw]]:
             _LOGS.remove(log)
 
 
-def _record(kind: str, scale: float, sensitivity: float, size: int) -> None:
+def _record(
+    kind: str, scale: float, sensitivity: float, grid: float, units: int, integers: np.ndarray
+) -> np.ndarray:
+    """Log the draw ``integers`` (K) in every open :func:`draw_log`; returns them."""
     with _LOGS_LOCK:
         for log in _LOGS:
-            log.append(Draw(kind, float(scale), float(sensitivity), int(size)))
+            size = int(integers.size)
+            draw = Draw(kind, float(scale), float(sensitivity), size, grid, units, integers)
+            log.append(draw)
+    return integers
 
 
 # --------------------------------------------------------------------------- the grid
@@ -311,8 +323,8 @@ def add_laplace(
     arr = np.asarray(value, dtype=np.float64)
     changed = arr.size if coordinates_changed is None else coordinates_changed
     g, t = _laplace_units(scale, l1_sensitivity, max(changed, 1))
-    _record("laplace", scale, l1_sensitivity, arr.size)
-    return _on_grid(arr, g, _chunked(_discrete_laplace, rng, t, arr.size))
+    noise = _chunked(_discrete_laplace, rng, t, arr.size)
+    return _on_grid(arr, g, _record("laplace", scale, l1_sensitivity, g, t, noise))
 
 
 def laplace_noise(
@@ -329,9 +341,8 @@ def laplace_noise(
     recorded in the draw log only.
     """
     g, t = _laplace_units(scale, 1.0, 0)
-    n = _size(size)
-    _record("laplace", scale, sensitivity, n)
-    noise = _chunked(_discrete_laplace, rng, t, n).astype(np.float64) * g
+    integers = _chunked(_discrete_laplace, rng, t, _size(size))
+    noise = _record("laplace", scale, sensitivity, g, t, integers).astype(np.float64) * g
     return float(noise[0]) if size is None else noise.reshape(size)
 
 
@@ -376,8 +387,8 @@ def add_gaussian(
     arr = np.asarray(value, dtype=np.float64)
     changed = arr.size if coordinates_changed is None else coordinates_changed
     g, sigma_g = _gaussian_units(sigma, l2_sensitivity, max(changed, 1), arr.size)
-    _record("gaussian", sigma, l2_sensitivity, arr.size)
-    return _on_grid(arr, g, _chunked(_discrete_gaussian, rng, sigma_g, arr.size))
+    noise = _chunked(_discrete_gaussian, rng, sigma_g, arr.size)
+    return _on_grid(arr, g, _record("gaussian", sigma, l2_sensitivity, g, sigma_g, noise))
 
 
 def gaussian_tail(sigma: float, l2_sensitivity: float, beta: float, size: int = 1) -> float:
@@ -409,9 +420,10 @@ def add_symmetric_gaussian(
         raise ValueError(f"expected square matrices, got shape {matrix.shape}")
     rows, cols = np.triu_indices(dim)
     upper = matrix[..., rows, cols]
-    _record("symmetric_gaussian", sigma, l2_sensitivity, upper.size)
     g, sigma_g = _gaussian_units(sigma, l2_sensitivity, upper.size, upper.size)
-    noisy_upper = _on_grid(upper, g, _chunked(_discrete_gaussian, rng, sigma_g, upper.size))
+    noise = _chunked(_discrete_gaussian, rng, sigma_g, upper.size)
+    kind = "symmetric_gaussian"
+    noisy_upper = _on_grid(upper, g, _record(kind, sigma, l2_sensitivity, g, sigma_g, noise))
     out = np.empty_like(matrix)
     out[..., rows, cols] = noisy_upper
     out[..., cols, rows] = noisy_upper
@@ -433,8 +445,8 @@ def add_truncated_laplace(
     g, t = _laplace_units(scale, sensitivity, 1)
     _check_scale("truncation bound", bound)
     limit = math.floor(Fraction(bound) / Fraction(g))
-    _record("truncated_laplace", scale, sensitivity, 1)
-    return _on_grid(value, g, _truncated_discrete_laplace(rng, t, limit, 1))
+    noise = _truncated_discrete_laplace(rng, t, limit, 1)
+    return _on_grid(value, g, _record("truncated_laplace", scale, sensitivity, g, t, noise))
 
 
 def _truncated_discrete_laplace(rng: np.random.Generator, t: int, limit: int, n: int):
