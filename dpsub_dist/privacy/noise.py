@@ -32,7 +32,7 @@ import math
 import secrets
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
@@ -78,13 +78,26 @@ class Draw:
     """One recorded noise draw (test seam: see :func:`draw_log`).
 
     ``scale`` is the scale/σ the caller asked for, before any internal widening;
-    ``size`` the number of independent noise values drawn.
+    ``size`` the number of independent noise values drawn and ``shape`` their shape. What
+    the innermost sampler ran with: ``grid`` (g), ``param`` (the integer DLap ``t`` or
+    discrete-Gaussian ``σ_g``, in grid units), ``changed`` (the coordinates the caller
+    said a neighbour moves), ``bound`` (truncated Laplace: the integer bound, else None);
+    ``square_sum`` is Σ K² of the integer noise actually drawn and ``value`` the rounded
+    value it was added to (``round(value/g)·g``), so a test can check the sampler's output
+    and the data side of what was noised. Equality compares the first four fields only.
     """
 
     kind: str
     scale: float
     sensitivity: float
     size: int
+    shape: tuple[int, ...] = field(default=(), compare=False)
+    grid: float = field(default=math.nan, compare=False)
+    param: int = field(default=0, compare=False)
+    changed: int = field(default=0, compare=False)
+    bound: int | None = field(default=None, compare=False)
+    square_sum: float = field(default=math.nan, compare=False)
+    value: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 _LOGS: list[list[Draw]] = []
@@ -104,10 +117,39 @@ def draw_log() -> Iterator[list[Draw]]:
             _LOGS.remove(log)
 
 
-def _record(kind: str, scale: float, sensitivity: float, size: int) -> None:
+def _record(
+    kind: str,
+    scale: float,
+    sensitivity: float,
+    shape: tuple[int, ...],
+    units: tuple[float, int, int, int | None],
+    integers: np.ndarray,
+    value=None,
+) -> None:
+    """Log one draw where a test listens: a no-op (one list check) otherwise.
+
+    ``units`` is (g, integer parameter, coordinates changed, integer bound or None).
+    """
+    if not _LOGS:
+        return
+    grid, param, changed, bound = units
+    rounded = None if value is None else np.rint(np.asarray(value, dtype=np.float64) / grid) * grid
+    draw = Draw(
+        kind,
+        float(scale),
+        float(sensitivity),
+        int(integers.size),
+        tuple(int(x) for x in shape),
+        float(grid),
+        int(param),
+        int(changed),
+        bound,
+        float(np.sum(np.square(integers, dtype=np.float64))),
+        rounded,
+    )
     with _LOGS_LOCK:
         for log in _LOGS:
-            log.append(Draw(kind, float(scale), float(sensitivity), int(size)))
+            log.append(draw)
 
 
 # --------------------------------------------------------------------------- the grid
@@ -311,8 +353,9 @@ def add_laplace(
     arr = np.asarray(value, dtype=np.float64)
     changed = arr.size if coordinates_changed is None else coordinates_changed
     g, t = _laplace_units(scale, l1_sensitivity, max(changed, 1))
-    _record("laplace", scale, l1_sensitivity, arr.size)
-    return _on_grid(arr, g, _chunked(_discrete_laplace, rng, t, arr.size))
+    draws = _chunked(_discrete_laplace, rng, t, arr.size)
+    _record("laplace", scale, l1_sensitivity, arr.shape, (g, t, changed, None), draws, arr)
+    return _on_grid(arr, g, draws)
 
 
 def laplace_noise(
@@ -330,8 +373,10 @@ def laplace_noise(
     """
     g, t = _laplace_units(scale, 1.0, 0)
     n = _size(size)
-    _record("laplace", scale, sensitivity, n)
-    noise = _chunked(_discrete_laplace, rng, t, n).astype(np.float64) * g
+    draws = _chunked(_discrete_laplace, rng, t, n)
+    shape = () if size is None else (size,) if isinstance(size, int) else tuple(size)
+    _record("laplace", scale, sensitivity, shape, (g, t, 0, None), draws)
+    noise = draws.astype(np.float64) * g
     return float(noise[0]) if size is None else noise.reshape(size)
 
 
@@ -376,8 +421,9 @@ def add_gaussian(
     arr = np.asarray(value, dtype=np.float64)
     changed = arr.size if coordinates_changed is None else coordinates_changed
     g, sigma_g = _gaussian_units(sigma, l2_sensitivity, max(changed, 1), arr.size)
-    _record("gaussian", sigma, l2_sensitivity, arr.size)
-    return _on_grid(arr, g, _chunked(_discrete_gaussian, rng, sigma_g, arr.size))
+    draws = _chunked(_discrete_gaussian, rng, sigma_g, arr.size)
+    _record("gaussian", sigma, l2_sensitivity, arr.shape, (g, sigma_g, changed, None), draws, arr)
+    return _on_grid(arr, g, draws)
 
 
 def gaussian_tail(sigma: float, l2_sensitivity: float, beta: float, size: int = 1) -> float:
@@ -409,9 +455,11 @@ def add_symmetric_gaussian(
         raise ValueError(f"expected square matrices, got shape {matrix.shape}")
     rows, cols = np.triu_indices(dim)
     upper = matrix[..., rows, cols]
-    _record("symmetric_gaussian", sigma, l2_sensitivity, upper.size)
     g, sigma_g = _gaussian_units(sigma, l2_sensitivity, upper.size, upper.size)
-    noisy_upper = _on_grid(upper, g, _chunked(_discrete_gaussian, rng, sigma_g, upper.size))
+    draws = _chunked(_discrete_gaussian, rng, sigma_g, upper.size)
+    units = (g, sigma_g, upper.size, None)
+    _record("symmetric_gaussian", sigma, l2_sensitivity, upper.shape, units, draws, upper)
+    noisy_upper = _on_grid(upper, g, draws)
     out = np.empty_like(matrix)
     out[..., rows, cols] = noisy_upper
     out[..., cols, rows] = noisy_upper
@@ -433,8 +481,9 @@ def add_truncated_laplace(
     g, t = _laplace_units(scale, sensitivity, 1)
     _check_scale("truncation bound", bound)
     limit = math.floor(Fraction(bound) / Fraction(g))
-    _record("truncated_laplace", scale, sensitivity, 1)
-    return _on_grid(value, g, _truncated_discrete_laplace(rng, t, limit, 1))
+    draws = _truncated_discrete_laplace(rng, t, limit, 1)
+    _record("truncated_laplace", scale, sensitivity, (), (g, t, 1, limit), draws, value)
+    return _on_grid(value, g, draws)
 
 
 def _truncated_discrete_laplace(rng: np.random.Generator, t: int, limit: int, n: int):
