@@ -118,9 +118,22 @@ def _gap_test(run: Run, step: dict[str, Any]) -> list[float]:
 
 
 def _projector_noise(run: Run, step: dict[str, Any]) -> list[float]:
-    release = run.manifest["release"]
-    scale, shift = PROJECTOR[release["neighbours"]]
-    return [gaussian_sigma(_grant(step), scale / (release["gap_lower_bound"] - shift))]
+    """One per release (each boosting group's), with its own released gap bound."""
+    return [
+        gaussian_sigma(_grant(step), scale / (release["gap_lower_bound"] - shift))
+        for release in run.releases
+        if "gap_lower_bound" in release
+        for scale, shift in [PROJECTOR[release["neighbours"]]]
+    ]
+
+
+def _gram_noise(run: Run, step: dict[str, Any]) -> list[float]:
+    """One per release (each boosting group's): σ for the Gram's sensitivity."""
+    return [
+        gaussian_sigma(_grant(step), GRAM[release["neighbours"]])
+        for release in run.releases
+        if "neighbours" in release
+    ]
 
 
 def _mean(run: Run, step: dict[str, Any]) -> list[float]:
@@ -181,9 +194,7 @@ STEP_SCALES: dict[str, Formula] = {
     "core_test": lambda run, step: [FRIEND_WEIGHT / laplace_epsilon(_grant(step))],
     "core_noise": _core_noise,
     "histogram": lambda run, step: [COUNT_VECTOR / laplace_epsilon(_grant(step))],
-    "gram_noise": lambda run, step: [
-        gaussian_sigma(_grant(step), GRAM[run.manifest["release"]["neighbours"]])
-    ],
+    "gram_noise": _gram_noise,
     "mean": _mean,
     "centred_sum": lambda run, step: [  # §7: the clipped centred rows' sum, drawn on /n
         gaussian_sigma(_grant(step), ROW_SUM) / run.manifest["n_rows"]
@@ -301,7 +312,7 @@ def _size_rule(step: str) -> Size:
     return matches[0]
 
 
-PER_GROUP = {"mean", "explained_variance", "core_noise"}
+PER_GROUP = {"mean", "explained_variance", "core_noise", "gram_noise", "projector_noise"}
 """Formulas that already list one scale per boosting group (each group's own n or bound)."""
 
 
