@@ -148,7 +148,7 @@ def run_plant(plant: Plant, scratch: Path) -> list[str]:
         capture_output=True,
         text=True,
     )
-    return re.findall(r"^FAILED (\S+)", result.stdout, flags=re.MULTILINE)
+    return re.findall(r"^FAILED (\S+?::\w+(?:\[[^\]]*\])?)", result.stdout, flags=re.MULTILINE)
 
 
 def main(names: list[str]) -> int:

@@ -403,19 +403,31 @@ def check_samplers(draws: list[noise.Draw]) -> None:
             assert abs(z) < 5, f"{family} noise spread off by {z:.1f} standard errors"
 
 
-def check_truncation_delta(run: Run, owners: list[str]) -> None:
-    """δ from what was drawn: a truncated Laplace's mass outside the overlap of two supports
-    shifted by ⌈(Δ + g)/g⌉ (its integer bound B, its t) is within its step's charged δ."""
+def _laplace_tail(t: int, m: int) -> float:
+    """P(K ≥ m) for m ≥ 1 under P(K = k) ∝ e^{−|k|/t}: e^{−m/t}/(1 + e^{−1/t})."""
+    return math.exp(-m / t) / (1 + math.exp(-1 / t))
+
+
+def check_delta(run: Run, owners: list[str]) -> None:
+    """δ from what was drawn, within its step's charged δ: a truncated Laplace's mass
+    outside the overlap of two supports shifted by ⌈(Δ + g)/g⌉ (its drawn integer bound B and
+    t); the stability histogram's chance that a new cell's noise (its drawn t) clears the
+    published count threshold, twice (two cells move)."""
+    thresholds = iter(r["count_threshold"] for r in run.releases if "count_threshold" in r)
     for draw, name in zip(run.draws, owners, strict=True):
-        if draw.bound is None:
-            continue
         step = run.steps[name]
         charged = step.get("delta", step.get("delta0"))
-        shift = math.ceil((GAP_MAX_SCORE_GAP + draw.grid) / draw.grid)
-        t, bound = draw.param, draw.bound
-        q = math.exp(-1 / t)
-        spent = math.exp(-(bound - shift + 1) / t) * -math.expm1(-shift / t)
-        spent /= 1 + q - 2 * math.exp(-(bound + 1) / t)
+        t = draw.param
+        if draw.bound is not None:
+            shift = math.ceil((GAP_MAX_SCORE_GAP + draw.grid) / draw.grid)
+            q = math.exp(-1 / t)
+            spent = math.exp(-(draw.bound - shift + 1) / t) * -math.expm1(-shift / t)
+            spent /= 1 + q - 2 * math.exp(-(draw.bound + 1) / t)
+        elif name == "histogram":
+            above = math.floor((next(thresholds) - 1) / draw.grid)  # noise ≥ this clears it
+            spent = 2 * _laplace_tail(t, above)
+        else:
+            continue
         assert spent <= charged * (1 + 1e-6), f"{name}: δ {spent:.3g} drawn, {charged:.3g} charged"
 
 
@@ -463,7 +475,7 @@ def check_run(run: Run, units: int) -> None:
     check_noise_ledger(run)
     owners = check_draw_counts(run)
     check_samplers(run.draws)
-    check_truncation_delta(run, owners)
+    check_delta(run, owners)
     check_clipped(run, owners, units)
 
 
