@@ -6,7 +6,10 @@ scratch folder, applies the edit, runs the net (tests/test_noise_ledger.py and
 tests/test_privacy_net.py, never the module unit tests) and prints the tests that failed.
 A plant that no net test catches is reported as SURVIVED and the exit status is 1.
 
-Usage: .venv/bin/python tests/plants.py [plant name ...]   (default: every plant)
+``MUTATIONS`` are hand mutations of modules mutmut has not covered (each changes a scale, a
+sensitivity, δ, a charge or clipping), run against the net cases that reach them.
+
+Usage: .venv/bin/python tests/plants.py [--mutations] [name ...]   (default: every plant)
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ NET = ["tests/test_noise_ledger.py", "tests/test_privacy_net.py"]
 @dataclass(frozen=True)
 class Plant:
     name: str
-    kind: str  # the class of bug (issue 27, "What the suite cannot see")
+    kind: str  # the class of bug (issue 27, "What the suite cannot see"), or "mutation"
     path: str
     old: str
     new: str
+    select: str = ""  # a pytest -k expression: the net cases that run the mutated code
 
 
 PLANTS = [
@@ -117,6 +121,100 @@ PLANTS = [
 ]
 
 
+MUTATIONS = [
+    Plant(
+        "noise: Gaussian grid widening dropped",
+        "mutation",
+        "dpsub_dist/privacy/noise.py",
+        "    widened = Fraction(sigma) * (delta + step * _ceil_sqrt(changed)) / delta",
+        "    widened = Fraction(sigma)",
+        "gauss or sulq",
+    ),
+    Plant(
+        "noise: Laplace parameter rounded down",
+        "mutation",
+        "dpsub_dist/privacy/noise.py",
+        "    return g, math.ceil(Fraction(scale) * (delta + step * changed) / (delta * step))",
+        "    return g, math.floor(Fraction(scale) * (delta + step * changed) / (delta * step))",
+        "histogram",
+    ),
+    Plant(
+        "noise: grid twice as coarse",
+        "mutation",
+        "dpsub_dist/privacy/noise.py",
+        "    return math.ldexp(1.0, exponent - 1 - GRID_BITS)",
+        "    return math.ldexp(1.0, exponent - GRID_BITS)",
+        "gauss",
+    ),
+    Plant(
+        "covariance: the mean scaled by unit/n for its value, unit²/n for its σ",
+        "mutation",
+        "dpsub_dist/privacy/covariance.py",
+        "        release, sensitivity=sensitivity * factor, sigma=release.sigma * factor\n    )\n"
+        "    return MeanRelease(",
+        "        release, sensitivity=sensitivity * factor, sigma=release.sigma * factor / unit\n"
+        "    )\n    return MeanRelease(",
+        "gauss",
+    ),
+    Plant(
+        "variance: sums scaled by C/n instead of C²/n",
+        "mutation",
+        "dpsub_dist/privacy/variance.py",
+        "    factor = bound**2 / n_rows",
+        "    factor = bound / n_rows",
+        "friendly",
+    ),
+    Plant(
+        "norm_bound: user count's share of ε 0.5 → 0.75",
+        "mutation",
+        "dpsub_dist/privacy/norm_bound.py",
+        "USER_COUNT_SHARE = 0.5",
+        "USER_COUNT_SHARE = 0.75",
+        "test_user_level",
+    ),
+    Plant(
+        "clustering: SuLQ Gram sensitivity 2 → 1",
+        "mutation",
+        "dpsub_dist/privacy/clustering.py",
+        "GRAM_SENSITIVITY = 2.0",
+        "GRAM_SENSITIVITY = 1.0",
+        "sulq",
+    ),
+    Plant(
+        "tree: node sensitivity √2 → 1",
+        "mutation",
+        "dpsub_dist/privacy/tree_aggregation.py",
+        "REPLACE_ONE_SENSITIVITY = math.sqrt(2.0)",
+        "REPLACE_ONE_SENSITIVITY = 1.0",
+        "stream",
+    ),
+    Plant(
+        "gap_max: gap sensitivity 2 → 1",
+        "mutation",
+        "dpsub_dist/privacy/gap_max.py",
+        "GAP_SENSITIVITY = 2.0",
+        "GAP_SENSITIVITY = 1.0",
+        "exact",
+    ),
+    Plant(
+        "boost: each step charged at its smallest cost over the groups",
+        "mutation",
+        "dpsub_dist/estimators/boost.py",
+        "                best[key] = max(best[key], value)",
+        "                best[key] = min(best[key], value)",
+        "boost",
+    ),
+    Plant(
+        "gram: rows clipped at the larger of norm and bound swapped for the smaller",
+        "mutation",
+        "dpsub_dist/engine/gram.py",
+        "    scale = (1.0 / np.maximum(row_norms(rows), bound))[:, None]",
+        "    scale = (1.0 / np.minimum(row_norms(rows), bound))[:, None]",
+        "gauss or power",
+    ),
+]
+
+
 def _scratch_copy(target: Path) -> None:
     files = subprocess.run(
         ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
@@ -129,7 +227,7 @@ def _scratch_copy(target: Path) -> None:
 
 
 def run_plant(plant: Plant, scratch: Path) -> list[str]:
-    """Apply ``plant`` in a fresh copy, run the net; the ids of the net tests that failed."""
+    """Apply ``plant`` in a fresh copy, run the net; the net tests that failed, and why."""
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     _scratch_copy(scratch)
@@ -142,17 +240,21 @@ def run_plant(plant: Plant, scratch: Path) -> list[str]:
     check = f"import dpsub_dist; assert dpsub_dist.__file__.startswith({str(scratch)!r})"
     subprocess.run([python, "-c", check], cwd=scratch, env=env, check=True)
     result = subprocess.run(
-        [python, "-m", "pytest", *NET, "-q", "-p", "no:randomly", "-p", "no:cacheprovider"],
+        [python, "-m", "pytest", *NET, "-q", "-p", "no:randomly", "-p", "no:cacheprovider"]
+        + (["-k", plant.select] if plant.select else []),
         cwd=scratch,
         env=env,
         capture_output=True,
         text=True,
     )
-    return re.findall(r"^FAILED (\S+?::\w+(?:\[[^\]]*\])?)", result.stdout, flags=re.MULTILINE)
+    failed = r"^FAILED (\S+?::\w+(?:\[[^\]]*\])?)(?: - (.{0,120}))?"
+    return [f"{test}: {why}" for test, why in re.findall(failed, result.stdout, flags=re.M)]
 
 
 def main(names: list[str]) -> int:
-    chosen = [p for p in PLANTS if not names or p.name in names]
+    pool = MUTATIONS if "--mutations" in names else PLANTS
+    names = [n for n in names if n != "--mutations"]
+    chosen = [p for p in pool if not names or p.name in names]
     survived = 0
     with tempfile.TemporaryDirectory() as tmp:
         for plant in chosen:
