@@ -236,7 +236,7 @@ def run_plant(plant: Plant, scratch: Path) -> list[str]:
     assert text.count(plant.old) == 1, f"{plant.name}: the text to replace is not unique"
     path.write_text(text.replace(plant.old, plant.new))
     python = REPO / ".venv" / "bin" / "python"
-    env = {**os.environ, "PYTHONPATH": str(scratch)}  # the Dask workers import it too
+    env = {**os.environ, "PYTHONPATH": str(scratch), "COLUMNS": "400"}  # workers import it too
     check = f"import dpsub_dist; assert dpsub_dist.__file__.startswith({str(scratch)!r})"
     subprocess.run([python, "-c", check], cwd=scratch, env=env, check=True)
     result = subprocess.run(
