@@ -114,7 +114,7 @@ EXPECTED: dict[str, str] = {
     # the second group's mean bound: q = 0.99 capped at 1 − 20/(ε_norm·n) = 0.989973 (the
     # margin now binds for a fixed quantile too); its bound and the basis are unchanged
     "boost friendly": "3c03ab1157adb9bd",
-    "auto": "7f9583bef8ea0397",  # ok (the default: gauss here)
+        "auto": "7f9583bef8ea0397",  # ok (the default: gauss here)
     "boost gauss": "2455523508e7874e",  # ok
     "cluster sample-aggregate": "beab9cbba1f0f47c",  # ok
     "cluster sample-aggregate histogram": "dd30f2466d28e1c0",  # ok
