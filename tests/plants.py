@@ -109,6 +109,13 @@ PLANTS = [
         "    users = None\n    dim",
     ),
     Plant(
+        "OS-entropy noise seed drawn once per process and reused by every generator",
+        "seed",
+        "dpsub_dist/privacy/noise.py",
+        "def new_noise_seed() -> int:",
+        "@functools.cache\ndef new_noise_seed() -> int:",
+    ),
+    Plant(
         "explained variance's norm bound drawn but not charged (a step missing from the plan)",
         "plan ≠ steps drawn",
         "dpsub_dist/estimators/centring.py",

@@ -20,6 +20,7 @@ the ledger check with its name.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -49,6 +50,14 @@ from dpsub_dist.synth import generate
 
 NOISE_SEED = 0xD15EA5E
 """Private noise seed planted for these runs only, so that every run reaches its last step."""
+
+
+def plant_noise_seeds(monkeypatch) -> None:
+    """OS entropy (``secrets.randbits``) yields NOISE_SEED, NOISE_SEED + 1, …: every run is
+    reproducible and each generator a run builds still gets its own seed."""
+    seeds = itertools.count(NOISE_SEED)
+    monkeypatch.setattr(noise.secrets, "randbits", lambda bits: next(seeds))
+
 
 # Sensitivities of the privacy arguments (ALGORITHMS.md), as literals: a changed constant in
 # the package must show up as a mismatch, not be reused by the test.
@@ -470,9 +479,20 @@ def check_clipped(run: Run, owners: list[str], units: int) -> None:
             assert reach <= 1 + 1e-6, f"{name}: summed value at {reach:.3g}× its clipped range"
 
 
+def check_fresh_noise(draws: list[noise.Draw]) -> None:
+    """No two draws reuse one noise stream: their Σ K² (integers of ~2³⁰ grid steps) differ.
+    Boosting's groups, or two steps, drawing from generators with one seed fail here."""
+    seen: dict[tuple[int, float], noise.Draw] = {}
+    for draw in draws:
+        key = (draw.size, draw.square_sum)
+        assert draw.square_sum == 0 or key not in seen, f"{draw} repeats {seen[key]}'s noise"
+        seen[key] = draw
+
+
 def check_run(run: Run, units: int) -> None:
     """All of the net's per-run checks (docs/testing.md, "The end-to-end net")."""
     check_noise_ledger(run)
+    check_fresh_noise(run.draws)
     owners = check_draw_counts(run)
     check_samplers(run.draws)
     check_delta(run, owners)
@@ -652,7 +672,7 @@ def test_every_draw_has_the_scale_its_charged_budget_buys(
     name: str, data: dict[str, Path], tmp_path: Path, scheduler_address: str, monkeypatch
 ) -> None:
     case = CASES[name]
-    monkeypatch.setattr(noise.secrets, "randbits", lambda bits: NOISE_SEED)  # "OS entropy"
+    plant_noise_seeds(monkeypatch)
     accountants: list[Accountant] = []
     report = Accountant.report
     monkeypatch.setattr(Accountant, "report", lambda self: accountants.append(self) or report(self))

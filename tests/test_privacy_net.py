@@ -200,7 +200,7 @@ def test_user_level_run_draws_what_it_charges_and_keeps_each_user_in_one_place(
     name: str, users: dict[str, Path], monkeypatch
 ) -> None:
     case = CASES[name]
-    monkeypatch.setattr(noise.secrets, "randbits", lambda bits: ledger.NOISE_SEED)
+    ledger.plant_noise_seeds(monkeypatch)
     side = record_data_side(monkeypatch)
     manifest, draws, accountants = fit(case, users[case.source])
     assert manifest["outcome"] == "ok", manifest["release"]
@@ -226,7 +226,7 @@ def test_removing_the_heavy_user_moves_the_first_sum_by_its_sensitivity_at_most(
 ) -> None:
     """Per-user scaling end to end: the heavy user (HEAVY_ROWS rows, each FAR_ROW times too
     long) moves the summed value by at most Δ, however many rows and however long."""
-    monkeypatch.setattr(noise.secrets, "randbits", lambda bits: ledger.NOISE_SEED)
+    ledger.plant_noise_seeds(monkeypatch)
     record_data_side(monkeypatch)
     case = CASES[name]
     _, with_heavy, _ = fit(case, users["rows"])
