@@ -20,11 +20,13 @@ the ledger check with its name.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,14 @@ from dpsub_dist.synth import generate
 NOISE_SEED = 0xD15EA5E
 """Private noise seed planted for these runs only, so that every run reaches its last step."""
 
+
+def plant_noise_seeds(monkeypatch) -> None:
+    """OS entropy (``secrets.randbits``) yields NOISE_SEED, NOISE_SEED + 1, …: every run is
+    reproducible and each generator a run builds still gets its own seed."""
+    seeds = itertools.count(NOISE_SEED)
+    monkeypatch.setattr(noise.secrets, "randbits", lambda bits: next(seeds))
+
+
 # Sensitivities of the privacy arguments (ALGORITHMS.md), as literals: a changed constant in
 # the package must show up as a mismatch, not be reused by the test.
 FRIEND_WEIGHT = 4.0  # §3: W moves by ≤ 4 when one of the t points is replaced
@@ -72,11 +82,28 @@ def _grant(step: dict[str, Any]) -> Budget:
     return ZCDP(step["rho"], step["delta0"])
 
 
-def _sparse_vector(sensitivity: float, step: dict[str, Any]) -> list[float]:
+class Repeated(float):
+    """A scale a step may draw one or more times (the sparse vector's queries); any other
+    scale a formula lists is drawn exactly once per time it is listed."""
+
+
+def _sparse_vector(sensitivity: float, step: dict[str, Any], share: float = 1.0) -> list[float]:
     """AboveThreshold (§4): queries Lap(4Δ/ε), threshold Lap(2Δ′/ε), Δ′ = Δ + the query grid."""
-    epsilon = laplace_epsilon(_grant(step))
+    epsilon = share * laplace_epsilon(_grant(step))
     query = 4 * sensitivity / epsilon
-    return [query, 2 * (sensitivity + noise.grid_step(query)) / epsilon]
+    return [Repeated(query), 2 * (sensitivity + noise.grid_step(query)) / epsilon]
+
+
+USER_COUNT_SHARE = 0.5  # norm_bound at user level: ñ = #users + Lap(1/(ε/2)), the rest searches
+
+
+def _norm_bound(run: Run, step: dict[str, Any]) -> list[float]:
+    """Row level: the sparse vector at ε. User level (n private): the noisy user count at
+    half the ε, then the sparse vector at the rest."""
+    if not run.user_level:
+        return _sparse_vector(NORM_COUNT, step)
+    count = NORM_COUNT / (USER_COUNT_SHARE * laplace_epsilon(_grant(step)))
+    return [count, *_sparse_vector(NORM_COUNT, step, 1 - USER_COUNT_SHARE)]
 
 
 def _core_noise(run: Run, step: dict[str, Any]) -> list[float]:
@@ -100,9 +127,22 @@ def _gap_test(run: Run, step: dict[str, Any]) -> list[float]:
 
 
 def _projector_noise(run: Run, step: dict[str, Any]) -> list[float]:
-    release = run.manifest["release"]
-    scale, shift = PROJECTOR[release["neighbours"]]
-    return [gaussian_sigma(_grant(step), scale / (release["gap_lower_bound"] - shift))]
+    """One per release (each boosting group's), with its own released gap bound."""
+    return [
+        gaussian_sigma(_grant(step), scale / (release["gap_lower_bound"] - shift))
+        for release in run.releases
+        if "gap_lower_bound" in release
+        for scale, shift in [PROJECTOR[release["neighbours"]]]
+    ]
+
+
+def _gram_noise(run: Run, step: dict[str, Any]) -> list[float]:
+    """One per release (each boosting group's): σ for the Gram's sensitivity."""
+    return [
+        gaussian_sigma(_grant(step), GRAM[release["neighbours"]])
+        for release in run.releases
+        if "neighbours" in release
+    ]
 
 
 def _mean(run: Run, step: dict[str, Any]) -> list[float]:
@@ -156,16 +196,14 @@ Formula = Callable[["Run", dict[str, Any]], list[float]]
 STEP_SCALES: dict[str, Formula] = {
     "radius_search": lambda run, step: _sparse_vector(FRIEND_WEIGHT, step),
     "cell_search": lambda run, step: _sparse_vector(MAX_CELL_COUNT, step),
-    "norm_bound": lambda run, step: _sparse_vector(NORM_COUNT, step),
+    "norm_bound": _norm_bound,
     "variance_norm_bound": lambda run, step: _sparse_vector(NORM_COUNT, step),
     "centred_norm_bound": lambda run, step: _sparse_vector(NORM_COUNT, step),
     "explained_variance": _explained_variance,
     "core_test": lambda run, step: [FRIEND_WEIGHT / laplace_epsilon(_grant(step))],
     "core_noise": _core_noise,
     "histogram": lambda run, step: [COUNT_VECTOR / laplace_epsilon(_grant(step))],
-    "gram_noise": lambda run, step: [
-        gaussian_sigma(_grant(step), GRAM[run.manifest["release"]["neighbours"]])
-    ],
+    "gram_noise": _gram_noise,
     "mean": _mean,
     "centred_sum": lambda run, step: [  # §7: the clipped centred rows' sum, drawn on /n
         gaussian_sigma(_grant(step), ROW_SUM) / run.manifest["n_rows"]
@@ -186,6 +224,10 @@ class Run:
 
     manifest: dict[str, Any]
     draws: list[noise.Draw]
+
+    @property
+    def user_level(self) -> bool:
+        return self.manifest["parameters"].get("unit_column") is not None
 
     @property
     def steps(self) -> dict[str, dict[str, Any]]:
@@ -227,12 +269,271 @@ def check_noise_ledger(run: Run) -> None:
     assert used == set(allowed), f"charged but never noised: {set(allowed) - used}"
 
 
+# ------------------------------------------------------------- what each step draws, and how
+
+OVERCLUSTER = 4  # §9: SuLQ releases 4K planes' Grams in its first ⌊T/2⌋ iterations, then K
+
+
+def _triangle(run: Run) -> int:
+    return run.manifest["dim"] * (run.manifest["dim"] + 1) // 2
+
+
+def _sulq_planes(run: Run, name: str) -> int:
+    iterations, number = run.manifest["parameters"]["iterations"], int(name.split("_")[1])
+    clusters = run.manifest["parameters"]["clusters"]
+    return (OVERCLUSTER if number <= iterations // 2 else 1) * clusters
+
+
+Size = Callable[["Run", str], "int | range"]
+
+STEP_SIZES: dict[str, Size] = {
+    "radius_search|cell_search|norm_bound|variance_norm_bound|centred_norm_bound": lambda r, n: 1,
+    "core_test|gap_test|gap_max": lambda run, name: 1,
+    "core_noise": lambda run, name: (
+        run.manifest["dim"] ** 2 * run.manifest["parameters"].get("clusters", 1)
+    ),  # the flattened projector(s)
+    "histogram": lambda run, name: range(1, run.manifest["parameters"]["subsets"] + 1),
+    "explained_variance": lambda run, name: (
+        run.manifest["rank"] * (run.manifest["rank"] + 1) // 2 + 1
+    ),
+    "mean|centred_sum": lambda run, name: run.manifest["dim"],
+    "gram_noise|projector_noise": lambda run, name: _triangle(run),
+    r"batch \d+": lambda run, name: _triangle(run),
+    r"iteration_\d+": lambda run, name: _sulq_planes(run, name) * _triangle(run),
+    "power": lambda run, name: run.manifest["dim"] * run.manifest["parameters"]["width"],
+}
+"""Step name (a regular expression) → how many noise values each of its draws holds, from the
+public shape of what the step releases (a range where that count is not public)."""
+
+
+@dataclass
+class Expected:
+    step: str
+    scale: float
+    size: int | range
+    repeated: bool
+    drawn: int = 0
+
+
+def _size_rule(step: str) -> Size:
+    matches = [f for pattern, f in STEP_SIZES.items() if re.fullmatch(pattern, step)]
+    assert len(matches) == 1, f"no draw size for step {step!r}: add one to STEP_SIZES"
+    return matches[0]
+
+
+PER_GROUP = {"mean", "explained_variance", "core_noise", "gram_noise", "projector_noise"}
+"""Formulas that already list one scale per boosting group (each group's own n or bound)."""
+
+
+def expected_draws(run: Run) -> list[Expected]:
+    """Every draw the charged steps buy: scale, size, and whether it may repeat. Boosting
+    charges each step once (parallel composition) and every group draws it."""
+    groups = len(run.manifest["parameters"].get("group_runs", [])) or 1
+    out = []
+    for name, step in run.steps.items():
+        size = _size_rule(name)(run, name)
+        copies = 1 if name in PER_GROUP else groups
+        for scale in _formula(name)(run, step) * copies:
+            out.append(Expected(name, float(scale), size, isinstance(scale, Repeated)))
+    return out
+
+
+def _fits(draw: noise.Draw, slot: Expected) -> bool:
+    size = slot.size if isinstance(slot.size, range) else range(slot.size, slot.size + 1)
+    return math.isclose(draw.scale, slot.scale, rel_tol=1e-12) and draw.size in size
+
+
+def check_draw_counts(run: Run) -> list[str]:
+    """Each draw fills one slot the charged steps buy (scale and number of values), each slot
+    is drawn exactly once (a repeated one at least once): a matrix shared across clusters, a
+    tree node or an iteration left un-noised, one σ reused for all iterations, or a step the
+    plan does not hold fail here. Returns each draw's step."""
+    slots = expected_draws(run)
+    owners = []
+    for draw in run.draws:
+        free = [s for s in slots if _fits(draw, s) and (s.repeated or not s.drawn)]
+        assert free, f"{draw} fills no slot left by the charged steps: {slots}"
+        free[0].drawn += 1
+        owners.append(free[0].step)
+    for slot in slots:  # two steps' identical repeated slots share their draws
+        twins = [s for s in slots if s.repeated and s.scale == slot.scale and s.size == slot.size]
+        if slot.repeated and sum(s.drawn for s in twins) >= len(twins):
+            slot.drawn = max(slot.drawn, 1)
+    missing = [s for s in slots if not s.drawn]
+    assert not missing, f"charged but never drawn: {missing}"
+    return owners
+
+
+# ------------------------------------------------------------- what the sampler really drew
+
+
+def _grid(scale: float) -> float:
+    """The power of two g with scale/g in [2^30, 2^31) (docs/privacy-noise.md), restated."""
+    return 2.0 ** (math.floor(math.log2(scale)) - 30)
+
+
+def _least_parameter(draw: noise.Draw) -> Fraction:
+    """The integer noise parameter (grid units) that keeps ``draw.scale`` valid after the
+    value is rounded to the grid: t ≥ b(Δ + g·c)/(Δg), σ_g ≥ σ(Δ + g⌈√c⌉)/Δ·(1 + size·2⁻⁴⁰)/g."""
+    g, scale = Fraction(draw.grid), Fraction(draw.scale)
+    if draw.changed == 0:  # pure noise for a comparison (sparse vector): no rounded value
+        return scale / g
+    delta = Fraction(draw.sensitivity)
+    if "gaussian" in draw.kind:
+        widen = (delta + g * math.ceil(math.sqrt(draw.changed))) / delta
+        return scale * widen * (1 + Fraction(draw.size, 2**40)) / g
+    return scale * (delta + g * draw.changed) / (delta * g)
+
+
+def _laplace_square(t: int) -> float:
+    """E K² of the discrete Laplace P(K = k) ∝ e^{−|k|/t}: 2q/(1 − q)², q = e^{−1/t}."""
+    q = math.exp(-1 / t)
+    return 2 * q / (1 - q) ** 2
+
+
+def check_samplers(draws: list[noise.Draw]) -> None:
+    """The innermost sampler ran at the grid and integer parameter the asked scale needs, and
+    what it drew has that spread: Σ K²/E K² over all values of a run (Gaussians, Laplaces
+    apart) within 5 standard errors of the number of values (χ²-like; a sampler narrowed
+    inside, reporting the asked σ, fails here)."""
+    spread = {"gaussian": [0.0, 0.0, 2.0], "laplace": [0.0, 0.0, 5.0]}  # Σ ratio, N, Var
+    for draw in draws:
+        assert draw.grid == _grid(draw.scale), f"{draw}: grid {draw.grid}"
+        assert draw.param >= _least_parameter(draw), f"{draw}: sampler parameter below the scale"
+        family = "gaussian" if "gaussian" in draw.kind else "laplace"
+        square = draw.param**2 if family == "gaussian" else _laplace_square(draw.param)
+        if draw.bound is not None:
+            assert draw.bound >= 10 * draw.param, draw  # truncation leaves the spread as is
+        spread[family][0] += draw.square_sum / square
+        spread[family][1] += draw.size
+    for family, (total, count, variance) in spread.items():
+        if count:
+            z = (total - count) / math.sqrt(variance * count)
+            assert abs(z) < 5, f"{family} noise spread off by {z:.1f} standard errors"
+
+
+def _laplace_tail(t: int, m: int) -> float:
+    """P(K ≥ m) for m ≥ 1 under P(K = k) ∝ e^{−|k|/t}: e^{−m/t}/(1 + e^{−1/t})."""
+    return math.exp(-m / t) / (1 + math.exp(-1 / t))
+
+
+def check_delta(run: Run, owners: list[str]) -> None:
+    """δ from what was drawn, within its step's charged δ: a truncated Laplace's mass
+    outside the overlap of two supports shifted by ⌈(Δ + g)/g⌉ (its drawn integer bound B and
+    t); the stability histogram's chance that a new cell's noise (its drawn t) clears the
+    published count threshold, twice (two cells move)."""
+    thresholds = iter(r["count_threshold"] for r in run.releases if "count_threshold" in r)
+    for draw, name in zip(run.draws, owners, strict=True):
+        step = run.steps[name]
+        charged = step.get("delta", step.get("delta0"))
+        t = draw.param
+        if draw.bound is not None:
+            shift = math.ceil((GAP_MAX_SCORE_GAP + draw.grid) / draw.grid)
+            q = math.exp(-1 / t)
+            spent = math.exp(-(draw.bound - shift + 1) / t) * -math.expm1(-shift / t)
+            spent /= 1 + q - 2 * math.exp(-(draw.bound + 1) / t)
+        elif name == "histogram":
+            above = math.floor((next(thresholds) - 1) / draw.grid)  # noise ≥ this clears it
+            spent = 2 * _laplace_tail(t, above)
+        else:
+            continue
+        assert spent <= charged * (1 + 1e-6), f"{name}: δ {spent:.3g} drawn, {charged:.3g} charged"
+
+
+# ------------------------------------------------------------- the data side of each draw
+
+
+def _diagonal(value: np.ndarray, dim: int) -> float:
+    rows, cols = np.triu_indices(dim)
+    return float(value.reshape(-1, rows.size)[:, rows == cols].sum())
+
+
+def _clip_bounds(run: Run, units: int) -> dict[str, Callable[[np.ndarray], float]]:
+    """Each step's pre-noise value as a number that rows clipped (and, at user level, each
+    user's rows scaled) to norm ≤ 1 keep ≤ ``units``: a Gram's trace, a power product's
+    Frobenius norm, a mean's norm over its bound, the variance sums over C²."""
+    dim = run.manifest["dim"]
+    means = [p["mean_row_norm"] for p, _ in run.parameters if p.get("center")]
+    variance = [r["variance_row_norm"] for r in run.releases if r.get("variance_row_norm")]
+    bounds = {
+        "gram_noise": lambda v: _diagonal(v, dim) / units,
+        r"iteration_\d+": lambda v: _diagonal(v, dim) / units,
+        r"batch \d+": lambda v: _diagonal(v, dim) / units,
+        "power": lambda v: float(np.linalg.norm(v)) / units,
+    }
+    if means:
+        bounds["mean"] = lambda v: float(np.linalg.norm(v)) / max(means)
+    if variance:
+        bounds["explained_variance"] = lambda v: float(np.max(v)) / max(variance) ** 2
+    return bounds
+
+
+def check_clipped(run: Run, owners: list[str], units: int) -> None:
+    """Every row (every user) was clipped before it was summed: with a row far above every
+    bound in the data, each summed value stays within what clipped rows can reach."""
+    bounds = _clip_bounds(run, units)
+    for draw, name in zip(run.draws, owners, strict=True):
+        rule = [f for pattern, f in bounds.items() if re.fullmatch(pattern, name)]
+        if rule and draw.value is not None:
+            reach = rule[0](draw.value)
+            assert reach <= 1 + 1e-6, f"{name}: summed value at {reach:.3g}× its clipped range"
+
+
+def check_fresh_noise(draws: list[noise.Draw]) -> None:
+    """No two draws reuse one noise stream: their Σ K² (integers of ~2³⁰ grid steps) differ.
+    Boosting's groups, or two steps, drawing from generators with one seed fail here."""
+    seen: dict[tuple[int, float], noise.Draw] = {}
+    for draw in draws:
+        key = (draw.size, draw.square_sum)
+        assert draw.square_sum == 0 or key not in seen, f"{draw} repeats {seen[key]}'s noise"
+        seen[key] = draw
+
+
+def check_run(run: Run, units: int) -> None:
+    """All of the net's per-run checks (docs/testing.md, "The end-to-end net")."""
+    check_noise_ledger(run)
+    check_fresh_noise(run.draws)
+    owners = check_draw_counts(run)
+    check_samplers(run.draws)
+    check_delta(run, owners)
+    check_clipped(run, owners, units)
+
+
 # ----------------------------------------------------------------------------- the runs
+
+
+FAR_ROW = 1e6
+"""A row this many times longer than the data's typical row sits in the first file of every
+dataset: unclipped, it would dominate any sum it reaches (``check_clipped``)."""
+
+
+def plant_far_row(source: Path) -> Path:
+    """Scale the first row of ``source``'s first file by :data:`FAR_ROW`; returns ``source``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    first = sorted(source.glob("*.parquet"))[0]
+    table = pq.read_table(first)
+    columns = []
+    for name in table.column_names:
+        values = table.column(name).to_numpy().copy()
+        if np.issubdtype(values.dtype, np.floating):
+            values[0] *= FAR_ROW
+        columns.append(pa.array(values, type=table.schema.field(name).type))
+    pq.write_table(pa.table(columns, schema=table.schema), first)
+    return source
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("noise-ledger")
+    return {
+        name: path if name == "exact" else plant_far_row(path)
+        for name, path in _generated(root).items()
+    }
+
+
+def _generated(root: Path) -> dict[str, Path]:
     return {
         "rows": generate(root / "rows", rows=20_000, dim=8, rank=2, partitions=2, seed=1).path,
         "clusters": generate(
@@ -371,14 +672,14 @@ def test_every_draw_has_the_scale_its_charged_budget_buys(
     name: str, data: dict[str, Path], tmp_path: Path, scheduler_address: str, monkeypatch
 ) -> None:
     case = CASES[name]
-    monkeypatch.setattr(noise.secrets, "randbits", lambda bits: NOISE_SEED)  # "OS entropy"
+    plant_noise_seeds(monkeypatch)
     accountants: list[Accountant] = []
     report = Accountant.report
     monkeypatch.setattr(Accountant, "report", lambda self: accountants.append(self) or report(self))
     with noise.draw_log() as draws:
         manifest, _ = run_case(case, data[case.source], tmp_path, scheduler_address)
     assert manifest["outcome"] == "ok", manifest["release"]
-    check_noise_ledger(Run(manifest, list(draws)))
+    check_run(Run(manifest, list(draws)), units=manifest["n_rows"])
     check_privacy_maps([a for a in accountants if a._plan is not None])
 
 
@@ -386,11 +687,15 @@ def check_privacy_maps(planned: list[Accountant]) -> None:
     """Every planned step was charged with a mechanism whose cost, computed from its own
     noise, is its grant: the same ε or ρ (to float rounding), a δ no larger (docs/methods.md,
     "Privacy maps"). Accountants without a plan (ledger, boosting's groups) charge budgets,
-    not mechanisms; every method's run, streams included, charges a plan."""
+    not mechanisms; every method's run, streams included, charges a plan, and runs every
+    planned step (a stream's later batches are run by later appends)."""
     assert planned, "a method's run charged no budget plan"
     for accountant in planned:
         charged = dict(accountant._steps)
         assert set(accountant.stated) == set(charged), "a planned step was charged by name"
+        later = re.compile(r"batch \d+")  # a stream's later batches: planned at init
+        unrun = {s for s in set(accountant._plan) - set(charged) if not later.fullmatch(s)}
+        assert set(charged) <= set(accountant._plan) and not unrun, "steps run ≠ steps planned"
         for step, stated in accountant.stated.items():
             grant = charged[step]
             if isinstance(grant, ApproxDP):

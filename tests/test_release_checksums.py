@@ -137,7 +137,7 @@ def identity(name: str) -> dict[str, Any]:
     draws: list[list] = []  # runs of draws with the same parameters: the count, one hash of K
     integers: list[np.ndarray] = []
     for d in log:
-        params = [d.kind, d.scale, d.sensitivity, d.size, d.grid, d.units]
+        params = [d.kind, d.scale, d.sensitivity, d.size, d.grid, d.param]
         if draws and draws[-1][:6] == params:
             draws[-1][6] += 1
         else:

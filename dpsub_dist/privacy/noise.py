@@ -78,18 +78,28 @@ class Draw:
     """One recorded noise draw (test seam: see :func:`draw_log`).
 
     ``scale`` is the scale/σ the caller asked for, before any internal widening;
-    ``size`` the number of independent noise values drawn. Not compared (``==``): ``grid``
-    ``g``, ``units`` (the integer DLap ``t`` or discrete-Gaussian ``σ_g``) and ``integers``,
-    the draws ``K`` themselves: with a fixed private seed they are the same on every
-    machine (integer arithmetic only), which tests/test_release_checksums.py pins.
+    ``size`` the number of independent noise values drawn and ``shape`` their shape. What
+    the innermost sampler ran with: ``grid`` (g), ``param`` (the integer DLap ``t`` or
+    discrete-Gaussian ``σ_g``, in grid units), ``changed`` (the coordinates the caller
+    said a neighbour moves), ``bound`` (truncated Laplace: the integer bound, else None);
+    ``square_sum`` is Σ K² of the integer noise actually drawn and ``value`` the rounded
+    value it was added to (``round(value/g)·g``), so a test can check the sampler's output
+    and the data side of what was noised; ``integers`` are the draws K themselves (with a
+    fixed private seed the same on every machine: integer arithmetic only, which
+    tests/test_release_checksums.py pins). Equality compares the first four fields only.
     """
 
     kind: str
     scale: float
     sensitivity: float
     size: int
-    grid: float = field(default=0.0, compare=False)
-    units: int = field(default=0, compare=False)
+    shape: tuple[int, ...] = field(default=(), compare=False)
+    grid: float = field(default=math.nan, compare=False)
+    param: int = field(default=0, compare=False)
+    changed: int = field(default=0, compare=False)
+    bound: int | None = field(default=None, compare=False)
+    square_sum: float = field(default=math.nan, compare=False)
+    value: np.ndarray | None = field(default=None, compare=False, repr=False)
     integers: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
@@ -111,15 +121,39 @@ def draw_log() -> Iterator[list[Draw]]:
 
 
 def _record(
-    kind: str, scale: float, sensitivity: float, grid: float, units: int, integers: np.ndarray
-) -> np.ndarray:
-    """Log the draw ``integers`` (K) in every open :func:`draw_log`; returns them."""
+    kind: str,
+    scale: float,
+    sensitivity: float,
+    shape: tuple[int, ...],
+    units: tuple[float, int, int, int | None],
+    integers: np.ndarray,
+    value=None,
+) -> None:
+    """Log one draw where a test listens: a no-op (one list check) otherwise.
+
+    ``units`` is (g, integer parameter, coordinates changed, integer bound or None).
+    """
+    if not _LOGS:
+        return
+    grid, param, changed, bound = units
+    rounded = None if value is None else np.rint(np.asarray(value, dtype=np.float64) / grid) * grid
+    draw = Draw(
+        kind,
+        float(scale),
+        float(sensitivity),
+        int(integers.size),
+        tuple(int(x) for x in shape),
+        float(grid),
+        int(param),
+        int(changed),
+        bound,
+        float(np.sum(np.square(integers, dtype=np.float64))),
+        rounded,
+        integers,
+    )
     with _LOGS_LOCK:
         for log in _LOGS:
-            size = int(integers.size)
-            draw = Draw(kind, float(scale), float(sensitivity), size, grid, units, integers)
             log.append(draw)
-    return integers
 
 
 # --------------------------------------------------------------------------- the grid
@@ -323,8 +357,9 @@ def add_laplace(
     arr = np.asarray(value, dtype=np.float64)
     changed = arr.size if coordinates_changed is None else coordinates_changed
     g, t = _laplace_units(scale, l1_sensitivity, max(changed, 1))
-    noise = _chunked(_discrete_laplace, rng, t, arr.size)
-    return _on_grid(arr, g, _record("laplace", scale, l1_sensitivity, g, t, noise))
+    draws = _chunked(_discrete_laplace, rng, t, arr.size)
+    _record("laplace", scale, l1_sensitivity, arr.shape, (g, t, changed, None), draws, arr)
+    return _on_grid(arr, g, draws)
 
 
 def laplace_noise(
@@ -341,8 +376,11 @@ def laplace_noise(
     recorded in the draw log only.
     """
     g, t = _laplace_units(scale, 1.0, 0)
-    integers = _chunked(_discrete_laplace, rng, t, _size(size))
-    noise = _record("laplace", scale, sensitivity, g, t, integers).astype(np.float64) * g
+    n = _size(size)
+    draws = _chunked(_discrete_laplace, rng, t, n)
+    shape = () if size is None else (size,) if isinstance(size, int) else tuple(size)
+    _record("laplace", scale, sensitivity, shape, (g, t, 0, None), draws)
+    noise = draws.astype(np.float64) * g
     return float(noise[0]) if size is None else noise.reshape(size)
 
 
@@ -387,8 +425,9 @@ def add_gaussian(
     arr = np.asarray(value, dtype=np.float64)
     changed = arr.size if coordinates_changed is None else coordinates_changed
     g, sigma_g = _gaussian_units(sigma, l2_sensitivity, max(changed, 1), arr.size)
-    noise = _chunked(_discrete_gaussian, rng, sigma_g, arr.size)
-    return _on_grid(arr, g, _record("gaussian", sigma, l2_sensitivity, g, sigma_g, noise))
+    draws = _chunked(_discrete_gaussian, rng, sigma_g, arr.size)
+    _record("gaussian", sigma, l2_sensitivity, arr.shape, (g, sigma_g, changed, None), draws, arr)
+    return _on_grid(arr, g, draws)
 
 
 def gaussian_tail(sigma: float, l2_sensitivity: float, beta: float, size: int = 1) -> float:
@@ -421,9 +460,10 @@ def add_symmetric_gaussian(
     rows, cols = np.triu_indices(dim)
     upper = matrix[..., rows, cols]
     g, sigma_g = _gaussian_units(sigma, l2_sensitivity, upper.size, upper.size)
-    noise = _chunked(_discrete_gaussian, rng, sigma_g, upper.size)
-    kind = "symmetric_gaussian"
-    noisy_upper = _on_grid(upper, g, _record(kind, sigma, l2_sensitivity, g, sigma_g, noise))
+    draws = _chunked(_discrete_gaussian, rng, sigma_g, upper.size)
+    units = (g, sigma_g, upper.size, None)
+    _record("symmetric_gaussian", sigma, l2_sensitivity, upper.shape, units, draws, upper)
+    noisy_upper = _on_grid(upper, g, draws)
     out = np.empty_like(matrix)
     out[..., rows, cols] = noisy_upper
     out[..., cols, rows] = noisy_upper
@@ -445,8 +485,9 @@ def add_truncated_laplace(
     g, t = _laplace_units(scale, sensitivity, 1)
     _check_scale("truncation bound", bound)
     limit = math.floor(Fraction(bound) / Fraction(g))
-    noise = _truncated_discrete_laplace(rng, t, limit, 1)
-    return _on_grid(value, g, _record("truncated_laplace", scale, sensitivity, g, t, noise))
+    draws = _truncated_discrete_laplace(rng, t, limit, 1)
+    _record("truncated_laplace", scale, sensitivity, (), (g, t, 1, limit), draws, value)
+    return _on_grid(value, g, draws)
 
 
 def _truncated_discrete_laplace(rng: np.random.Generator, t: int, limit: int, n: int):

@@ -1,0 +1,278 @@
+"""Plant realistic privacy bugs one at a time and run only the end-to-end net against each.
+
+Each plant is one textual edit of the package that makes the real privacy loss exceed the
+claim (docs/testing.md, "Planted bugs"). For each, this script copies the tracked files to a
+scratch folder, applies the edit, runs the net (tests/test_noise_ledger.py and
+tests/test_privacy_net.py, never the module unit tests) and prints the tests that failed.
+A plant that no net test catches is reported as SURVIVED and the exit status is 1.
+
+``MUTATIONS`` are hand mutations of modules mutmut has not covered (each changes a scale, a
+sensitivity, δ, a charge or clipping), run against the net cases that reach them.
+
+Usage: .venv/bin/python tests/plants.py [--mutations] [name ...]   (default: every plant)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+NET = ["tests/test_noise_ledger.py", "tests/test_privacy_net.py"]
+
+
+@dataclass(frozen=True)
+class Plant:
+    name: str
+    kind: str  # the class of bug (issue 27, "What the suite cannot see"), or "mutation"
+    path: str
+    old: str
+    new: str
+    select: str = ""  # a pytest -k expression: the net cases that run the mutated code
+
+
+PLANTS = [
+    Plant(
+        "sulq noise matrix shared across clusters",
+        "number/shape of draws",
+        "dpsub_dist/privacy/clustering.py",
+        "    return noise.add_symmetric_gaussian(rng, grams, sigma, GRAM_SENSITIVITY)",
+        "    shared = noise.add_symmetric_gaussian(rng, grams[0], sigma, GRAM_SENSITIVITY)\n"
+        "    return grams - grams[0] + shared",
+    ),
+    Plant(
+        "tree node above level 0 released un-noised",
+        "number/shape of draws",
+        "dpsub_dist/privacy/tree_aggregation.py",
+        "                self.closed[node] = release_node(rng, exact, self.sigma)",
+        "                self.closed[node] = (\n"
+        "                    release_node(rng, exact, self.sigma) if node[0] == 0 else exact\n"
+        "                )",
+    ),
+    Plant(
+        "power: the first iteration's σ reused for all",
+        "number/shape of draws",
+        "dpsub_dist/privacy/power.py",
+        "noise.add_gaussian(rng, product, self.sigmas[t - 1], self.sensitivity)",
+        "noise.add_gaussian(rng, product, self.sigmas[0], self.sensitivity)",
+    ),
+    Plant(
+        "discrete Gaussian narrowed inside the sampler (σ/2, σ reported)",
+        "noise narrowed in a sampler",
+        "dpsub_dist/privacy/noise.py",
+        "        y = _discrete_laplace(rng, sigma + 1, pending.size)\n"
+        "        whole, frac = _acceptance_exponent(y, sigma)",
+        "        y = _discrete_laplace(rng, sigma // 2 + 1, pending.size)\n"
+        "        whole, frac = _acceptance_exponent(y, sigma // 2)",
+    ),
+    Plant(
+        "GAP-MAX truncated Laplace drawn at 10× the charged δ",
+        "δ",
+        "dpsub_dist/privacy/gap_max.py",
+        "    decision = mechanism.truncated_laplace(GAP_SENSITIVITY, epsilon, delta_gap)\n"
+        "    scale, bound",
+        "    decision = mechanism.truncated_laplace(GAP_SENSITIVITY, epsilon, 10 * delta_gap)\n"
+        "    scale, bound",
+    ),
+    Plant(
+        "boosting groups by row position at user level (a user in two groups)",
+        "data side: grouping",
+        "dpsub_dist/estimators/boost.py",
+        "    if user_level:  # keyed apart",
+        "    if user_level and units is None:  # keyed apart",
+    ),
+    Plant(
+        "subsets by row position at user level (a user in two subsets)",
+        "data side: subsets",
+        "dpsub_dist/engine/subsets.py",
+        "        if self.user_level:\n            return unit_subsets(",
+        "        if self.user_level and units is None:\n            return unit_subsets(",
+    ),
+    Plant(
+        "Gram pass scales rows by 1/bound without clipping them",
+        "data side: clipping",
+        "dpsub_dist/engine/gram.py",
+        "        block = clip_rows(rows[start : start + step], bound, in_place=True)",
+        "        block = rows[start : start + step] / bound",
+    ),
+    Plant(
+        "Gram pass skips the per-user scaling",
+        "data side: per-user scaling",
+        "dpsub_dist/engine/gram.py",
+        "    users = None if user_norms is None else user_scale(units, user_norms)\n    dim",
+        "    users = None\n    dim",
+    ),
+    Plant(
+        "OS-entropy noise seed drawn once per process and reused by every generator",
+        "seed",
+        "dpsub_dist/privacy/noise.py",
+        "def new_noise_seed() -> int:",
+        "@functools.cache\ndef new_noise_seed() -> int:",
+    ),
+    Plant(
+        "explained variance's norm bound drawn but not charged (a step missing from the plan)",
+        "plan ≠ steps drawn",
+        "dpsub_dist/estimators/centring.py",
+        "    accountant.charge(step, norm_bound_mechanism(grants[step]))\n"
+        "    return private_norm_bound(",
+        '    if step != "variance_norm_bound":\n'
+        "        accountant.charge(step, norm_bound_mechanism(grants[step]))\n"
+        "    return private_norm_bound(",
+    ),
+]
+
+
+MUTATIONS = [
+    Plant(
+        "noise: Gaussian grid widening dropped",
+        "mutation",
+        "dpsub_dist/privacy/noise.py",
+        "    widened = Fraction(sigma) * (delta + step * _ceil_sqrt(changed)) / delta",
+        "    widened = Fraction(sigma)",
+        "gauss or sulq",
+    ),
+    Plant(
+        "noise: Laplace parameter rounded down",
+        "mutation",
+        "dpsub_dist/privacy/noise.py",
+        "    return g, math.ceil(Fraction(scale) * (delta + step * changed) / (delta * step))",
+        "    return g, math.floor(Fraction(scale) * (delta + step * changed) / (delta * step))",
+        "histogram",
+    ),
+    Plant(
+        "noise: grid twice as coarse",
+        "mutation",
+        "dpsub_dist/privacy/noise.py",
+        "    return math.ldexp(1.0, exponent - 1 - GRID_BITS)",
+        "    return math.ldexp(1.0, exponent - GRID_BITS)",
+        "gauss",
+    ),
+    Plant(
+        "covariance: the mean scaled by unit/n for its value, unit²/n for its σ",
+        "mutation",
+        "dpsub_dist/privacy/covariance.py",
+        "        release, sensitivity=sensitivity * factor, sigma=release.sigma * factor\n    )\n"
+        "    return MeanRelease(",
+        "        release, sensitivity=sensitivity * factor, sigma=release.sigma * factor / unit\n"
+        "    )\n    return MeanRelease(",
+        "gauss",
+    ),
+    Plant(
+        "variance: sums scaled by C/n instead of C²/n",
+        "mutation",
+        "dpsub_dist/privacy/variance.py",
+        "    factor = bound**2 / n_rows",
+        "    factor = bound / n_rows",
+        "friendly",
+    ),
+    Plant(
+        "norm_bound: user count's share of ε 0.5 → 0.75",
+        "mutation",
+        "dpsub_dist/privacy/norm_bound.py",
+        "USER_COUNT_SHARE = 0.5",
+        "USER_COUNT_SHARE = 0.75",
+        "test_user_level",
+    ),
+    Plant(
+        "clustering: SuLQ Gram sensitivity 2 → 1",
+        "mutation",
+        "dpsub_dist/privacy/clustering.py",
+        "GRAM_SENSITIVITY = 2.0",
+        "GRAM_SENSITIVITY = 1.0",
+        "sulq",
+    ),
+    Plant(
+        "tree: node sensitivity √2 → 1",
+        "mutation",
+        "dpsub_dist/privacy/tree_aggregation.py",
+        "REPLACE_ONE_SENSITIVITY = math.sqrt(2.0)",
+        "REPLACE_ONE_SENSITIVITY = 1.0",
+        "stream",
+    ),
+    Plant(
+        "gap_max: gap sensitivity 2 → 1",
+        "mutation",
+        "dpsub_dist/privacy/gap_max.py",
+        "GAP_SENSITIVITY = 2.0",
+        "GAP_SENSITIVITY = 1.0",
+        "exact",
+    ),
+    Plant(
+        "boost: each step charged at its smallest cost over the groups",
+        "mutation",
+        "dpsub_dist/estimators/boost.py",
+        "                best[key] = max(best[key], value)",
+        "                best[key] = min(best[key], value)",
+        "boost",
+    ),
+    Plant(
+        "gram: rows clipped at the larger of norm and bound swapped for the smaller",
+        "mutation",
+        "dpsub_dist/engine/gram.py",
+        "    scale = (1.0 / np.maximum(row_norms(rows), bound))[:, None]",
+        "    scale = (1.0 / np.minimum(row_norms(rows), bound))[:, None]",
+        "gauss or power",
+    ),
+]
+
+
+def _scratch_copy(target: Path) -> None:
+    files = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    for name in filter(None, files):
+        source = REPO / name.decode()
+        if source.is_file():
+            (target / name.decode()).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name.decode())
+
+
+def run_plant(plant: Plant, scratch: Path) -> list[str]:
+    """Apply ``plant`` in a fresh copy, run the net; the net tests that failed, and why."""
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    _scratch_copy(scratch)
+    path = scratch / plant.path
+    text = path.read_text()
+    assert text.count(plant.old) == 1, f"{plant.name}: the text to replace is not unique"
+    path.write_text(text.replace(plant.old, plant.new))
+    python = REPO / ".venv" / "bin" / "python"
+    env = {**os.environ, "PYTHONPATH": str(scratch), "COLUMNS": "400"}  # workers import it too
+    check = f"import dpsub_dist; assert dpsub_dist.__file__.startswith({str(scratch)!r})"
+    subprocess.run([python, "-c", check], cwd=scratch, env=env, check=True)
+    result = subprocess.run(
+        [python, "-m", "pytest", *NET, "-q", "-p", "no:randomly", "-p", "no:cacheprovider"]
+        + (["-k", plant.select] if plant.select else []),
+        cwd=scratch,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    failed = r"^FAILED (\S+?::\w+(?:\[[^\]]*\])?)(?: - (.{0,120}))?"
+    return [f"{test}: {why}" for test, why in re.findall(failed, result.stdout, flags=re.M)]
+
+
+def main(names: list[str]) -> int:
+    pool = MUTATIONS if "--mutations" in names else PLANTS
+    names = [n for n in names if n != "--mutations"]
+    chosen = [p for p in pool if not names or p.name in names]
+    survived = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for plant in chosen:
+            caught = run_plant(plant, Path(tmp) / "tree")
+            survived += not caught
+            print(f"## {plant.name} [{plant.kind}]: {'caught by' if caught else 'SURVIVED'}")
+            for test in caught:
+                print(f"   {test}")
+            sys.stdout.flush()
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
