@@ -81,14 +81,15 @@ import numpy as np
 from dpsub_dist.engine.compute import IN_PROCESS, Executor
 from dpsub_dist.engine.gram import compute_gram
 from dpsub_dist.engine.sources import Dataset, parquet_dataset
-from dpsub_dist.errors import BudgetRefused, InputError
+from dpsub_dist.errors import BudgetRefused, DataError, InputError
 from dpsub_dist.estimators import centring
-from dpsub_dist.estimators.common import versions
+from dpsub_dist.estimators.common import versions, width_failure
 from dpsub_dist.estimators.covariance import budget_plan
 from dpsub_dist.estimators.norm_pass import NORM_SOURCE
 from dpsub_dist.io.parquet import list_parquet_files
 from dpsub_dist.io.storage import StorageOptions, filesystem, is_local, with_protocol
 from dpsub_dist.ledger.core import (
+    OUTCOME_DATA_FAILED,
     LedgerError,
     LedgerUnavailable,
     RunRequest,
@@ -613,19 +614,30 @@ class Stream:
             "batches": [asdict(b) for b in batches],
         }
 
-    def release(self, step: int | None = None) -> StreamRelease:
-        """The basis and manifest released after ``step`` batches (default: the latest)."""
+    def release(self, step: int | None = None) -> StreamRelease | None:
+        """What was released after ``step`` batches: a basis, or a failed append's record (its
+        manifest's outcome says so, its basis is empty). Default: the latest basis (None if
+        no append succeeded yet)."""
         with sqlite_transaction(self._conn, self.path, write=False) as execute:
             latest = execute("SELECT COUNT(*) FROM dpsub_stream_batches")[0][0]
-            step = latest if step is None else step
-            rows = execute(
-                "SELECT basis, manifest FROM dpsub_stream_releases WHERE step = ?", (step,)
+            rows = (
+                execute(
+                    "SELECT step, basis, manifest FROM dpsub_stream_releases WHERE step = ?",
+                    (step,),
+                )
+                if step is not None
+                else execute(
+                    "SELECT step, basis, manifest FROM dpsub_stream_releases "
+                    "WHERE json_extract(manifest, '$.outcome') = 'ok' ORDER BY step DESC LIMIT 1"
+                )
             )
+        if not rows and step is None:
+            return None
         if not rows:
             raise InputError(
                 f"stream {self.path} has {latest} batches: nothing was released at step {step}"
             )
-        return StreamRelease(step, decode_array(rows[0][0]), json.loads(rows[0][1]))
+        return StreamRelease(rows[0][0], decode_array(rows[0][1]), json.loads(rows[0][2]))
 
     @staticmethod
     def _manifest(
@@ -697,10 +709,14 @@ class Stream:
         """Read one batch on the workers, add its noisy contribution, release the new basis.
 
         Appending a batch id that is already in the stream, with the same files, releases
-        that step again and changes nothing. Before any row is read (InputError, exit 2,
-        nothing charged): a batch outside the ledger's dataset, a batch id reused for other
-        files, and any file already in the stream (by real path or by size and ETag/SHA-256)
-        or twice in this batch; then the horizon (BudgetRefused, exit 4).
+        that step again and changes nothing (or fails again, if it failed). Before any row is
+        read (InputError, exit 2, nothing charged): a batch outside the ledger's dataset, a
+        batch id reused for other files, the horizon (BudgetRefused, exit 4), a stream whose
+        first batch failed, a file already in the stream (by real path) or twice in this
+        batch, and what the footers tell (columns, a schema width against the rank). From the
+        first row read on, data that fails validation (a variable list's width, nulls, NaN,
+        a file whose bytes are already in the stream) raises :class:`DataError` after
+        :meth:`_record_failure` took its step and charged it.
         """
         batch_id = check_run_id(batch_id) if batch_id else canonical_dataset(uri)
         executor = Executor(client)
@@ -716,6 +732,11 @@ class Stream:
                     "they changed since): give this batch its own --batch-id"
                 )
             again = self.release(seen.step)
+            if again.manifest["outcome"] != "ok":
+                raise DataError(
+                    f"batch id {batch_id} already failed at step {seen.step}: its data did not "
+                    "pass validation (the detail is in that append's diagnostics file)"
+                )
             return StreamRelease(again.step, again.basis, again.manifest, already_appended=True)
         step = len(batches)
         if step >= s.horizon:
@@ -723,52 +744,55 @@ class Stream:
                 f"stream {self.path} has taken all {s.horizon} batches of its horizon and spent "
                 f"its whole budget (rho={s.rho:.6g}): start a new stream with dpsub stream init"
             )
+        earlier = self.release() if batches else None
+        if batches and earlier is None:
+            raise InputError(
+                f"the first batch of stream {self.path} failed validation, so the bound and mean "
+                "every batch is read with were never released: start a new stream with dpsub "
+                "stream init"
+            )
         files = batch_files(uri, storage_options, executor)
-        _check_new_files(uri, files, known, {b.step: b.batch_id for b in batches})
-        dataset = parquet_dataset(uri, s.columns, None, storage_options or {}, executor)
-        if s.columns is not None and dataset.columns != s.columns:
-            raise InputError(
-                f"{uri} has columns {dataset.columns[:20]} but the stream uses {s.columns[:20]}"
-            )
-        if s.rank >= dataset.dim:
-            raise InputError(
-                f"rank {s.rank} must be smaller than the number of features ({dataset.dim}): "
-                "pass more columns at stream init"
-            )
-        if batches:
-            before = self.release(step).manifest.get("dim", dataset.dim)
-            if before != dataset.dim:
-                raise InputError(
-                    f"{uri} has {dataset.dim} features but the stream's earlier batches have "
-                    f"{before}: vector columns must keep their width across batches"
+        ids = {b.step: b.batch_id for b in batches}
+        _check_new_paths(uri, files, known, ids)
+        try:  # from the first row read on, a failure is published as such and charged
+            dataset = parquet_dataset(uri, s.columns, None, storage_options or {}, executor)
+            _check_new_contents(uri, files, known, ids)
+            if s.rank >= dataset.dim:
+                raise width_failure(
+                    dataset,
+                    f"rank {s.rank} must be smaller than the number of features ({dataset.dim})"
+                    ": pass more columns at stream init",
                 )
-        accountant, grants = _accountant(s, step)
-        spent_before = accountant.spent.rho
-        rng = noise_rng()
-        settings = s if s.columns is not None else replace(s, columns=list(dataset.columns))
-        if step == 0:
-            fixed = first_batch(s, dataset, accountant, grants, rng, executor, progress)
-            settings = replace(settings, first_batch=fixed)
-        else:
-            fixed = s.fixed
-        loader = batch_loader(fixed, dataset)
-        summary = compute_gram(
-            dataset.parts, loader, fixed["row_norm"], executor=executor, progress=progress
-        )
+            before = dataset.dim if earlier is None else earlier.manifest.get("dim", dataset.dim)
+            if before != dataset.dim:
+                raise width_failure(
+                    dataset,
+                    f"{uri} has {dataset.dim} features but the stream's earlier batches have "
+                    f"{before}: vector columns must keep their width across batches",
+                )
+            accountant, grants = _accountant(s, step)
+            spent_before = accountant.spent.rho
+            rng = noise_rng()
+            settings = s if s.columns is not None else replace(s, columns=list(dataset.columns))
+            if step == 0:
+                fixed = first_batch(s, dataset, accountant, grants, rng, executor, progress)
+                settings = replace(settings, first_batch=fixed)
+            else:
+                fixed = s.fixed
+            loader = batch_loader(fixed, dataset)
+            summary = compute_gram(
+                dataset.parts, loader, fixed["row_norm"], executor=executor, progress=progress
+            )
+        except DataError:
+            self._record_failure(step, batch_id, uri, files, earlier)
+            raise
         for name in _steps_of(step + 1, grants):
             if name not in FIRST_BATCH_STEPS:  # the tree's nodes, charged before they draw
                 accountant.charge(name, step_mechanism(s, name, grants[name]))
         charge = accountant.spent.rho - spent_before
         batch = StreamBatch(step + 1, batch_id, uri, int(dataset.n_rows), charge, now_utc())
         with sqlite_transaction(self._conn, self.path, write=True) as execute:
-            now = execute("SELECT COUNT(*) FROM dpsub_stream_batches")[0][0]
-            if now != step or execute(
-                "SELECT 1 FROM dpsub_stream_batches WHERE batch_id = ?", (batch_id,)
-            ):
-                raise LedgerUnavailable(
-                    f"another append changed stream {self.path} while this batch was read; "
-                    "nothing was added: run this append again"
-                )
+            self._check_unchanged(execute, step, batch_id)
             tree = self._aggregator(execute, step, dataset.dim)
             closed = tree.add(summary.gram, rng)
             values, basis = top_eigenvectors(tree.prefix(batch.step), s.rank)
@@ -776,22 +800,7 @@ class Stream:
             manifest = self._manifest(settings, batch, accountant, values, dataset.dim, rows)
             manifest["summary_bytes_gathered"] = summary.nbytes
             self._store_tree(execute, tree, closed)
-            execute(
-                "INSERT INTO dpsub_stream_batches "
-                "(step, batch_id, input, n_rows, charged_rho, appended_at) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                astuple(batch),
-            )
-            for file in files:
-                execute(
-                    "INSERT INTO private.dpsub_stream_files (step, path, size, content) "
-                    "VALUES (?, ?, ?, ?)",
-                    (batch.step, *astuple(file)),
-                )
-            execute(
-                "INSERT INTO dpsub_stream_releases (step, basis, manifest) VALUES (?, ?, ?)",
-                (batch.step, encode_array(basis), json.dumps(manifest, sort_keys=True)),
-            )
+            self._insert_batch(execute, batch, files, basis, manifest)
             if settings is not s:
                 execute(
                     "UPDATE dpsub_stream_meta SET value = ? WHERE key = 'settings'",
@@ -799,6 +808,74 @@ class Stream:
                 )
         self.settings = settings
         return StreamRelease(batch.step, basis, manifest, charged_rho=charge)
+
+    def _record_failure(
+        self,
+        step: int,
+        batch_id: str,
+        uri: str,
+        files: list[BatchFile],
+        earlier: StreamRelease | None,
+    ) -> None:
+        """Take step ``step + 1`` for a batch whose data failed validation, charged as the
+        append would have been (a data-dependent failure is never a free retry): its files
+        enter the stream (no row of them is summed), the tree adds a zero matrix so its nodes
+        close on schedule, with their noise, and the release says only that it failed. A
+        failed first batch leaves no bound or mean, so the stream takes no more batches."""
+        s = self.settings
+        before, _ = _accountant(s, step)
+        accountant, _ = _accountant(s, step + 1)
+        charge = accountant.spent.rho - before.spent.rho
+        batch = StreamBatch(step + 1, batch_id, uri, 0, charge, now_utc())
+        manifest = {
+            "outcome": OUTCOME_DATA_FAILED,
+            "method": "online",
+            "input": uri,
+            "n_rows_note": "no row of this batch entered the stream",
+            "stream": {"step": batch.step, "horizon": s.horizon, "batch_id": batch_id},
+            "privacy": {"budget": accountant.report(), "ledger": s.ledger or UNTRACKED},
+            "versions": versions(),
+        }
+        with sqlite_transaction(self._conn, self.path, write=True) as execute:
+            self._check_unchanged(execute, step, batch_id)
+            if earlier is not None:
+                dim = int(earlier.manifest["dim"])
+                tree = self._aggregator(execute, step, dim)
+                closed = tree.add(np.zeros((dim, dim)), noise_rng())
+                self._store_tree(execute, tree, closed)
+            self._insert_batch(execute, batch, files, np.zeros((0, s.rank)), manifest)
+
+    def _check_unchanged(self, execute, step: int, batch_id: str) -> None:
+        """Refuse to write step ``step + 1`` if another append took a step meanwhile."""
+        now = execute("SELECT COUNT(*) FROM dpsub_stream_batches")[0][0]
+        if now != step or execute(
+            "SELECT 1 FROM dpsub_stream_batches WHERE batch_id = ?", (batch_id,)
+        ):
+            raise LedgerUnavailable(
+                f"another append changed stream {self.path} while this batch was read; "
+                "nothing was added: run this append again"
+            )
+
+    @staticmethod
+    def _insert_batch(
+        execute, batch: StreamBatch, files: list[BatchFile], basis: np.ndarray, manifest: dict
+    ) -> None:
+        """Record an append: the batch, its files (operator-only) and its release."""
+        execute(
+            "INSERT INTO dpsub_stream_batches "
+            "(step, batch_id, input, n_rows, charged_rho, appended_at) VALUES (?, ?, ?, ?, ?, ?)",
+            astuple(batch),
+        )
+        for file in files:
+            execute(
+                "INSERT INTO private.dpsub_stream_files (step, path, size, content) "
+                "VALUES (?, ?, ?, ?)",
+                (batch.step, *astuple(file)),
+            )
+        execute(
+            "INSERT INTO dpsub_stream_releases (step, basis, manifest) VALUES (?, ?, ?)",
+            (batch.step, encode_array(basis), json.dumps(manifest, sort_keys=True)),
+        )
 
     @staticmethod
     def _store_tree(execute, tree: TreeAggregator, closed: list) -> None:
@@ -833,27 +910,45 @@ class Stream:
             )
 
 
-def _check_new_files(
+def _check_new_paths(
     uri: str, files: list[BatchFile], known: dict[int, list[BatchFile]], ids: dict[int, str]
 ) -> None:
-    """Refuse a file already in the stream (by real path, or by size and content) or twice
-    in this batch: its rows would enter the tree twice while one charge is reported."""
+    """Refuse a file already in the stream or twice in this batch by its real path (public:
+    exit 2, nothing read or charged): its rows would enter the tree twice."""
     for step, earlier in sorted(known.items()):
         paths = {f.path for f in earlier}
-        contents = {(f.size, f.content) for f in earlier}
         for file in files:
-            if file.path in paths or (file.size, file.content) in contents:
+            if file.path in paths:
                 raise InputError(
                     f"{file.path} (in {uri}) is already in this stream (batch id {ids[step]}, "
-                    f"step {step}){'' if file.path in paths else ' as a file with the same bytes'}"
-                    ": a row may enter a stream once; nothing was read or charged"
+                    f"step {step}): a row may enter a stream once; nothing was read or charged"
                 )
     for one, other in zip(files, files[1:], strict=False):
-        if one.path == other.path or (one.size, one.content) == (other.size, other.content):
+        if one.path == other.path:
             raise InputError(
-                f"{one.path} is twice in this batch ({uri}), e.g. through a symlink or a copy: "
+                f"{one.path} is twice in this batch ({uri}), e.g. through a symlink: "
                 "a row may enter a stream once; nothing was read or charged"
             )
+
+
+def _check_new_contents(
+    uri: str, files: list[BatchFile], known: dict[int, list[BatchFile]], ids: dict[int, str]
+) -> None:
+    """Refuse a file whose bytes (size and ETag/SHA-256) are already in the stream or twice in
+    this batch. Whether two files' bytes match depends on their rows, so this is a
+    :class:`DataError`: published as a failure and charged, or comparing a guessed file with
+    an earlier batch would be a free probe of its rows."""
+    earlier = {(f.size, f.content): step for step, fs in known.items() for f in fs}
+    for file in files:
+        if (file.size, file.content) in earlier:
+            step = earlier[(file.size, file.content)]
+            raise DataError(
+                f"{file.path} (in {uri}) has the same bytes as a file of batch id {ids[step]} "
+                f"(step {step}): a row may enter a stream once"
+            )
+    contents = [(f.size, f.content) for f in files]
+    if len(set(contents)) != len(contents):
+        raise DataError(f"{uri} holds two files with the same bytes: a row may enter a stream once")
 
 
 def _accountant(settings: StreamSettings, steps: int) -> tuple[Accountant, dict[str, Budget]]:
@@ -905,7 +1000,7 @@ def first_batch(
         try:
             quantile = margined_quantile(quantile, dataset.n_rows, epsilon, "rows")
         except TooFewForBound as err:
-            raise InputError(f"the first batch: {err}") from None
+            raise width_failure(dataset, f"the first batch: {err}") from None
     options = SimpleNamespace(
         center=settings.center, row_norm=settings.clip_norm, unit_column=None, method="online"
     )
