@@ -53,9 +53,10 @@ Two files hold a stream, both created owner-only (0600):
 - the **stream file** (SQLite, one transaction per append) holds the settings (with the
   first batch's released ``B`` and ``μ̂`` once appended), the noisy d×d sums of *closed*
   tree nodes that later releases still need, the appended batches (id, URI, row count,
-  charge) and every released basis with its manifest. It is covered by the stream's
-  (ε, δ) claim, like the releases: every node sum in it was noised once, when the node
-  closed, and is never changed again.
+  charge) and every released basis with its manifest (a batch that failed validation:
+  its charge, and a manifest that says only that it failed, :meth:`Stream._record_failure`).
+  It is covered by the stream's (ε, δ) claim, like the releases: every node sum in it was
+  noised once, when the node closed, and is never changed again.
 - the **private file** (``<stream file>.private``, attached to the same transactions)
   holds operator-only state: the exact partial sums of open nodes, which their noise
   is added to when they close, and each batch's file identity (real path, size, ETag
