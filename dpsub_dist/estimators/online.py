@@ -757,7 +757,6 @@ class Stream:
         _check_new_paths(uri, files, known, ids)
         try:  # from the first row read on, a failure is published as such and charged
             dataset = parquet_dataset(uri, s.columns, None, storage_options or {}, executor)
-            _check_new_contents(uri, files, known, ids)
             if s.rank >= dataset.dim:
                 raise width_failure(
                     dataset,
@@ -772,6 +771,9 @@ class Stream:
                     f"{before}: vector columns must keep their width across batches",
                 )
             accountant, grants = _accountant(s, step)
+            if step == 0:  # public refusals (row count, width) before the bytes are compared
+                first_batch_quantile(s, dataset, grants)
+            _check_new_contents(uri, files, known, ids)
             spent_before = accountant.spent.rho
             rng = noise_rng()
             settings = s if s.columns is not None else replace(s, columns=list(dataset.columns))
@@ -989,19 +991,8 @@ def first_batch(
     manifests). Reads the first batch only; a stream with a public bound and no centring
     reads nothing here."""
     private_norm = settings.clip_norm is None
-    if dataset.n_rows < 1 and (settings.center or private_norm):
-        raise InputError(
-            f"{dataset.input} has no rows: the first batch fixes the stream's private mean and "
-            "norm bound from the public row count, so it needs at least one row"
-        )
     step = "centred_norm_bound" if settings.center else "norm_bound"
-    if private_norm:  # the first batch's n is public: too few rows is refused before any read
-        epsilon = laplace_epsilon(grants[step])
-        quantile = noise_matched_quantile(dataset.n_rows, dataset.dim, settings.node_sigma, epsilon)
-        try:
-            quantile = margined_quantile(quantile, dataset.n_rows, epsilon, "rows")
-        except TooFewForBound as err:
-            raise width_failure(dataset, f"the first batch: {err}") from None
+    quantile = first_batch_quantile(settings, dataset, grants)
     options = SimpleNamespace(
         center=settings.center, row_norm=settings.clip_norm, unit_column=None, method="online"
     )
@@ -1019,6 +1010,29 @@ def first_batch(
         if not private_norm:
             fixed["mean_row_norm_source"] = PUBLIC_BOUND
     return fixed
+
+
+def first_batch_quantile(
+    settings: StreamSettings, dataset: Dataset, grants: dict[str, Budget]
+) -> float | None:
+    """The quantile the first batch's private bound is taken at (None: a public bound), after
+    refusing a first batch too small for its mean or bound. From the public row count and
+    width alone, so before any row is read (InputError, exit 2, free) unless a variable
+    list's row gave the width (:func:`~dpsub_dist.estimators.common.width_failure`)."""
+    private_norm = settings.clip_norm is None
+    if dataset.n_rows < 1 and (settings.center or private_norm):
+        raise InputError(
+            f"{dataset.input} has no rows: the first batch fixes the stream's private mean and "
+            "norm bound from the public row count, so it needs at least one row"
+        )
+    if not private_norm:
+        return None
+    epsilon = laplace_epsilon(grants["centred_norm_bound" if settings.center else "norm_bound"])
+    quantile = noise_matched_quantile(dataset.n_rows, dataset.dim, settings.node_sigma, epsilon)
+    try:
+        return margined_quantile(quantile, dataset.n_rows, epsilon, "rows")
+    except TooFewForBound as err:
+        raise width_failure(dataset, f"the first batch: {err}") from None
 
 
 def batch_loader(fixed: dict[str, Any], dataset: Dataset) -> Any:
