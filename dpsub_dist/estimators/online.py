@@ -748,9 +748,9 @@ class Stream:
         earlier = self.release() if batches else None
         if batches and earlier is None:
             raise InputError(
-                f"the first batch of stream {self.path} failed validation, so the bound and mean "
-                "every batch is read with were never released: start a new stream with dpsub "
-                "stream init"
+                f"the first batch of stream {self.path} failed validation; the first batch fixes "
+                "what every batch is read with (its width, the private bound and mean), so the "
+                "stream takes no more batches: start a new stream with dpsub stream init"
             )
         files = batch_files(uri, storage_options, executor)
         ids = {b.step: b.batch_id for b in batches}
@@ -824,7 +824,7 @@ class Stream:
         append would have been (a data-dependent failure is never a free retry): its files
         enter the stream (no row of them is summed), the tree adds a zero matrix so its nodes
         close on schedule, with their noise, and the release says only that it failed. A
-        failed first batch leaves no bound or mean, so the stream takes no more batches."""
+        failed first batch fixes no width, bound or mean: the stream takes no more batches."""
         s = self.settings
         before, _ = _accountant(s, step)
         accountant, _ = _accountant(s, step + 1)
