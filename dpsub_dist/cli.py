@@ -873,7 +873,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
             if not args.out:
                 return 0
             check_output_dir(args.out, args.overwrite, options)
-            release = stream.release()
+            release = stream.latest_release()
             if release is None:
                 raise InputError(
                     f"stream {args.state} has released no basis yet: append a batch first"

@@ -615,30 +615,29 @@ class Stream:
             "batches": [asdict(b) for b in batches],
         }
 
-    def release(self, step: int | None = None) -> StreamRelease | None:
+    def release(self, step: int) -> StreamRelease:
         """What was released after ``step`` batches: a basis, or a failed append's record (its
-        manifest's outcome says so, its basis is empty). Default: the latest basis (None if
-        no append succeeded yet)."""
+        manifest's outcome says so, its basis is empty)."""
         with sqlite_transaction(self._conn, self.path, write=False) as execute:
             latest = execute("SELECT COUNT(*) FROM dpsub_stream_batches")[0][0]
-            rows = (
-                execute(
-                    "SELECT step, basis, manifest FROM dpsub_stream_releases WHERE step = ?",
-                    (step,),
-                )
-                if step is not None
-                else execute(
-                    "SELECT step, basis, manifest FROM dpsub_stream_releases "
-                    "WHERE json_extract(manifest, '$.outcome') = 'ok' ORDER BY step DESC LIMIT 1"
-                )
+            rows = execute(
+                "SELECT basis, manifest FROM dpsub_stream_releases WHERE step = ?", (step,)
             )
-        if not rows and step is None:
-            return None
         if not rows:
             raise InputError(
                 f"stream {self.path} has {latest} batches: nothing was released at step {step}"
             )
-        return StreamRelease(rows[0][0], decode_array(rows[0][1]), json.loads(rows[0][2]))
+        return StreamRelease(step, decode_array(rows[0][0]), json.loads(rows[0][1]))
+
+    def latest_release(self) -> StreamRelease | None:
+        """The latest basis released (None while no append has succeeded)."""
+        with sqlite_transaction(self._conn, self.path, write=False) as execute:
+            rows = execute(
+                "SELECT step FROM dpsub_stream_releases "
+                "WHERE COALESCE(json_extract(manifest, '$.outcome'), 'ok') = 'ok' "
+                "ORDER BY step DESC LIMIT 1"
+            )
+        return self.release(rows[0][0]) if rows else None
 
     @staticmethod
     def _manifest(
@@ -745,7 +744,7 @@ class Stream:
                 f"stream {self.path} has taken all {s.horizon} batches of its horizon and spent "
                 f"its whole budget (rho={s.rho:.6g}): start a new stream with dpsub stream init"
             )
-        earlier = self.release() if batches else None
+        earlier = self.latest_release()
         if batches and earlier is None:
             raise InputError(
                 f"the first batch of stream {self.path} failed validation; the first batch fixes "
@@ -763,7 +762,7 @@ class Stream:
                     f"rank {s.rank} must be smaller than the number of features ({dataset.dim})"
                     ": pass more columns at stream init",
                 )
-            before = dataset.dim if earlier is None else earlier.manifest.get("dim", dataset.dim)
+            before = dataset.dim if earlier is None else earlier.basis.shape[0]
             if before != dataset.dim:
                 raise width_failure(
                     dataset,
@@ -842,7 +841,7 @@ class Stream:
         with sqlite_transaction(self._conn, self.path, write=True) as execute:
             self._check_unchanged(execute, step, batch_id)
             if earlier is not None:
-                dim = int(earlier.manifest["dim"])
+                dim = earlier.basis.shape[0]
                 tree = self._aggregator(execute, step, dim)
                 closed = tree.add(np.zeros((dim, dim)), noise_rng())
                 self._store_tree(execute, tree, closed)
