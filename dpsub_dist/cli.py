@@ -888,7 +888,11 @@ def cmd_stream(args: argparse.Namespace) -> int:
             if not args.out:
                 return 0
             check_output_dir(args.out, args.overwrite, options)
-            release = stream.release()
+            release = stream.latest_release()
+            if release is None:
+                raise InputError(
+                    f"stream {args.state} has released no basis yet: append a batch first"
+                )
         if args.out:
             write_run(args.out, release.basis, release.manifest, args.overwrite, options)
             print(f"wrote {args.out}/basis.npy and manifest.json (step {release.step})")

@@ -16,7 +16,7 @@ from privacy_audit import epsilon_lower_bound
 
 from dpsub_dist.cli import main
 from dpsub_dist.engine.gram import clip_rows
-from dpsub_dist.errors import BudgetRefused, InputError
+from dpsub_dist.errors import BudgetRefused, DataError, InputError
 from dpsub_dist.estimators.online import open_stream
 from dpsub_dist.io.output import read_run
 from dpsub_dist.job import StreamConfig
@@ -488,14 +488,16 @@ def test_an_object_copied_to_another_key_is_refused_by_its_etag(tmp_path, batche
         options = s3.storage_options()
         with open_stream(state) as stream:
             stream.append("s3://data/days/a.parquet", storage_options=options, client=dask_client)
-            with pytest.raises(InputError, match="already in this stream .*same bytes"):
+            # whether two files' bytes match depends on their rows: a failure, charged
+            with pytest.raises(DataError, match="same bytes as a file of batch id"):
                 stream.append("s3://data/days/b.parquet", "b", options, dask_client)
-            assert stream.append("s3://data/days/c.parquet", "c", options, dask_client).step == 2
+            assert stream.status()["batches"][1]["n_rows"] == 0
+            assert stream.append("s3://data/days/c.parquet", "c", options, dask_client).step == 3
     with sqlite3.connect(state + ".private") as conn:
         stored = conn.execute(
             "SELECT path, content FROM dpsub_stream_files ORDER BY step"
         ).fetchall()
-    assert [p for p, _ in stored] == ["s3://data/days/a.parquet", "s3://data/days/c.parquet"]
+    assert [p for p, _ in stored] == [f"s3://data/days/{k}.parquet" for k in "abc"]
     assert all(c.startswith("etag:") for _, c in stored), stored
     with sqlite3.connect(state) as conn:  # the published file holds no file identity
         assert "etag" not in " ".join(str(r) for r in conn.iterdump()).lower()
@@ -914,3 +916,114 @@ def test_audit_the_first_releases_mean_catches_a_half_noise_twin(tmp_path, monke
     """3,000 runs per neighbour (about 2 minutes): half the mean's noise is caught."""
     bounds = _audit_first_release(tmp_path, monkeypatch, 1 / 2, 3_000, 0.75)
     assert bounds["real"] <= bounds["claimed"] < bounds["twin"], bounds
+
+
+# ------------------------- data-dependent failures: published as "failed", charged (#27)
+
+
+def _list_batch(path: Path, lengths: list[int], nan_row: int | None = None) -> str:
+    """A batch with one variable-length list column ``x``: row i has ``lengths[i]`` values."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(len(lengths))
+    rows = [list(rng.normal(size=n) * 0.3) for n in lengths]
+    if nan_row is not None:
+        rows[nan_row][0] = float("nan")
+    pq.write_table(pa.table({"x": pa.array(rows, type=pa.list_(pa.float64()))}), path)
+    return str(path)
+
+
+def _published(state: str, code: int, captured, capsys) -> tuple:
+    """What an append publishes: exit code, stdout, stderr without the diagnostics file's
+    path (a time stamp and a random token), and the stream file (show --json without the
+    times, and the manifest this append stored; earlier releases differ by their noise)."""
+    line = captured.err.strip().rsplit(" ", 1)[0] if code == 6 else captured.err
+    assert main(["stream", "show", state, "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    for batch in status["batches"]:
+        batch.pop("appended_at")
+    status.pop("state")
+    status["settings"].pop("created_at")
+    with sqlite3.connect(state) as conn:
+        manifest = conn.execute(
+            "SELECT manifest FROM dpsub_stream_releases ORDER BY step DESC LIMIT 1"
+        ).fetchone()
+    return code, captured.out, line, status, manifest
+
+
+FAILED_LINE = "dpsub stream: error: the data did not pass validation; details for the operator in"
+
+
+def test_a_first_batch_whose_list_width_fails_the_rank_is_charged_like_its_neighbour(
+    tmp_path, scheduler_address, capsys, monkeypatch
+):
+    """A variable list's width is read from a row: rank 2 on width 2 (every row valid), and
+    the neighbour whose first row has 5 values (ragged), publish the same thing (exit 6, one
+    generic line, step 1 taken and charged), not a free exit 2 naming the width for one.
+    A stream whose first batch failed has no bound or mean: it takes no more batches."""
+    diagnostics = tmp_path / "diagnostics"
+    monkeypatch.setenv("DPSUB_DIAGNOSTICS_DIR", str(diagnostics))
+    common = ["--scheduler", scheduler_address, "--quiet"]
+    published = {}
+    for name, first in (("valid", 2), ("longer", 5)):
+        batch = _list_batch(tmp_path / "batch.parquet", [first] + [2] * 59)  # one name
+        state = str(tmp_path / f"{name}.db")
+        init = ["stream", "init", state, "--horizon", "4", "--rank", "2", "--clip-norm", "3"]
+        assert main([*init, "--no-center", "--rho", "1", "--delta", "1e-6"]) == 0
+        capsys.readouterr()
+        code = main(["stream", "append", state, batch, "--batch-id", "day-1", *common])
+        published[name] = _published(state, code, capsys.readouterr(), capsys)
+    assert published["valid"] == published["longer"], published
+    code, out, line, status, manifest = published["valid"]
+    assert (code, out, line) == (6, "", FAILED_LINE)
+    assert status["step"] == 1 and status["batches"][0]["n_rows"] == 0
+    assert status["budget"]["spent"]["rho"] == pytest.approx(1 / 3)  # batch 1: one level of 3
+    assert json.loads(manifest[0])["outcome"] == "failed: the data did not pass validation"
+    details = " ".join(p.read_text() for p in diagnostics.iterdir())
+    assert "number of features (2)" in details and "different lengths" in details
+    fine = _list_batch(tmp_path / "fine.parquet", [3] * 60)
+    assert main(["stream", "append", state, fine, *common]) == 2
+    assert "first batch of stream" in capsys.readouterr().err
+    assert main(["stream", "show", state, "--out", str(tmp_path / "out")]) == 2
+    assert "released no basis yet" in capsys.readouterr().err
+
+
+def test_later_batches_that_fail_validation_are_charged_and_the_stream_goes_on(
+    tmp_path, scheduler_address, capsys, monkeypatch
+):
+    """After a batch of width 3: a batch whose first row has 5 values (its width against
+    the stream's) and its neighbour whose eighth row has (ragged) publish the same; each
+    takes its step and charges it, once (the same batch id fails again for free); a batch
+    with a NaN does too; the tree stays on schedule and the next valid batch is released."""
+    monkeypatch.setenv("DPSUB_DIAGNOSTICS_DIR", str(tmp_path / "diagnostics"))
+    common = ["--scheduler", scheduler_address, "--quiet"]
+    first = _list_batch(tmp_path / "first.parquet", [3] * 60)
+    published = {}
+    for name, row in (("first_row", 0), ("eighth_row", 7)):
+        lengths = [3] * 60
+        lengths[row] = 5
+        probe = _list_batch(tmp_path / "probe.parquet", lengths)  # one name: the same input
+        state = str(tmp_path / f"{name}.db")
+        init = ["stream", "init", state, "--horizon", "4", "--rank", "2", "--clip-norm", "3"]
+        assert main([*init, "--no-center", "--rho", "1", "--delta", "1e-6"]) == 0
+        assert main(["stream", "append", state, first, *common]) == 0
+        capsys.readouterr()
+        code = main(["stream", "append", state, probe, "--batch-id", "day-2", *common])
+        published[name] = _published(state, code, capsys.readouterr(), capsys)
+    assert published["first_row"] == published["eighth_row"], published
+    code, _, line, status, _ = published["first_row"]
+    assert (code, line) == (6, FAILED_LINE) and status["step"] == 2
+    assert status["budget"]["spent"]["rho"] == pytest.approx(2 / 3)  # batches 1 and 2
+    assert main(["stream", "append", state, probe, "--batch-id", "day-2", *common]) == 6
+    nan = _list_batch(tmp_path / "nan.parquet", [3] * 60, nan_row=11)
+    assert main(["stream", "append", state, nan, "--batch-id", "day-3", *common]) == 6
+    assert "NaN" not in capsys.readouterr().err
+    last = _list_batch(tmp_path / "last.parquet", [3] * 61)
+    out = str(tmp_path / "day-4")
+    assert main(["stream", "append", state, last, "--out", out, *common]) == 0
+    basis, manifest = read_run(out)
+    assert manifest["stream"]["step"] == 4 and basis.shape == (3, 2)
+    assert manifest["stream"]["rows_so_far"] == 60 + 61  # failed batches add no row
+    with open_stream(state) as stream:
+        assert stream.status()["step"] == 4
+        assert stream.accountant().spent.rho == pytest.approx(1.0)

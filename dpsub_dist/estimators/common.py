@@ -92,18 +92,26 @@ def open_checked(config: Any, open_dataset, executor: Executor) -> Dataset:
     if config.method == "auto":  # boosted auto opens here too, before its groups
         auto.check_schema_width(dataset.widths_from_rows)
     if config.rank >= dataset.dim:
-        message = (
+        raise width_failure(
+            dataset,
             f"--rank {config.rank} must be smaller than the number of features ({dataset.dim}): "
-            "lower --rank or add columns"
+            "lower --rank or add columns",
         )
-        if dataset.widths_from_rows:
-            raise DataError(
-                f"{message} (list column(s) {', '.join(dataset.widths_from_rows)} have the "
-                "width of their first row; store them as fixed_size_list to have it checked "
-                "before any budget is spent)"
-            )
-        raise InputError(message)
     return dataset
+
+
+def width_failure(dataset: Dataset, message: str) -> InputError:
+    """A check against ``dataset.dim`` that failed: bad input (exit 2, free) where every width
+    is the schema's; where a variable list's width came from a row, data that did not pass
+    validation (:class:`DataError`: published as such and charged; ``message`` only in the
+    operator's diagnostics)."""
+    if not dataset.widths_from_rows:
+        return InputError(message)
+    return DataError(
+        f"{message} (list column(s) {', '.join(dataset.widths_from_rows)} have the width of "
+        "their first row; store them as fixed_size_list to have it checked before any budget "
+        "is spent)"
+    )
 
 
 def public_seed(config: Any) -> int:

@@ -53,9 +53,10 @@ Two files hold a stream, both created owner-only (0600):
 - the **stream file** (SQLite, one transaction per append) holds the settings (with the
   first batch's released ``B`` and ``μ̂`` once appended), the noisy d×d sums of *closed*
   tree nodes that later releases still need, the appended batches (id, URI, row count,
-  charge) and every released basis with its manifest. It is covered by the stream's
-  (ε, δ) claim, like the releases: every node sum in it was noised once, when the node
-  closed, and is never changed again.
+  charge) and every released basis with its manifest (a batch that failed validation:
+  its charge, and a manifest that says only that it failed, :meth:`Stream._record_failure`).
+  It is covered by the stream's (ε, δ) claim, like the releases: every node sum in it was
+  noised once, when the node closed, and is never changed again.
 - the **private file** (``<stream file>.private``, attached to the same transactions)
   holds operator-only state: the exact partial sums of open nodes, which their noise
   is added to when they close, and each batch's file identity (real path, size, ETag
@@ -81,14 +82,15 @@ import numpy as np
 from dpsub_dist.engine.compute import IN_PROCESS, Executor
 from dpsub_dist.engine.gram import compute_gram
 from dpsub_dist.engine.sources import Dataset, parquet_dataset
-from dpsub_dist.errors import BudgetRefused, InputError
+from dpsub_dist.errors import BudgetRefused, DataError, InputError
 from dpsub_dist.estimators import centring
-from dpsub_dist.estimators.common import versions
+from dpsub_dist.estimators.common import versions, width_failure
 from dpsub_dist.estimators.covariance import budget_plan
 from dpsub_dist.estimators.norm_pass import NORM_SOURCE
 from dpsub_dist.io.parquet import list_parquet_files
 from dpsub_dist.io.storage import StorageOptions, filesystem, is_local, with_protocol
 from dpsub_dist.ledger.core import (
+    OUTCOME_DATA_FAILED,
     LedgerError,
     LedgerUnavailable,
     RunRequest,
@@ -613,11 +615,11 @@ class Stream:
             "batches": [asdict(b) for b in batches],
         }
 
-    def release(self, step: int | None = None) -> StreamRelease:
-        """The basis and manifest released after ``step`` batches (default: the latest)."""
+    def release(self, step: int) -> StreamRelease:
+        """What was released after ``step`` batches: a basis, or a failed append's record (its
+        manifest's outcome says so, its basis is empty)."""
         with sqlite_transaction(self._conn, self.path, write=False) as execute:
             latest = execute("SELECT COUNT(*) FROM dpsub_stream_batches")[0][0]
-            step = latest if step is None else step
             rows = execute(
                 "SELECT basis, manifest FROM dpsub_stream_releases WHERE step = ?", (step,)
             )
@@ -626,6 +628,16 @@ class Stream:
                 f"stream {self.path} has {latest} batches: nothing was released at step {step}"
             )
         return StreamRelease(step, decode_array(rows[0][0]), json.loads(rows[0][1]))
+
+    def latest_release(self) -> StreamRelease | None:
+        """The latest basis released (None while no append has succeeded)."""
+        with sqlite_transaction(self._conn, self.path, write=False) as execute:
+            rows = execute(
+                "SELECT step FROM dpsub_stream_releases "
+                "WHERE COALESCE(json_extract(manifest, '$.outcome'), 'ok') = 'ok' "
+                "ORDER BY step DESC LIMIT 1"
+            )
+        return self.release(rows[0][0]) if rows else None
 
     @staticmethod
     def _manifest(
@@ -697,10 +709,14 @@ class Stream:
         """Read one batch on the workers, add its noisy contribution, release the new basis.
 
         Appending a batch id that is already in the stream, with the same files, releases
-        that step again and changes nothing. Before any row is read (InputError, exit 2,
-        nothing charged): a batch outside the ledger's dataset, a batch id reused for other
-        files, and any file already in the stream (by real path or by size and ETag/SHA-256)
-        or twice in this batch; then the horizon (BudgetRefused, exit 4).
+        that step again and changes nothing (or fails again, if it failed). Before any row is
+        read (InputError, exit 2, nothing charged): a batch outside the ledger's dataset, a
+        batch id reused for other files, the horizon (BudgetRefused, exit 4), a stream whose
+        first batch failed, a file already in the stream (by real path) or twice in this
+        batch, and what the footers tell (columns, a schema width against the rank). From the
+        first row read on, data that fails validation (a variable list's width, nulls, NaN,
+        a file whose bytes are already in the stream) raises :class:`DataError` after
+        :meth:`_record_failure` took its step and charged it.
         """
         batch_id = check_run_id(batch_id) if batch_id else canonical_dataset(uri)
         executor = Executor(client)
@@ -716,6 +732,11 @@ class Stream:
                     "they changed since): give this batch its own --batch-id"
                 )
             again = self.release(seen.step)
+            if again.manifest["outcome"] != "ok":
+                raise DataError(
+                    f"batch id {batch_id} already failed at step {seen.step}: its data did not "
+                    "pass validation (the detail is in that append's diagnostics file)"
+                )
             return StreamRelease(again.step, again.basis, again.manifest, already_appended=True)
         step = len(batches)
         if step >= s.horizon:
@@ -723,52 +744,57 @@ class Stream:
                 f"stream {self.path} has taken all {s.horizon} batches of its horizon and spent "
                 f"its whole budget (rho={s.rho:.6g}): start a new stream with dpsub stream init"
             )
+        earlier = self.latest_release()
+        if batches and earlier is None:
+            raise InputError(
+                f"the first batch of stream {self.path} failed validation; the first batch fixes "
+                "what every batch is read with (its width, the private bound and mean), so the "
+                "stream takes no more batches: start a new stream with dpsub stream init"
+            )
         files = batch_files(uri, storage_options, executor)
-        _check_new_files(uri, files, known, {b.step: b.batch_id for b in batches})
-        dataset = parquet_dataset(uri, s.columns, None, storage_options or {}, executor)
-        if s.columns is not None and dataset.columns != s.columns:
-            raise InputError(
-                f"{uri} has columns {dataset.columns[:20]} but the stream uses {s.columns[:20]}"
-            )
-        if s.rank >= dataset.dim:
-            raise InputError(
-                f"rank {s.rank} must be smaller than the number of features ({dataset.dim}): "
-                "pass more columns at stream init"
-            )
-        if batches:
-            before = self.release(step).manifest.get("dim", dataset.dim)
-            if before != dataset.dim:
-                raise InputError(
-                    f"{uri} has {dataset.dim} features but the stream's earlier batches have "
-                    f"{before}: vector columns must keep their width across batches"
+        ids = {b.step: b.batch_id for b in batches}
+        _check_new_paths(uri, files, known, ids)
+        try:  # from the first row read on, a failure is published as such and charged
+            dataset = parquet_dataset(uri, s.columns, None, storage_options or {}, executor)
+            if s.rank >= dataset.dim:
+                raise width_failure(
+                    dataset,
+                    f"rank {s.rank} must be smaller than the number of features ({dataset.dim})"
+                    ": pass more columns at stream init",
                 )
-        accountant, grants = _accountant(s, step)
-        spent_before = accountant.spent.rho
-        rng = noise_rng()
-        settings = s if s.columns is not None else replace(s, columns=list(dataset.columns))
-        if step == 0:
-            fixed = first_batch(s, dataset, accountant, grants, rng, executor, progress)
-            settings = replace(settings, first_batch=fixed)
-        else:
-            fixed = s.fixed
-        loader = batch_loader(fixed, dataset)
-        summary = compute_gram(
-            dataset.parts, loader, fixed["row_norm"], executor=executor, progress=progress
-        )
+            before = dataset.dim if earlier is None else earlier.basis.shape[0]
+            if before != dataset.dim:
+                raise width_failure(
+                    dataset,
+                    f"{uri} has {dataset.dim} features but the stream's earlier batches have "
+                    f"{before}: vector columns must keep their width across batches",
+                )
+            accountant, grants = _accountant(s, step)
+            if step == 0:  # public refusals (row count, width) before the bytes are compared
+                first_batch_quantile(s, dataset, grants)
+            _check_new_contents(uri, files, known, ids)
+            spent_before = accountant.spent.rho
+            rng = noise_rng()
+            settings = s if s.columns is not None else replace(s, columns=list(dataset.columns))
+            if step == 0:
+                fixed = first_batch(s, dataset, accountant, grants, rng, executor, progress)
+                settings = replace(settings, first_batch=fixed)
+            else:
+                fixed = s.fixed
+            loader = batch_loader(fixed, dataset)
+            summary = compute_gram(
+                dataset.parts, loader, fixed["row_norm"], executor=executor, progress=progress
+            )
+        except DataError:
+            self._record_failure(step, batch_id, uri, files, earlier)
+            raise
         for name in _steps_of(step + 1, grants):
             if name not in FIRST_BATCH_STEPS:  # the tree's nodes, charged before they draw
                 accountant.charge(name, step_mechanism(s, name, grants[name]))
         charge = accountant.spent.rho - spent_before
         batch = StreamBatch(step + 1, batch_id, uri, int(dataset.n_rows), charge, now_utc())
         with sqlite_transaction(self._conn, self.path, write=True) as execute:
-            now = execute("SELECT COUNT(*) FROM dpsub_stream_batches")[0][0]
-            if now != step or execute(
-                "SELECT 1 FROM dpsub_stream_batches WHERE batch_id = ?", (batch_id,)
-            ):
-                raise LedgerUnavailable(
-                    f"another append changed stream {self.path} while this batch was read; "
-                    "nothing was added: run this append again"
-                )
+            self._check_unchanged(execute, step, batch_id)
             tree = self._aggregator(execute, step, dataset.dim)
             closed = tree.add(summary.gram, rng)
             values, basis = top_eigenvectors(tree.prefix(batch.step), s.rank)
@@ -776,22 +802,7 @@ class Stream:
             manifest = self._manifest(settings, batch, accountant, values, dataset.dim, rows)
             manifest["summary_bytes_gathered"] = summary.nbytes
             self._store_tree(execute, tree, closed)
-            execute(
-                "INSERT INTO dpsub_stream_batches "
-                "(step, batch_id, input, n_rows, charged_rho, appended_at) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                astuple(batch),
-            )
-            for file in files:
-                execute(
-                    "INSERT INTO private.dpsub_stream_files (step, path, size, content) "
-                    "VALUES (?, ?, ?, ?)",
-                    (batch.step, *astuple(file)),
-                )
-            execute(
-                "INSERT INTO dpsub_stream_releases (step, basis, manifest) VALUES (?, ?, ?)",
-                (batch.step, encode_array(basis), json.dumps(manifest, sort_keys=True)),
-            )
+            self._insert_batch(execute, batch, files, basis, manifest)
             if settings is not s:
                 execute(
                     "UPDATE dpsub_stream_meta SET value = ? WHERE key = 'settings'",
@@ -799,6 +810,74 @@ class Stream:
                 )
         self.settings = settings
         return StreamRelease(batch.step, basis, manifest, charged_rho=charge)
+
+    def _record_failure(
+        self,
+        step: int,
+        batch_id: str,
+        uri: str,
+        files: list[BatchFile],
+        earlier: StreamRelease | None,
+    ) -> None:
+        """Take step ``step + 1`` for a batch whose data failed validation, charged as the
+        append would have been (a data-dependent failure is never a free retry): its files
+        enter the stream (no row of them is summed), the tree adds a zero matrix so its nodes
+        close on schedule, with their noise, and the release says only that it failed. A
+        failed first batch fixes no width, bound or mean: the stream takes no more batches."""
+        s = self.settings
+        before, _ = _accountant(s, step)
+        accountant, _ = _accountant(s, step + 1)
+        charge = accountant.spent.rho - before.spent.rho
+        batch = StreamBatch(step + 1, batch_id, uri, 0, charge, now_utc())
+        manifest = {
+            "outcome": OUTCOME_DATA_FAILED,
+            "method": "online",
+            "input": uri,
+            "n_rows_note": "no row of this batch entered the stream",
+            "stream": {"step": batch.step, "horizon": s.horizon, "batch_id": batch_id},
+            "privacy": {"budget": accountant.report(), "ledger": s.ledger or UNTRACKED},
+            "versions": versions(),
+        }
+        with sqlite_transaction(self._conn, self.path, write=True) as execute:
+            self._check_unchanged(execute, step, batch_id)
+            if earlier is not None:
+                dim = earlier.basis.shape[0]
+                tree = self._aggregator(execute, step, dim)
+                closed = tree.add(np.zeros((dim, dim)), noise_rng())
+                self._store_tree(execute, tree, closed)
+            self._insert_batch(execute, batch, files, np.zeros((0, s.rank)), manifest)
+
+    def _check_unchanged(self, execute, step: int, batch_id: str) -> None:
+        """Refuse to write step ``step + 1`` if another append took a step meanwhile."""
+        now = execute("SELECT COUNT(*) FROM dpsub_stream_batches")[0][0]
+        if now != step or execute(
+            "SELECT 1 FROM dpsub_stream_batches WHERE batch_id = ?", (batch_id,)
+        ):
+            raise LedgerUnavailable(
+                f"another append changed stream {self.path} while this batch was read; "
+                "nothing was added: run this append again"
+            )
+
+    @staticmethod
+    def _insert_batch(
+        execute, batch: StreamBatch, files: list[BatchFile], basis: np.ndarray, manifest: dict
+    ) -> None:
+        """Record an append: the batch, its files (operator-only) and its release."""
+        execute(
+            "INSERT INTO dpsub_stream_batches "
+            "(step, batch_id, input, n_rows, charged_rho, appended_at) VALUES (?, ?, ?, ?, ?, ?)",
+            astuple(batch),
+        )
+        for file in files:
+            execute(
+                "INSERT INTO private.dpsub_stream_files (step, path, size, content) "
+                "VALUES (?, ?, ?, ?)",
+                (batch.step, *astuple(file)),
+            )
+        execute(
+            "INSERT INTO dpsub_stream_releases (step, basis, manifest) VALUES (?, ?, ?)",
+            (batch.step, encode_array(basis), json.dumps(manifest, sort_keys=True)),
+        )
 
     @staticmethod
     def _store_tree(execute, tree: TreeAggregator, closed: list) -> None:
@@ -833,27 +912,45 @@ class Stream:
             )
 
 
-def _check_new_files(
+def _check_new_paths(
     uri: str, files: list[BatchFile], known: dict[int, list[BatchFile]], ids: dict[int, str]
 ) -> None:
-    """Refuse a file already in the stream (by real path, or by size and content) or twice
-    in this batch: its rows would enter the tree twice while one charge is reported."""
+    """Refuse a file already in the stream or twice in this batch by its real path (public:
+    exit 2, nothing read or charged): its rows would enter the tree twice."""
     for step, earlier in sorted(known.items()):
         paths = {f.path for f in earlier}
-        contents = {(f.size, f.content) for f in earlier}
         for file in files:
-            if file.path in paths or (file.size, file.content) in contents:
+            if file.path in paths:
                 raise InputError(
                     f"{file.path} (in {uri}) is already in this stream (batch id {ids[step]}, "
-                    f"step {step}){'' if file.path in paths else ' as a file with the same bytes'}"
-                    ": a row may enter a stream once; nothing was read or charged"
+                    f"step {step}): a row may enter a stream once; nothing was read or charged"
                 )
     for one, other in zip(files, files[1:], strict=False):
-        if one.path == other.path or (one.size, one.content) == (other.size, other.content):
+        if one.path == other.path:
             raise InputError(
-                f"{one.path} is twice in this batch ({uri}), e.g. through a symlink or a copy: "
+                f"{one.path} is twice in this batch ({uri}), e.g. through a symlink: "
                 "a row may enter a stream once; nothing was read or charged"
             )
+
+
+def _check_new_contents(
+    uri: str, files: list[BatchFile], known: dict[int, list[BatchFile]], ids: dict[int, str]
+) -> None:
+    """Refuse a file whose bytes (size and ETag/SHA-256) are already in the stream or twice in
+    this batch. Whether two files' bytes match depends on their rows, so this is a
+    :class:`DataError`: published as a failure and charged, or comparing a guessed file with
+    an earlier batch would be a free probe of its rows."""
+    earlier = {(f.size, f.content): step for step, fs in known.items() for f in fs}
+    for file in files:
+        if (file.size, file.content) in earlier:
+            step = earlier[(file.size, file.content)]
+            raise DataError(
+                f"{file.path} (in {uri}) has the same bytes as a file of batch id {ids[step]} "
+                f"(step {step}): a row may enter a stream once"
+            )
+    contents = [(f.size, f.content) for f in files]
+    if len(set(contents)) != len(contents):
+        raise DataError(f"{uri} holds two files with the same bytes: a row may enter a stream once")
 
 
 def _accountant(settings: StreamSettings, steps: int) -> tuple[Accountant, dict[str, Budget]]:
@@ -893,19 +990,8 @@ def first_batch(
     manifests). Reads the first batch only; a stream with a public bound and no centring
     reads nothing here."""
     private_norm = settings.clip_norm is None
-    if dataset.n_rows < 1 and (settings.center or private_norm):
-        raise InputError(
-            f"{dataset.input} has no rows: the first batch fixes the stream's private mean and "
-            "norm bound from the public row count, so it needs at least one row"
-        )
     step = "centred_norm_bound" if settings.center else "norm_bound"
-    if private_norm:  # the first batch's n is public: too few rows is refused before any read
-        epsilon = laplace_epsilon(grants[step])
-        quantile = noise_matched_quantile(dataset.n_rows, dataset.dim, settings.node_sigma, epsilon)
-        try:
-            quantile = margined_quantile(quantile, dataset.n_rows, epsilon, "rows")
-        except TooFewForBound as err:
-            raise InputError(f"the first batch: {err}") from None
+    quantile = first_batch_quantile(settings, dataset, grants)
     options = SimpleNamespace(
         center=settings.center, row_norm=settings.clip_norm, unit_column=None, method="online"
     )
@@ -923,6 +1009,29 @@ def first_batch(
         if not private_norm:
             fixed["mean_row_norm_source"] = PUBLIC_BOUND
     return fixed
+
+
+def first_batch_quantile(
+    settings: StreamSettings, dataset: Dataset, grants: dict[str, Budget]
+) -> float | None:
+    """The quantile the first batch's private bound is taken at (None: a public bound), after
+    refusing a first batch too small for its mean or bound. From the public row count and
+    width alone, so before any row is read (InputError, exit 2, free) unless a variable
+    list's row gave the width (:func:`~dpsub_dist.estimators.common.width_failure`)."""
+    private_norm = settings.clip_norm is None
+    if dataset.n_rows < 1 and (settings.center or private_norm):
+        raise InputError(
+            f"{dataset.input} has no rows: the first batch fixes the stream's private mean and "
+            "norm bound from the public row count, so it needs at least one row"
+        )
+    if not private_norm:
+        return None
+    epsilon = laplace_epsilon(grants["centred_norm_bound" if settings.center else "norm_bound"])
+    quantile = noise_matched_quantile(dataset.n_rows, dataset.dim, settings.node_sigma, epsilon)
+    try:
+        return margined_quantile(quantile, dataset.n_rows, epsilon, "rows")
+    except TooFewForBound as err:
+        raise width_failure(dataset, f"the first batch: {err}") from None
 
 
 def batch_loader(fixed: dict[str, Any], dataset: Dataset) -> Any:
