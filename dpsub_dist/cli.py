@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -429,14 +428,12 @@ def run_to_output(args: argparse.Namespace, make_config, runner) -> int:
             passes.rows = dataset.n_rows
         return dataset
 
-    started = time.monotonic()
     with dask_client(args.scheduler, args.quiet, args.workers, args.memory_limit) as client:
         with numbered_passes() as passes:
             result = runner(config, open_dataset, client, progress=not args.quiet)
     out = write_run(args.out, result.basis, result.manifest, args.overwrite, storage_options)
-    if not args.quiet:  # the time only where progress is shown: at row level (n public)
-        seconds = time.monotonic() - started if config.unit_column is None else None
-        print(closing_line(result.manifest, seconds), file=sys.stderr)
+    if not args.quiet:
+        print(closing_line(result.manifest), file=sys.stderr)
     if result.basis is None:
         failed = result.manifest["release"].get("failed_step", "aggregation")
         reason = result.manifest["release"].get("failure_reason", "the subsets disagree")
