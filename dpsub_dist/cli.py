@@ -577,6 +577,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return code
 
 
+BUDGET_INIT_EXAMPLE = (
+    "dpsub budget init --ledger ledger.db --dataset /data/events --epsilon 10 --delta 1e-5"
+)
+STREAM_INIT_EXAMPLE = "dpsub stream init events.stream --rank 3 --horizon 30 --rho 0.5 --delta 1e-6"
+STREAM_APPEND_EXAMPLE = "dpsub stream append events.stream batches/day-01.parquet --out runs/day-01"
+"""Examples shown both in a group's ``--help`` and in its subcommand's."""
+
+
 def add_scheduled_commands(sub) -> None:
     """``dpsub run``, ``dpsub budget …`` and ``dpsub stream …`` (scheduled, ledgered runs)."""
     from dpsub_dist.methods import DEFAULTS, add_arguments
@@ -612,7 +620,7 @@ def add_scheduled_commands(sub) -> None:
         "budget",
         help="the privacy-budget ledger: grant, show, history",
         epilog=examples(
-            "dpsub budget init --ledger ledger.db --dataset /data/events --epsilon 10 --delta 1e-5",
+            BUDGET_INIT_EXAMPLE,
             "dpsub budget show --ledger ledger.db",
         ),
     )
@@ -620,9 +628,7 @@ def add_scheduled_commands(sub) -> None:
     init = budget_sub.add_parser(
         "init",
         help="grant a dataset its total budget",
-        epilog=examples(
-            "dpsub budget init --ledger ledger.db --dataset /data/events --epsilon 10 --delta 1e-5"
-        ),
+        epilog=examples(BUDGET_INIT_EXAMPLE),
     )
     init.add_argument("--ledger", required=True, help="ledger file (created) or postgresql:// URL")
     init.add_argument("--dataset", required=True, help="dataset URI, as the jobs name it")
@@ -642,8 +648,8 @@ def add_scheduled_commands(sub) -> None:
         "stream",
         help="online private PCA over a stream of batches",
         epilog=examples(
-            "dpsub stream init events.stream --rank 3 --horizon 30 --rho 0.5 --delta 1e-6",
-            "dpsub stream append events.stream batches/day-01.parquet --out runs/day-01",
+            STREAM_INIT_EXAMPLE,
+            STREAM_APPEND_EXAMPLE,
         ),
     )
     stream_sub = stream.add_subparsers(dest="stream_command", required=True, metavar="COMMAND")
@@ -653,9 +659,7 @@ def add_scheduled_commands(sub) -> None:
         description="The budget covers the stream's whole horizon: all T batches together, "
         "not each batch. With --ledger and --dataset it is charged at once to the dataset's "
         "grant; without them the stream is not tracked by any ledger.",
-        epilog=examples(
-            "dpsub stream init events.stream --rank 3 --horizon 30 --rho 0.5 --delta 1e-6"
-        ),
+        epilog=examples(STREAM_INIT_EXAMPLE),
     )
     s_init.add_argument("state", help="stream file to create (SQLite, 0600; beside it the "
                         "operator-only STATE.private)")  # fmt: skip
@@ -675,9 +679,7 @@ def add_scheduled_commands(sub) -> None:
     s_append = stream_sub.add_parser(
         "append",
         help="add one batch and release the new basis",
-        epilog=examples(
-            "dpsub stream append events.stream batches/day-01.parquet --out runs/day-01"
-        ),
+        epilog=examples(STREAM_APPEND_EXAMPLE),
     )
     s_append.add_argument("state", help="stream state file")
     s_append.add_argument("batch", help="the batch: Parquet file, folder or glob")
