@@ -254,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
         "columns (basis.npy, manifest.json) to --out. The budget covers the whole run.",
         epilog=examples(
             "dpsub estimate events.parquet --rank 3 --epsilon 1 --delta 1e-6 --out runs/events",
-            "dpsub estimate data/ --rank 4 --method gauss --center --exclude-columns '*_id' "
+            "dpsub estimate data/ --rank 4 --method gauss --exclude-columns 'label,*_score' "
             "--epsilon 1 --delta 1e-6 --out runs/k4",
         ),
     )
