@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -255,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
         "columns (basis.npy, manifest.json) to --out. The budget covers the whole run.",
         epilog=examples(
             "dpsub estimate events.parquet --rank 3 --epsilon 1 --delta 1e-6 --out runs/events",
-            "dpsub estimate data/ --rank 4 --method gauss --center --exclude-columns '*_id' "
+            "dpsub estimate data/ --rank 4 --method gauss --exclude-columns 'label,*_score' "
             "--epsilon 1 --delta 1e-6 --out runs/k4",
         ),
     )
@@ -429,14 +428,12 @@ def run_to_output(args: argparse.Namespace, make_config, runner) -> int:
             passes.rows = dataset.n_rows
         return dataset
 
-    started = time.monotonic()
     with dask_client(args.scheduler, args.quiet, args.workers, args.memory_limit) as client:
         with numbered_passes() as passes:
             result = runner(config, open_dataset, client, progress=not args.quiet)
     out = write_run(args.out, result.basis, result.manifest, args.overwrite, storage_options)
-    if not args.quiet:  # the time only where progress is shown: at row level (n public)
-        seconds = time.monotonic() - started if config.unit_column is None else None
-        print(closing_line(result.manifest, seconds), file=sys.stderr)
+    if not args.quiet:
+        print(closing_line(result.manifest), file=sys.stderr)
     if result.basis is None:
         failed = result.manifest["release"].get("failed_step", "aggregation")
         reason = result.manifest["release"].get("failure_reason", "the subsets disagree")
@@ -580,6 +577,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return code
 
 
+BUDGET_INIT_EXAMPLE = (
+    "dpsub budget init --ledger ledger.db --dataset /data/events --epsilon 10 --delta 1e-5"
+)
+STREAM_INIT_EXAMPLE = "dpsub stream init events.stream --rank 3 --horizon 30 --rho 0.5 --delta 1e-6"
+STREAM_APPEND_EXAMPLE = "dpsub stream append events.stream batches/day-01.parquet --out runs/day-01"
+"""Examples shown both in a group's ``--help`` and in its subcommand's."""
+
+
 def add_scheduled_commands(sub) -> None:
     """``dpsub run``, ``dpsub budget …`` and ``dpsub stream …`` (scheduled, ledgered runs)."""
     from dpsub_dist.methods import DEFAULTS, add_arguments
@@ -615,7 +620,7 @@ def add_scheduled_commands(sub) -> None:
         "budget",
         help="the privacy-budget ledger: grant, show, history",
         epilog=examples(
-            "dpsub budget init --ledger ledger.db --dataset /data/events --epsilon 10 --delta 1e-5",
+            BUDGET_INIT_EXAMPLE,
             "dpsub budget show --ledger ledger.db",
         ),
     )
@@ -623,9 +628,7 @@ def add_scheduled_commands(sub) -> None:
     init = budget_sub.add_parser(
         "init",
         help="grant a dataset its total budget",
-        epilog=examples(
-            "dpsub budget init --ledger ledger.db --dataset /data/events --epsilon 10 --delta 1e-5"
-        ),
+        epilog=examples(BUDGET_INIT_EXAMPLE),
     )
     init.add_argument("--ledger", required=True, help="ledger file (created) or postgresql:// URL")
     init.add_argument("--dataset", required=True, help="dataset URI, as the jobs name it")
@@ -645,8 +648,8 @@ def add_scheduled_commands(sub) -> None:
         "stream",
         help="online private PCA over a stream of batches",
         epilog=examples(
-            "dpsub stream init events.stream --rank 3 --horizon 30 --rho 0.5 --delta 1e-6",
-            "dpsub stream append events.stream batches/day-01.parquet --out runs/day-01",
+            STREAM_INIT_EXAMPLE,
+            STREAM_APPEND_EXAMPLE,
         ),
     )
     stream_sub = stream.add_subparsers(dest="stream_command", required=True, metavar="COMMAND")
@@ -656,9 +659,7 @@ def add_scheduled_commands(sub) -> None:
         description="The budget covers the stream's whole horizon: all T batches together, "
         "not each batch. With --ledger and --dataset it is charged at once to the dataset's "
         "grant; without them the stream is not tracked by any ledger.",
-        epilog=examples(
-            "dpsub stream init events.stream --rank 3 --horizon 30 --rho 0.5 --delta 1e-6"
-        ),
+        epilog=examples(STREAM_INIT_EXAMPLE),
     )
     s_init.add_argument("state", help="stream file to create (SQLite, 0600; beside it the "
                         "operator-only STATE.private)")  # fmt: skip
@@ -678,9 +679,7 @@ def add_scheduled_commands(sub) -> None:
     s_append = stream_sub.add_parser(
         "append",
         help="add one batch and release the new basis",
-        epilog=examples(
-            "dpsub stream append events.stream batches/day-01.parquet --out runs/day-01"
-        ),
+        epilog=examples(STREAM_APPEND_EXAMPLE),
     )
     s_append.add_argument("state", help="stream state file")
     s_append.add_argument("batch", help="the batch: Parquet file, folder or glob")

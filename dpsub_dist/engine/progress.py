@@ -52,22 +52,22 @@ def numbered_passes() -> Iterator[RunPasses]:
         _PASSES.reset(token)
 
 
-def closing_line(manifest: Mapping[str, Any], seconds: float | None) -> str:
-    """``done: N rows in H:MM:SS, spent epsilon=…, delta=…``: published values only.
+def closing_line(manifest: Mapping[str, Any]) -> str:
+    """``done: N rows, spent epsilon=…, delta=…``: published values only.
 
     The budget spent is published; n only at row level (at user level the row count is
-    private and left out), and the time only where progress is shown (``seconds`` given).
+    private and left out). No run time: like the step timings the manifest withholds, it
+    depends on the data (its rank and spread, not only n), and this line stays in the logs
+    a scheduler forwards.
     """
     spent = manifest["privacy"]["budget"]["spent"]
     budget = ", ".join(
         f"{k}={spent[k]:.6g}" for k in ("epsilon", "rho", "delta", "delta0") if k in spent
     )
-    parts = []
-    if manifest["privacy"].get("unit") == "row" and "n_rows" in manifest:
-        parts.append(f"{int(manifest['n_rows']):,} rows")
-    if seconds is not None:
-        parts.append(f"in {_clock(seconds)}")
-    return f"done{': ' + ' '.join(parts) if parts else ''}, spent {budget}"
+    rows = ""
+    if manifest["privacy"].get("unit") == "row" and manifest.get("n_rows") is not None:
+        rows = f": {int(manifest['n_rows']):,} rows"
+    return f"done{rows}, spent {budget}"
 
 
 def _clock(seconds: float) -> str:
