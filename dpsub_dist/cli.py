@@ -3,9 +3,9 @@
 Exit codes: 0 success · 2 bad input or parameters (nothing written, no budget
 spent) · 3 no stable subspace (manifest written, no basis) · 4 budget refused ·
 5 run aborted: the scheduler was lost or the output could not be written (nothing
-written or released) · 6 the data did not pass validation after it was read (NaN,
-missing values, ragged lists): nothing written, the budget is spent, the detail is in
-an owner-only diagnostics file whose path is printed · 1 unexpected failure.
+written or released) · 6 the run failed after reading its data (NaN, missing values,
+ragged lists, or an error while it computed): nothing written, the budget is spent, the
+detail is in an owner-only diagnostics file whose path is printed · 1 unexpected failure.
 """
 
 from __future__ import annotations
@@ -760,7 +760,7 @@ def cmd_budget(args: argparse.Namespace) -> int:
                     f"  reserved   {describe_budget(r.reserved)}  "
                     f"({unfinished} unfinished runs: resume them by run id)\n"
                     f"  failed     {describe_budget(r.failed)}  "
-                    f"({r.runs.get('failed', 0)} runs whose data did not pass validation)\n"
+                    f"({r.runs.get('failed', 0)} runs that failed after reading their data)\n"
                     f"  remaining  {describe_budget(r.remaining)}"
                 )
             return 0

@@ -45,16 +45,18 @@ class DataError(InputError):
     """
 
     exit_code = 6
-    public_message = "the data did not pass validation"
+    public_message = "the run failed after reading its data"
+    """The one published failure: the same words for data that failed validation and for
+    any other error after a row was read (:class:`RunFailed`), since which of the two it was
+    can depend on the data."""
 
 
 class RunFailed(DataError):
     """An unexpected error while a ledger run read and computed (a bug, a missing module):
     the data may have been read, so the run is 'failed' and stays charged, as for
     :class:`DataError`. ``str(err)`` (a traceback, which may hold private values) is the
-    operator's detail; only :attr:`public_message` is published."""
-
-    public_message = "the run failed"
+    operator's detail; only :attr:`public_message`, the same as a data error's, is
+    published."""
 
 
 class StorageFailure(InputError):

@@ -64,7 +64,6 @@ from dpsub_dist.ledger import (
     unit_name,
 )
 from dpsub_dist.ledger.core import (
-    OUTCOME_FAILED,
     RESUMABLE_STATES,
     budget_fields,
     decode_array,
@@ -596,7 +595,7 @@ class _Attempt:
         except DpsubError:  # the others say what to do, as before
             raise
         except Exception as err:  # unexpected: the data may have been read
-            self.book.fail(self.dataset, self.run_id, self.lease, OUTCOME_FAILED)
+            self.book.fail(self.dataset, self.run_id, self.lease)
             raise RunFailed(traceback.format_exc()) from err
 
 
@@ -635,13 +634,10 @@ def _finished(book, job: Job, dataset: str, run_id: str, options: Mapping[str, A
             f"run id {run_id} was used for a different job on {record.dataset}: "
             "pass a run id that names this job, e.g. --run-id <job>-<date>"
         )
-    if record.state == "failed" and record.outcome == OUTCOME_FAILED:
-        raise RunFailed(f"run {run_id} already failed (an error after its data was read)")
     if record.state == "failed":
         raise DataError(
-            f"run {run_id} already failed: its data did not pass validation (the detail was "
-            "written to the diagnostics file of the failed attempt); fix the data and start "
-            "a new run id"
+            f"run {run_id} already failed after reading its data (the detail was written to "
+            "the diagnostics file of the failed attempt); fix the cause and start a new run id"
         )
     restored = False
     if record.manifest is not None and not _readable_run(record.output, options):

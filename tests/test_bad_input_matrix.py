@@ -613,7 +613,7 @@ def test_bad_input(
 def assert_data_failure(stderr: str, command: str, detail: str) -> None:
     """One generic published line; the detail only in the owner-only file it names."""
     lines = stderr.strip().splitlines()
-    prefix = f"dpsub {command}: error: the data did not pass validation; details for the "
+    prefix = f"dpsub {command}: error: the run failed after reading its data; details for the "
     assert len(lines) == 1 and lines[0].startswith(prefix), stderr
     assert not re.search(detail, lines[0]) and "NaN" not in lines[0], lines[0]
     report = Path(lines[0].rsplit(" ", 1)[1])

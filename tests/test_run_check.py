@@ -327,4 +327,6 @@ def test_a_rank_checked_against_a_row_width_fails_as_data_and_charges(
     assert published["valid"] == published["longer"], published
     code, out, line, states = published["valid"]
     assert code == 6 and states == ["failed"], published
-    assert line == "dpsub run: error: the data did not pass validation; details for the operator in"
+    assert line == (
+        "dpsub run: error: the run failed after reading its data; details for the operator in"
+    )

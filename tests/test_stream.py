@@ -951,7 +951,9 @@ def _published(state: str, code: int, captured, capsys) -> tuple:
     return code, captured.out, line, status, manifest
 
 
-FAILED_LINE = "dpsub stream: error: the data did not pass validation; details for the operator in"
+FAILED_LINE = (
+    "dpsub stream: error: the run failed after reading its data; details for the operator in"
+)
 
 
 def test_a_first_batch_whose_list_width_fails_the_rank_is_charged_like_its_neighbour(
@@ -978,7 +980,7 @@ def test_a_first_batch_whose_list_width_fails_the_rank_is_charged_like_its_neigh
     assert (code, out, line) == (6, "", FAILED_LINE)
     assert status["step"] == 1 and status["batches"][0]["n_rows"] == 0
     assert status["budget"]["spent"]["rho"] == pytest.approx(1 / 3)  # batch 1: one level of 3
-    assert json.loads(manifest[0])["outcome"] == "failed: the data did not pass validation"
+    assert json.loads(manifest[0])["outcome"] == "failed: the run failed after reading its data"
     details = " ".join(p.read_text() for p in diagnostics.iterdir())
     assert "number of features (2)" in details and "different lengths" in details
     fine = _list_batch(tmp_path / "fine.parquet", [3] * 60)

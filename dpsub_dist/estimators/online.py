@@ -90,7 +90,7 @@ from dpsub_dist.estimators.norm_pass import NORM_SOURCE
 from dpsub_dist.io.parquet import list_parquet_files
 from dpsub_dist.io.storage import StorageOptions, filesystem, is_local, with_protocol
 from dpsub_dist.ledger.core import (
-    OUTCOME_DATA_FAILED,
+    OUTCOME_FAILED,
     LedgerError,
     LedgerUnavailable,
     RunRequest,
@@ -734,8 +734,8 @@ class Stream:
             again = self.release(seen.step)
             if again.manifest["outcome"] != "ok":
                 raise DataError(
-                    f"batch id {batch_id} already failed at step {seen.step}: its data did not "
-                    "pass validation (the detail is in that append's diagnostics file)"
+                    f"batch id {batch_id} already failed at step {seen.step} after reading its "
+                    "data (the detail is in that append's diagnostics file)"
                 )
             return StreamRelease(again.step, again.basis, again.manifest, already_appended=True)
         step = len(batches)
@@ -830,7 +830,7 @@ class Stream:
         charge = accountant.spent.rho - before.spent.rho
         batch = StreamBatch(step + 1, batch_id, uri, 0, charge, now_utc())
         manifest = {
-            "outcome": OUTCOME_DATA_FAILED,
+            "outcome": OUTCOME_FAILED,
             "method": "online",
             "input": uri,
             "n_rows_note": "no row of this batch entered the stream",

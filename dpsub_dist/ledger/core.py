@@ -31,8 +31,9 @@ the attempt that currently holds the run. A run moves through these states::
   values. A resumed run is never refunded; neither is a storage or network failure
   (the run stays ``reserved``; resume it).
 - **fail** records a failure after the data was read (``failed``): the charge stays, and
-  the record says only ``failed: the data did not pass validation`` (private data) or
-  ``failed`` (an unexpected error while the run computed: a bug, a missing module).
+  the record says only ``failed: the run failed after reading its data``, whether the
+  data failed validation or another error occurred (a bug, a missing module): which of
+  the two it was can depend on the data.
   Running the id again reports the same and charges nothing.
 
 Outcomes stored and printed are categories (:data:`OUTCOME_CATEGORIES`), never error
@@ -74,14 +75,12 @@ RESUMABLE_STATES = ("reserved", "publishing")
 """States a new attempt may take over (same run id, job and input)."""
 
 OUTCOME_BAD_INPUT = "bad input: public"
-OUTCOME_DATA_FAILED = f"failed: {DataError.public_message}"
-OUTCOME_FAILED = "failed"
+OUTCOME_FAILED = f"failed: {DataError.public_message}"
 OUTCOME_ABORTED = "aborted: resumable"
 OUTCOME_CATEGORIES = (
     "ok",
     "no_stable_subspace",
     OUTCOME_BAD_INPUT,
-    OUTCOME_DATA_FAILED,
     OUTCOME_FAILED,
     OUTCOME_ABORTED,
 )
@@ -112,7 +111,7 @@ def public_outcome(state: str, outcome: str | None) -> str | None:
     """
     if outcome is None or outcome in OUTCOME_CATEGORIES:
         return outcome
-    return {"returned": OUTCOME_BAD_INPUT, "failed": OUTCOME_DATA_FAILED}.get(state)
+    return {"returned": OUTCOME_BAD_INPUT, "failed": OUTCOME_FAILED}.get(state)
 
 
 def now_utc() -> str:
@@ -721,14 +720,11 @@ class Ledger(ABC):
         if found is not None:
             raise LeaseLost(_lost(run_id, found))
 
-    def fail(
-        self, dataset: str, run_id: str, lease: str, outcome: str = OUTCOME_DATA_FAILED
-    ) -> bool:
+    def fail(self, dataset: str, run_id: str, lease: str) -> bool:
         """Record that the run failed after its data was read: 'failed', still charged.
 
-        The record says only ``outcome``: :data:`OUTCOME_DATA_FAILED` (the data failed
-        validation) or :data:`OUTCOME_FAILED` (an unexpected error). False if the lease was
-        lost.
+        The record says only :data:`OUTCOME_FAILED`, whatever the error (validation or
+        another): which it was can depend on the data. False if the lease was lost.
         """
         found = self._transition(
             dataset,
@@ -736,7 +732,7 @@ class Ledger(ABC):
             lease,
             RESUMABLE_STATES,
             "state = 'failed', outcome = ?",
-            (outcome,),
+            (OUTCOME_FAILED,),
         )
         return found is None
 

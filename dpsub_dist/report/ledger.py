@@ -47,8 +47,8 @@ FREE = (
 )
 OUTCOMES = ("published", "⊥ no stable subspace", "failed", "unfinished", "returned")
 OUTCOME_HELP = (
-    "published: a basis; ⊥: published without a basis (charged); failed: the data did not pass "
-    "validation (charged); unfinished: reserved or publishing, resumable (charged); returned: "
+    "published: a basis; ⊥: published without a basis (charged); failed: failed after reading its "
+    "data (charged); unfinished: reserved or publishing, resumable (charged); returned: "
     "public bad input, charge given back. Refused runs are not recorded: a refusal reserves "
     "nothing."
 )
