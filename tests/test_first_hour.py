@@ -80,7 +80,8 @@ def test_demo_and_estimate_in_a_terminal(tmp_path: Path) -> None:
 def readme_commands() -> tuple[str, str]:
     """The README's set-up commands as written: the demo's, then the tests'."""
     text = (ROOT / "README.md").read_text()
-    commands = re.findall(r"^    (python3 -m venv \.venv && .+)$", text, re.M)
+    setup = r"(?:bash \.ci/setup\.sh && )?"
+    commands = re.findall(rf"^    ({setup}python3 -m venv \.venv && .+)$", text, re.M)
     assert len(commands) == 2 and "dpsub demo" in commands[0], commands
     assert commands[1].endswith("-m pytest"), commands
     return commands[0], commands[1]
@@ -107,3 +108,11 @@ def test_readme_commands_on_a_fresh_clone(tmp_path: Path) -> None:
         ["bash", "-c", bounded], cwd=clone, env=environ, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    """.ci/run runs the README's test command as written (pip quietened), so the command a
+    newcomer copies is the one CI proves."""
+    _, tests = readme_commands()
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert tests.replace("pip install -e", "pip install -q -e") in lines
