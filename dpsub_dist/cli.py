@@ -396,6 +396,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 def run_to_output(args: argparse.Namespace, make_config, runner) -> int:
     """Build the config from the flags the method declares, validate, check --out, run on the
     Dask cluster, write atomically; exit 3 for ⊥."""
+    from dpsub_dist.diagnostics import keep_run_timings
     from dpsub_dist.engine.cluster import dask_client
     from dpsub_dist.engine.progress import closing_line, numbered_passes
     from dpsub_dist.engine.sources import parquet_dataset
@@ -434,6 +435,7 @@ def run_to_output(args: argparse.Namespace, make_config, runner) -> int:
         with numbered_passes() as passes:
             result = runner(config, open_dataset, client, progress=not args.quiet)
     out = write_run(args.out, result.basis, result.manifest, args.overwrite, storage_options)
+    keep_run_timings(args.out, result.manifest, result.timings)
     if not args.quiet:  # the time only where progress is shown: at row level (n public)
         seconds = time.monotonic() - started if config.unit_column is None else None
         print(closing_line(result.manifest, seconds), file=sys.stderr)

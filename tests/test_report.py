@@ -250,8 +250,55 @@ def test_operator_section_only_when_asked(row_run, tmp_path):
     assert requests == []
     assert dom.sections[-1] == "operator"
     assert "OPERATOR ONLY" in dom.text_by_id["operator"]
-    assert "No timings are kept on disk" in dom.text_by_id["operator"]
+    assert "No timings were kept for this release" in dom.text_by_id["operator"]
     assert "operator" not in Dom(published.decode()).sections
+
+
+@pytest.fixture(scope="module")
+def timed_run(small_dataset, scheduler_address, tmp_path_factory) -> tuple[Path, dict, Path]:
+    """``dpsub estimate`` in a subprocess with its own diagnostics folder: the run, its
+    environment and the one file it kept there."""
+    folder = tmp_path_factory.mktemp("timed")
+    env = {"DPSUB_DIAGNOSTICS_DIR": str(folder / "diagnostics")}
+    out = folder / "run"
+    done = dpsub(
+        "estimate", str(small_dataset.path), "--rank", "2", "--epsilon", "1", "--delta", "1e-6",
+        "--out", str(out), "--scheduler", scheduler_address, "--quiet", env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["basis.npy", "manifest.json"]
+    kept = list((folder / "diagnostics").iterdir())
+    assert len(kept) == 1, f"the run should keep one diagnostics file, kept {kept}"
+    return out, env, kept[0]
+
+
+def test_estimate_keeps_timings_the_operator_page_shows(timed_run, tmp_path):
+    run, env, kept = timed_run
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    assert re.fullmatch(r"run-[0-9a-f]{16}\.json", kept.name), "named by the run's path only"
+    timings = json.loads(kept.read_text())["timings"]
+    passes = [step for step in timings if step.endswith("_s") and step != "total_s"]
+    assert "total_s" in timings and passes
+    done = dpsub("report", str(run), "--operator", env=env)
+    assert done.returncode == 0, done.stderr
+    written = Path(done.stdout.split()[1])
+    assert written.parent == kept.parent and stat.S_IMODE(written.stat().st_mode) == 0o600
+    assert sorted(p.name for p in run.iterdir()) == ["basis.npy", "manifest.json"]
+    dom = Dom(render(written, tmp_path / "operator.png", height=600)[0])
+    shown = {row[0]: row[1] for row in dom.cells["timings"][1:] if row}
+    assert shown == {step: str(value) for step, value in timings.items()}
+
+
+def test_published_report_never_shows_kept_timings(timed_run, tmp_path):
+    run, env, kept = timed_run
+    timings = json.loads(kept.read_text())["timings"]
+    before = sorted(kept.parent.iterdir())
+    done = dpsub("report", str(run), env=env)
+    assert done.returncode == 0, done.stderr
+    dom = Dom(render(run / "report.html", tmp_path / "public.png", height=600)[0])
+    assert "operator" not in dom.sections
+    assert not any(step in " ".join(dom.visible) for step in timings)
+    assert sorted(kept.parent.iterdir()) == before, "the published page writes no diagnostics"
 
 
 def test_operator_page_from_python_shows_the_timings(tmp_path):
