@@ -301,6 +301,27 @@ def test_published_report_never_shows_kept_timings(timed_run, tmp_path):
     assert sorted(kept.parent.iterdir()) == before, "the published page writes no diagnostics"
 
 
+def test_dpsub_run_keeps_timings_for_report_job_operator(
+    small_dataset, scheduler_address, tmp_path
+):
+    book, results, diagnostics = tmp_path / "ledger.db", tmp_path / "results", tmp_path / "diag"
+    grant = ["--ledger", str(book), "--dataset", str(small_dataset.path), "--epsilon", "4"]
+    assert main(["budget", "init", *grant, "--delta", "1e-5"]) == 0
+    job = write_job(tmp_path / "job.yaml", small_dataset.path, book, results, method="gauss")
+    env = {"DPSUB_DIAGNOSTICS_DIR": str(diagnostics)}
+    ran = dpsub("run", str(job), "--run-id", "day-1", "--scheduler", scheduler_address, env=env)
+    assert ran.returncode == 0, ran.stderr
+    [kept] = diagnostics.iterdir()
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    timings = json.loads(kept.read_text())["timings"]
+    done = dpsub("report", "--job", str(job), "--run-id", "day-1", "--operator", env=env)
+    assert done.returncode == 0, done.stderr
+    dom = Dom(render(Path(done.stdout.split()[1]), tmp_path / "operator.png", height=600)[0])
+    shown = {row[0]: row[1] for row in dom.cells["timings"][1:] if row}
+    assert "total_s" in shown and shown == {step: str(value) for step, value in timings.items()}
+    assert sorted(p.name for p in (results / "day-1").iterdir()) == ["basis.npy", "manifest.json"]
+
+
 def test_operator_page_from_python_shows_the_timings(tmp_path):
     from dpsub_dist.engine.sources import array_dataset
     from dpsub_dist.job import EstimateConfig, run_estimate
