@@ -301,6 +301,28 @@ def test_published_report_never_shows_kept_timings(timed_run, tmp_path):
     assert sorted(kept.parent.iterdir()) == before, "the published page writes no diagnostics"
 
 
+def test_timings_of_an_overwritten_release_are_not_shown(timed_run, tmp_path, monkeypatch):
+    from dpsub_dist.diagnostics import write_run_diagnostics
+
+    run, env, kept = timed_run
+    copy = tmp_path / "run"
+    copy.mkdir()
+    for name in ("basis.npy", "manifest.json"):
+        (copy / name).write_bytes((run / name).read_bytes())
+    earlier = {**json.loads((run / "manifest.json").read_text()), "seed": 1234}
+    monkeypatch.setenv("DPSUB_DIAGNOSTICS_DIR", str(tmp_path / "diag"))
+    write_run_diagnostics(str(copy), earlier, {"total_s": 1.0})  # an earlier release's
+    done = dpsub("report", str(copy), "--operator")
+    assert done.returncode == 0, done.stderr
+    page = Dom(Path(done.stdout.split()[1]).read_text())
+    assert "No timings were kept for this release" in page.text_by_id["operator"]
+    write_run_diagnostics(
+        str(copy), json.loads((copy / "manifest.json").read_text()), {"total_s": 1.0}
+    )
+    page = Dom(Path(dpsub("report", str(copy), "--operator").stdout.split()[1]).read_text())
+    assert [row for row in page.cells["timings"][1:] if row] == [["total_s", "1.0"]]
+
+
 def test_dpsub_run_keeps_timings_for_report_job_operator(
     small_dataset, scheduler_address, tmp_path
 ):
