@@ -395,6 +395,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 def run_to_output(args: argparse.Namespace, make_config, runner) -> int:
     """Build the config from the flags the method declares, validate, check --out, run on the
     Dask cluster, write atomically; exit 3 for ⊥."""
+    from dpsub_dist.diagnostics import keep_run_timings
     from dpsub_dist.engine.cluster import dask_client
     from dpsub_dist.engine.progress import closing_line, numbered_passes
     from dpsub_dist.engine.sources import parquet_dataset
@@ -432,6 +433,7 @@ def run_to_output(args: argparse.Namespace, make_config, runner) -> int:
         with numbered_passes() as passes:
             result = runner(config, open_dataset, client, progress=not args.quiet)
     out = write_run(args.out, result.basis, result.manifest, args.overwrite, storage_options)
+    keep_run_timings(args.out, result.manifest, result.timings)
     if not args.quiet:
         print(closing_line(result.manifest), file=sys.stderr)
     if result.basis is None:

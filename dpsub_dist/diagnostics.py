@@ -6,15 +6,23 @@ is *published* (exit code, stderr, ledger record) says only that it failed. The 
 owner only (mode 0600, in a folder created 0700), and the CLI prints its path. The path
 holds a time stamp and a random token, nothing taken from the data.
 
+A finished run's step timings (also data-dependent) are kept here too, in
+``run-<hash of the run's location>.json``, for ``dpsub report RUN --operator``.
+
 Folder: ``$DPSUB_DIAGNOSTICS_DIR``, else ``~/.dpsub/diagnostics``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import secrets
+import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 DIAGNOSTICS_ENV = "DPSUB_DIAGNOSTICS_DIR"
 
@@ -35,11 +43,72 @@ def write_diagnostics(command: str, detail: str, run_id: str | None = None) -> P
 
 def write_diagnostics_file(command: str, text: str, suffix: str = ".txt") -> Path:
     """Write ``text`` to a new owner-only (0600) file in :func:`diagnostics_dir`; its path."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    return _write_owner_only(f"{stamp}-{command}-{secrets.token_hex(4)}{suffix}", text)
+
+
+def _write_owner_only(name: str, text: str) -> Path:
+    """Create ``name`` (0600) in the diagnostics folder (made 0700) and write ``text``."""
     folder = diagnostics_dir()
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = folder / f"{stamp}-{command}-{secrets.token_hex(4)}{suffix}"
+    path = folder / name
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
         handle.write(text)
     return path
+
+
+def _run_file_name(run: str) -> str:
+    """``run-<hash>.json``: named by the run's location (absolute path or URL), not its data."""
+    from dpsub_dist.io.storage import is_local
+
+    where = run.rstrip("/")
+    if is_local(run):
+        where = str(Path(run.removeprefix("file://")).expanduser().resolve())
+    return f"run-{hashlib.sha256(where.encode()).hexdigest()[:16]}.json"
+
+
+def _plain(value: Any) -> Any:
+    """A numpy value as a Python one (anything else as text), for JSON."""
+    return value.tolist() if hasattr(value, "tolist") else str(value)
+
+
+def _manifest_digest(manifest: Mapping[str, Any]) -> str:
+    """Which release the diagnostics belong to: its manifest less the written files' checksums."""
+    released = {key: value for key, value in manifest.items() if key != "outputs"}
+    text = json.dumps(released, sort_keys=True, default=_plain)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def write_run_diagnostics(
+    run: str, manifest: Mapping[str, Any], timings: Mapping[str, Any]
+) -> Path:
+    """Keep a run's timings, replacing those of an earlier run at ``run`` (OSError if it cannot)."""
+    record = {"manifest_sha256": _manifest_digest(manifest), "timings": timings}
+    text = json.dumps(record, indent=2, default=_plain)
+    name = _run_file_name(run)
+    written = _write_owner_only(f".{name}.tmp-{secrets.token_hex(4)}", text)
+    return written.replace(written.with_name(name))
+
+
+def keep_run_timings(run: str, manifest: Mapping[str, Any], timings: Mapping[str, Any]) -> None:
+    """:func:`write_run_diagnostics` once the release is written: a diagnostics folder that
+    cannot be written costs the operator the timings, not the run (a line on stderr)."""
+    try:
+        write_run_diagnostics(run, manifest, timings)
+    except OSError as err:
+        print(
+            f"timings not kept: the diagnostics folder cannot be written ({type(err).__name__}); "
+            f"set {DIAGNOSTICS_ENV} to a writable folder",
+            file=sys.stderr,
+        )
+
+
+def read_run_diagnostics(run: str, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The timings kept for the release ``manifest`` at ``run``; None if none were kept for it."""
+    try:
+        record = json.loads((diagnostics_dir() / _run_file_name(run)).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    same_release = record.get("manifest_sha256") == _manifest_digest(manifest)
+    return record.get("timings") if same_release else None

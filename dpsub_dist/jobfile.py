@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from dpsub_dist.diagnostics import keep_run_timings
 from dpsub_dist.errors import (
     DataError,
     DpsubError,
@@ -534,6 +535,7 @@ def run_job(
         write_run(output, result.basis, manifest, job.overwrite, options)
         _, published = read_run(output, options)  # as written, with the outputs' checksums
         attempt.publish(result.outcome, json.dumps(published), result.basis)
+        keep_run_timings(output, manifest, result.timings)  # operator-only, after publishing
     status = "published" if reservation.kind == "new" else "resumed"
     return RunOutcome(run_id, status, result.outcome, output, charge, reservation.remaining)
 

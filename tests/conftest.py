@@ -9,6 +9,12 @@ import pytest
 os.environ.setdefault("DASK_DISTRIBUTED__WORKER__DAEMON", "False")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def diagnostics_folder(tmp_path_factory):
+    """Runs keep their operator-only timings here, not in the tester's ~/.dpsub/diagnostics."""
+    os.environ.setdefault("DPSUB_DIAGNOSTICS_DIR", str(tmp_path_factory.mktemp("diagnostics")))
+
+
 @pytest.fixture(scope="session")
 def dask_cluster():
     """A LocalCluster with 2 worker *processes* on 127.0.0.1, shared by the session."""

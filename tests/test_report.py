@@ -250,8 +250,98 @@ def test_operator_section_only_when_asked(row_run, tmp_path):
     assert requests == []
     assert dom.sections[-1] == "operator"
     assert "OPERATOR ONLY" in dom.text_by_id["operator"]
-    assert "No timings are kept on disk" in dom.text_by_id["operator"]
+    assert "No timings were kept for this release" in dom.text_by_id["operator"]
     assert "operator" not in Dom(published.decode()).sections
+
+
+@pytest.fixture(scope="module")
+def timed_run(small_dataset, scheduler_address, tmp_path_factory) -> tuple[Path, dict, Path]:
+    """``dpsub estimate`` in a subprocess with its own diagnostics folder: the run, its
+    environment and the one file it kept there."""
+    folder = tmp_path_factory.mktemp("timed")
+    env = {"DPSUB_DIAGNOSTICS_DIR": str(folder / "diagnostics")}
+    out = folder / "run"
+    done = dpsub(
+        "estimate", str(small_dataset.path), "--rank", "2", "--epsilon", "1", "--delta", "1e-6",
+        "--out", str(out), "--scheduler", scheduler_address, "--quiet", env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["basis.npy", "manifest.json"]
+    kept = list((folder / "diagnostics").iterdir())
+    assert len(kept) == 1, f"the run should keep one diagnostics file, kept {kept}"
+    return out, env, kept[0]
+
+
+def test_estimate_keeps_timings_the_operator_page_shows(timed_run, tmp_path):
+    run, env, kept = timed_run
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    assert re.fullmatch(r"run-[0-9a-f]{16}\.json", kept.name), "named by the run's path only"
+    timings = json.loads(kept.read_text())["timings"]
+    passes = [step for step in timings if step.endswith("_s") and step != "total_s"]
+    assert "total_s" in timings and passes
+    done = dpsub("report", str(run), "--operator", env=env)
+    assert done.returncode == 0, done.stderr
+    written = Path(done.stdout.split()[1])
+    assert written.parent == kept.parent and stat.S_IMODE(written.stat().st_mode) == 0o600
+    assert sorted(p.name for p in run.iterdir()) == ["basis.npy", "manifest.json"]
+    dom = Dom(render(written, tmp_path / "operator.png", height=600)[0])
+    shown = {row[0]: row[1] for row in dom.cells["timings"][1:] if row}
+    assert shown == {step: str(value) for step, value in timings.items()}
+
+
+def test_published_report_never_shows_kept_timings(timed_run, tmp_path):
+    run, env, kept = timed_run
+    timings = json.loads(kept.read_text())["timings"]
+    before = sorted(kept.parent.iterdir())
+    done = dpsub("report", str(run), env=env)
+    assert done.returncode == 0, done.stderr
+    dom = Dom(render(run / "report.html", tmp_path / "public.png", height=600)[0])
+    assert "operator" not in dom.sections
+    assert not any(step in " ".join(dom.visible) for step in timings)
+    assert sorted(kept.parent.iterdir()) == before, "the published page writes no diagnostics"
+
+
+def test_timings_of_an_overwritten_release_are_not_shown(timed_run, tmp_path, monkeypatch):
+    from dpsub_dist.diagnostics import write_run_diagnostics
+
+    run, env, kept = timed_run
+    copy = tmp_path / "run"
+    copy.mkdir()
+    for name in ("basis.npy", "manifest.json"):
+        (copy / name).write_bytes((run / name).read_bytes())
+    earlier = {**json.loads((run / "manifest.json").read_text()), "seed": 1234}
+    monkeypatch.setenv("DPSUB_DIAGNOSTICS_DIR", str(tmp_path / "diag"))
+    write_run_diagnostics(str(copy), earlier, {"total_s": 1.0})  # an earlier release's
+    done = dpsub("report", str(copy), "--operator")
+    assert done.returncode == 0, done.stderr
+    page = Dom(Path(done.stdout.split()[1]).read_text())
+    assert "No timings were kept for this release" in page.text_by_id["operator"]
+    write_run_diagnostics(
+        str(copy), json.loads((copy / "manifest.json").read_text()), {"total_s": 1.0}
+    )
+    page = Dom(Path(dpsub("report", str(copy), "--operator").stdout.split()[1]).read_text())
+    assert [row for row in page.cells["timings"][1:] if row] == [["total_s", "1.0"]]
+
+
+def test_dpsub_run_keeps_timings_for_report_job_operator(
+    small_dataset, scheduler_address, tmp_path
+):
+    book, results, diagnostics = tmp_path / "ledger.db", tmp_path / "results", tmp_path / "diag"
+    grant = ["--ledger", str(book), "--dataset", str(small_dataset.path), "--epsilon", "4"]
+    assert main(["budget", "init", *grant, "--delta", "1e-5"]) == 0
+    job = write_job(tmp_path / "job.yaml", small_dataset.path, book, results, method="gauss")
+    env = {"DPSUB_DIAGNOSTICS_DIR": str(diagnostics)}
+    ran = dpsub("run", str(job), "--run-id", "day-1", "--scheduler", scheduler_address, env=env)
+    assert ran.returncode == 0, ran.stderr
+    [kept] = diagnostics.iterdir()
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    timings = json.loads(kept.read_text())["timings"]
+    done = dpsub("report", "--job", str(job), "--run-id", "day-1", "--operator", env=env)
+    assert done.returncode == 0, done.stderr
+    dom = Dom(render(Path(done.stdout.split()[1]), tmp_path / "operator.png", height=600)[0])
+    shown = {row[0]: row[1] for row in dom.cells["timings"][1:] if row}
+    assert "total_s" in shown and shown == {step: str(value) for step, value in timings.items()}
+    assert sorted(p.name for p in (results / "day-1").iterdir()) == ["basis.npy", "manifest.json"]
 
 
 def test_operator_page_from_python_shows_the_timings(tmp_path):

@@ -209,8 +209,9 @@ def _operator_section(timings: Mapping[str, Any] | None) -> str:
     )
     if not timings:
         body = para(
-            "No timings are kept on disk: dpsub estimate and dpsub run hold them only in "
-            "memory (EstimateResult.timings in Python). Pass them to "
+            "No timings were kept for this release: dpsub estimate, cluster and run keep them "
+            "in the owner-only diagnostics folder ($DPSUB_DIAGNOSTICS_DIR, else "
+            "~/.dpsub/diagnostics) of the machine that ran them. From Python, pass them to "
             "dpsub_dist.report.run_page(manifest, timings=result.timings, operator=True)."
         )
     else:
@@ -252,11 +253,15 @@ def write_run_report(
     timings: Mapping[str, Any] | None = None,
 ) -> str:
     """Write the run's page: ``RUN/report.html``, or with ``operator`` an owner-only file in
-    the diagnostics folder (never beside the published run). Returns where it went."""
+    the diagnostics folder (never beside the published run), with the timings given or those
+    the run kept there. Returns where it went."""
+    from dpsub_dist.diagnostics import read_run_diagnostics
     from dpsub_dist.io.output import read_run
     from dpsub_dist.io.storage import join
 
     _, manifest = read_run(run, storage_options)
+    if operator and timings is None:
+        timings = read_run_diagnostics(run, manifest)
     html = run_page(
         manifest, left_out_columns(manifest, storage_options), operator=operator, timings=timings
     )
