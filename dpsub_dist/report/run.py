@@ -33,9 +33,9 @@ def noise_ratio(manifest: Mapping[str, Any]) -> tuple[float | None, str]:
     """The Gram noise's typical top eigenvalue in explained-variance-ratio units, and how.
 
     A symmetric Gaussian D×D matrix of entry scale σ has its largest eigenvalue near
-    2σ√D; the released ratio λᵢ/tr is over the noisy Gram of rows scaled by 1/B, whose
-    trace is n·ev₁/(B²·ratio₁). All of σ, D, B, n, ev₁ and ratio₁ must be published: at
-    user level n and the variance are not, so no line is drawn.
+    2σ√D; the released ratio λᵢ/Σⱼ max(λⱼ, 0) is over the noisy Gram of rows scaled by 1/B,
+    whose eigenvalues clipped at 0 sum to n·ev₁/(B²·ratio₁). All of σ, D, B, n, ev₁ and
+    ratio₁ must be published: at user level n and the variance are not, so no line is drawn.
     """
     release, parameters = manifest.get("release") or {}, manifest.get("parameters") or {}
     sigma, bound = release.get("gram_noise_sigma"), parameters.get("row_norm")
@@ -48,9 +48,9 @@ def noise_ratio(manifest: Mapping[str, Any]) -> tuple[float | None, str]:
             "no noise line: it needs the row count and the explained variance, which this "
             "run does not publish (private at user level)"
         )
-    trace = n * variance[0] / (bound**2 * ratio[0])
-    return 2 * sigma * math.sqrt(dim) / trace, (
-        "dashed line: 2σ√D / trace, the typical largest eigenvalue of the Gram noise alone "
+    total = n * variance[0] / (bound**2 * ratio[0])
+    return 2 * sigma * math.sqrt(dim) / total, (
+        "dashed line: 2σ√D / Σ max(λ, 0), the typical largest eigenvalue of the Gram noise alone "
         f"(σ = {svg.number(sigma)}, D = {dim}); components near or below it are "
         "indistinguishable from the noise"
     )
@@ -132,7 +132,8 @@ def _scree_section(view: Mapping[str, Any]) -> str:
     if ratios and None not in ratios:
         noise, how = noise_ratio(view)
         label = f"noise ≈ {svg.number(noise)}" if noise is not None else ""
-        chart = svg.scree("Share of the noisy matrix's trace per component", ratios, noise, label)
+        title = "Share of the noisy matrix's eigenvalues (clipped at 0) per component"
+        chart = svg.scree(title, ratios, noise, label)
         heading = "Explained-variance ratio of the released components"
         return section("scree", heading, chart, para(how, "muted"), note)
     if variance and None not in variance:
