@@ -5,8 +5,9 @@ pixels): the charts are drawn, the budget numbers are the manifest's and the led
 the page fetches nothing, the operator section appears only when asked for, and every
 number on a published page is a released value or a public fact, at user level too.
 
-``DPSUB_REPORT_SCREENSHOTS=docs/img pytest tests/test_report.py`` also copies the
-screenshots to docs/img (report-run.png, report-ledger.png).
+``DPSUB_REPORT_SCREENSHOTS=docs/img pytest tests/test_report.py`` also copies the ledger
+page's screenshot to docs/img (report-ledger.png); the run page's comes from the commands in
+docs/report.md, whose input path, unlike a test's, reads well in the page's title.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import re
 import stat
 import subprocess
 import sys
+from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +33,7 @@ from pg import postgres_server, postgres_url  # noqa: F401  (fixtures)
 
 from dpsub_dist.cli import main
 from dpsub_dist.errors import DataError, InputError
+from dpsub_dist.ledger import open_ledger
 from dpsub_dist.report.svg import FLAG, PALETTE, number
 
 BAR = tuple(int(PALETTE[0][i : i + 2], 16) for i in (1, 3, 5))
@@ -161,7 +165,6 @@ def test_run_page_renders_budget_scree_and_fetches_nothing(row_run, shown):
     assert colour_pixels(png, BAR) > 20_000, "the bars are not drawn"
     assert colour_pixels(png, RED) > 100, "the noise line is not drawn"
     assert manifest["versions"]["dpsub_dist"] in dom.text_by_id["versions"]
-    keep_screenshot(png, "report-run.png")
 
 
 def test_user_level_page_shows_no_row_count(user_run, shown):
@@ -385,6 +388,10 @@ def test_bad_arguments_exit_2_and_write_nothing(args, message, tmp_path, monkeyp
 # ----------------------------------------------------------------------------- ledger page
 
 
+VISIT_ROWS, VISITORS = 60_013, 30_011  # private at user level; unlike any public number here
+USER = ["--unit-column", "user_id"]
+
+
 class Clock:
     """``now_utc`` for the ledger: one simulated day per run, so the page spans days."""
 
@@ -397,8 +404,9 @@ class Clock:
 
 @pytest.fixture(scope="module")
 def ledger(tmp_path_factory, dask_cluster) -> Path:
-    """Two datasets: six daily runs of one job on ``events`` (its data replaced before day
-    5), a bad-input run (returned), and a run on ``sensors`` whose data holds a NaN (failed)."""
+    """Three datasets: six daily runs of one job on ``events`` (its data replaced before day
+    5), a bad-input run (returned), a run on ``sensors`` whose data holds a NaN (failed), and
+    a user-level run on ``visits`` (VISIT_ROWS rows of VISITORS users, both private)."""
     from distributed import Client
 
     from dpsub_dist.jobfile import load_job, run_job
@@ -414,11 +422,19 @@ def ledger(tmp_path_factory, dask_cluster) -> Path:
     frame.loc[7, "b"] = np.nan
     sensors.mkdir()
     frame.to_parquet(sensors / "part-0.parquet")
+    visits = folder / "visits"
+    visits.mkdir()
+    rng = np.random.default_rng(5)
+    spread = rng.standard_normal((VISIT_ROWS, 2)) @ np.linalg.qr(rng.standard_normal((6, 2)))[0].T
+    rows = spread + 0.01 * rng.standard_normal((VISIT_ROWS, 6))
+    frame = pd.DataFrame(rows, columns=[f"v{i}" for i in range(6)])
+    frame["user_id"] = np.arange(VISIT_ROWS) % VISITORS
+    frame.to_parquet(visits / "part-0.parquet")
     clock = Clock()
     patch = pytest.MonkeyPatch()
     patch.setattr(core, "now_utc", clock)
-    for dataset, epsilon in ((events, "8"), (sensors, "2")):
-        grant = ["--ledger", str(book), "--dataset", str(dataset), "--epsilon", epsilon]
+    for dataset, epsilon, unit in ((events, "8", []), (sensors, "2", []), (visits, "3", USER)):
+        grant = ["--ledger", str(book), "--dataset", str(dataset), "--epsilon", epsilon, *unit]
         assert main(["budget", "init", *grant, "--delta", "1e-5"]) == 0
     good = load_job(write_job(folder / "events.yaml", events, book, results, method="gauss"))
     bad = load_job(write_job(folder / "bad.yaml", events, book, results, columns="[x0, nope]"))
@@ -431,6 +447,11 @@ def ledger(tmp_path_factory, dask_cluster) -> Path:
             name="sensors",
             method="gauss",
             parameters="{row_norm: 3.0}",
+        )
+    )
+    by_user = load_job(
+        write_job(
+            folder / "visits.yaml", visits, book, results, name="visits", unit_column="user_id"
         )
     )
     try:
@@ -448,19 +469,34 @@ def ledger(tmp_path_factory, dask_cluster) -> Path:
             clock.day = 7
             with pytest.raises(DataError):
                 run_job(failing, "sensors-2024-06-08", client=client)
+            clock.day = 8
+            run_job(by_user, "visits-2024-06-09", client=client)
     finally:
         patch.undo()
     return book
 
 
-def test_ledger_page_matches_the_ledger_and_flags_the_jump(ledger, tmp_path, capsys):
-    out = tmp_path / "ledger.html"
+@pytest.fixture(scope="module")
+def ledger_report(ledger, tmp_path_factory) -> tuple[Dom, list[str], Path]:
+    """``dpsub report --ledger`` rendered in Chromium: (DOM, requests made, screenshot)."""
+    folder = tmp_path_factory.mktemp("ledger-report")
+    out, png = folder / "ledger.html", folder / "ledger.png"
     done = dpsub("report", "--ledger", str(ledger), "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"wrote {out}"
-    png = tmp_path / "ledger.png"
-    html, requests = render(out, png, height=1700)
-    dom = Dom(html)
+    html, requests = render(out, png, height=1900)
+    return Dom(html), requests, png
+
+
+def ledger_json(ledger: Path, command: str) -> list[dict]:
+    """``dpsub budget COMMAND --ledger L --json``, as published."""
+    done = dpsub("budget", command, "--ledger", str(ledger), "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_ledger_page_matches_the_ledger_and_flags_the_jump(ledger, ledger_report, capsys):
+    dom, requests, png = ledger_report
     assert_self_contained(dom, requests)
     assert dom.sections == ["budget", "outcomes", "drift"]
     assert "costs no privacy budget" in dom.text_by_id["free"]
@@ -494,7 +530,7 @@ def test_ledger_page_matches_the_ledger_and_flags_the_jump(ledger, tmp_path, cap
     angles = [float(row[3]) for row in drift]
     assert angles[3] > 30 and max(angles[:3] + angles[4:]) < 3  # noise alone: about 0.7°
 
-    assert dom.svg_shapes["polyline"] == 3  # a line per dataset, and the job's drift
+    assert dom.svg_shapes["polyline"] == 4  # a line per dataset, and the job's drift
     assert colour_pixels(png, BAR) > 5_000 and colour_pixels(png, RED) > 30
     assert "2024-06-01 02:15" in dom.text_by_id["budget"]
     keep_screenshot(png, "report-ledger.png")
@@ -508,6 +544,76 @@ def test_ledger_page_of_one_dataset(ledger, tmp_path):
     dom = Dom(out.read_text())  # rendered in the test above; here only what is on it
     assert [row[0] for row in dom.cells["budget-table"][1:]] == [events]
     assert dom.svg_shapes["polyline"] == 2
+
+
+def drift_angles(history: list[dict]) -> set[str]:
+    """The largest principal angle (degrees, as the page writes it) between consecutive
+    published bases of each job, recomputed from the released basis.npy files."""
+    from scipy.linalg import subspace_angles
+
+    last: dict[str, np.ndarray] = {}
+    angles = set()
+    for run in history:
+        if run["state"] != "published" or run["outcome"] != "ok":
+            continue
+        output = Path(run["output"])
+        job = json.loads((output / "manifest.json").read_text())["ledger"]["job"]
+        basis = np.load(output / "basis.npy")
+        if job in last and last[job].shape == basis.shape:
+            angles.add(number(math.degrees(np.max(subspace_angles(last[job], basis)))))
+        last[job] = basis
+    return angles
+
+
+def ledger_numbers(statuses: list[dict], history: list[dict]) -> set[str]:
+    """Every number the ledger page may show: budgets as ``budget show`` writes them,
+    reservation and grant times to the minute, numbers in dataset names and run ids,
+    counts of runs by outcome, drift angles, and the page's constants."""
+    from dpsub_dist.ledger.core import budget_from_pair, describe_budget
+    from dpsub_dist.report.ledger import JUMP_FACTOR, JUMP_FLOOR_DEG
+
+    def budget(fields: dict) -> list[str]:
+        mode = "approx_dp" if "epsilon" in fields else "zcdp"
+        return NUMBER.findall(describe_budget(budget_from_pair(mode, *fields.values())))
+
+    def minute(stamp: str) -> list[str]:
+        return NUMBER.findall(datetime.fromisoformat(stamp).astimezone(UTC).strftime("%F %R"))
+
+    allowed = {f"{JUMP_FACTOR:g}", f"{JUMP_FLOOR_DEG:g}", "0", "90", "100"}  # rule, axes
+    for status in statuses:
+        allowed |= set(NUMBER.findall(status["dataset"])) | set(minute(status["granted_at"]))
+        for key in ("granted", "published", "reserved", "failed", "remaining"):
+            allowed |= set(budget(status[key]))
+    counts: Counter = Counter()
+    for run in history:
+        allowed |= set(NUMBER.findall(run["run_id"])) | set(minute(run["reserved_at"]))
+        allowed |= set(budget(run["charge"]))
+        unfinished = run["state"] in ("reserved", "publishing")
+        outcome = "unfinished" if unfinished else (run["state"], run["outcome"])
+        counts.update([(run["dataset"], outcome), ("all", outcome)])
+    allowed |= {str(c) for c in counts.values()}
+    return allowed | drift_angles(history)
+
+
+def test_every_number_on_the_ledger_page_is_published(ledger, ledger_report):
+    """What the browser shows of a ledger (row and user level) is made of the ledger's
+    published values and public facts only: no row or user count of the user-level data."""
+    dom, _, _ = ledger_report
+    statuses, history = ledger_json(ledger, "show"), ledger_json(ledger, "history")
+    visits = next(s["dataset"] for s in statuses if s["dataset"].endswith("visits"))
+    assert next(s["unit"] for s in statuses if s["dataset"] == visits) == "user:user_id"
+    [run] = [r for r in history if r["dataset"] == visits]
+    assert run["state"] == "published"
+    with open_ledger(str(ledger)) as book:
+        stored = json.loads(book.lookup(visits, run["run_id"], with_release=True).manifest)
+    assert stored["n_rows"] is None  # the ledger keeps the published manifest: no n
+
+    numbers = set(NUMBER.findall(" ".join(dom.visible)))
+    allowed = ledger_numbers(statuses, history)
+    assert numbers - allowed == set()
+    private = {str(VISIT_ROWS), str(VISITORS), number(VISIT_ROWS), number(VISITORS)}
+    assert not private & (allowed | numbers), "a private count is on the page"
+    assert len(numbers) > 20  # the page does show numbers
 
 
 def test_plot_explained_variance_from_the_estimator():
