@@ -228,24 +228,27 @@ def frame_choice(
     return frame[[labels[name] for name in choice.used]], choice
 
 
-def row_counts(blocks: Sequence[Any], executor: Executor | Any | None) -> list[int]:
+def row_counts(blocks: Sequence[Any], executor: Executor) -> list[int]:
     """Rows of each delayed block, counted where the blocks are (a pass over them). Row
     level only: the API refuses ``unit_column`` for in-memory input, and a user-level count
     would be private (build_manifest withholds n_rows and what follows from it)."""
-    counts = Executor.of(executor).gather([dask.delayed(len)(b) for b in blocks], "row counts")
+    counts = executor.gather([dask.delayed(len)(b) for b in blocks], "row counts")
     return [int(c) for c in counts]
 
 
 def array_dataset(
-    data: Any, columns: list[str] | None = None, executor: Executor | Any | None = None
+    data: Any, columns: list[str] | None = None, executor: Executor | None = None
 ) -> Dataset:
     """A NumPy array, pandas DataFrame, Dask array or Dask DataFrame as partitions.
 
     A Dask DataFrame is read a partition at a time (``to_delayed``) and its row counts are
     those of the very partitions read, never ``to_dask_array(lengths=True)``, whose lengths
     disagree with the partitions of ``read_parquet`` frames (dask/dask#12411); a Dask array
-    with unknown chunk sizes has its blocks counted the same way (``executor``: where)."""
+    with unknown chunk sizes has its blocks counted the same way (``executor``: where; None:
+    in process)."""
     import dask.array as da
+
+    executor = executor or Executor()
 
     if dask.is_dask_collection(data) and hasattr(data, "columns"):  # Dask DataFrame
         columns = columns or [str(c) for c in data.columns]
