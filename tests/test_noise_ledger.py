@@ -343,16 +343,24 @@ def _fits(draw: noise.Draw, slot: Expected) -> bool:
     return math.isclose(draw.scale, slot.scale, rel_tol=1e-12) and draw.size in size
 
 
+IN_ORDER = "power"
+"""Steps whose formula lists one scale per draw in the order they are drawn (iteration t at
+σ_t): a draw may not fill a later slot while an earlier one of the step is empty."""
+
+
 def check_draw_counts(run: Run) -> list[str]:
     """Each draw fills one slot the charged steps buy (scale and number of values), each slot
     is drawn exactly once (a repeated one at least once): a matrix shared across clusters, a
-    tree node or an iteration left un-noised, one σ reused for all iterations, or a step the
-    plan does not hold fail here. Returns each draw's step."""
+    tree node or an iteration left un-noised, one σ reused for all iterations (or drawn out of
+    order), or a step the plan does not hold fail here. Returns each draw's step."""
     slots = expected_draws(run)
     owners = []
     for draw in run.draws:
         free = [s for s in slots if _fits(draw, s) and (s.repeated or not s.drawn)]
         assert free, f"{draw} fills no slot left by the charged steps: {slots}"
+        if re.fullmatch(IN_ORDER, free[0].step):
+            skipped = [s for s in slots[: slots.index(free[0])] if s.step == free[0].step]
+            assert all(s.drawn for s in skipped), f"{draw} drawn before {skipped[0]}"
         free[0].drawn += 1
         owners.append(free[0].step)
     for slot in slots:  # two steps' identical repeated slots share their draws
