@@ -380,6 +380,7 @@ MUTATIONS = [
         "    half = (norm_share / 2, 0.0)",
         "    half = (norm_share, 0.0)",
         "private or auto",
+        "tests/test_power.py::test_plan_gives_the_private_bound_powers_own_share",
     ),
     Plant(
         "covariance: row-level Gram drawn at add/remove's sensitivity, charged at replace's",
