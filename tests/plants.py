@@ -414,6 +414,31 @@ MUTATIONS = [
         '    tree_rho = grants["batch 1"].rho * (levels + 1)',
         "stream",
     ),
+    Plant(
+        "online: tree steps charged a node of the whole stream's ρ, not the tree's share",
+        "mutation",
+        "dpsub_dist/estimators/online.py",
+        "    return node_mechanism(settings.tree_total, settings.horizon)",
+        "    return node_mechanism(settings.rho, settings.horizon)",
+        "stream",
+    ),
+    Plant(
+        "tree: a batch enters no node of the top level",
+        "mutation",
+        "dpsub_dist/privacy/tree_aggregation.py",
+        "    nodes = [(h, (batch - 1) >> h) for h in range(tree_levels(horizon))]",
+        "    nodes = [(h, (batch - 1) >> h) for h in range(tree_levels(horizon) - 1)]",
+        "stream",
+        "tests/test_stream.py::test_each_batch_enters_at_most_L_nodes_and_prefixes_cover_exactly",
+    ),
+    Plant(
+        "covariance: gap-perturb's projector noise given no δ share under (ε, δ)",
+        "mutation",
+        "dpsub_dist/estimators/covariance.py",
+        '"projector_noise": (1.0 - GAP_TEST_SHARE, 0.0 if zcdp else 0.5)',
+        '"projector_noise": (1.0 - GAP_TEST_SHARE, 0.0)',
+        "gap-perturb",
+    ),
 ]
 
 
