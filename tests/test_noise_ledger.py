@@ -36,7 +36,7 @@ import pytest
 from dpsub_dist import PrivateSubspace
 from dpsub_dist.cli import main
 from dpsub_dist.methods import REGISTRY
-from dpsub_dist.privacy import noise
+from dpsub_dist.privacy import mechanism, noise
 from dpsub_dist.privacy.accountant import (
     ZCDP,
     Accountant,
@@ -497,7 +497,35 @@ def check_fresh_noise(draws: list[noise.Draw]) -> None:
         seen[key] = draw
 
 
-def check_run(run: Run, units: int) -> None:
+def record_charges(monkeypatch) -> list[tuple[str, Any]]:
+    """Every (step, mechanism or budget) charged to any accountant while the test runs."""
+    charges: list[tuple[str, Any]] = []
+    charge = Accountant.charge
+
+    def recorded(self: Accountant, step: str, cost: Any) -> None:
+        charges.append((step, cost))
+        charge(self, step, cost)
+
+    monkeypatch.setattr(Accountant, "charge", recorded)
+    return charges
+
+
+def check_charged_gaussians_drew(
+    draws: list[noise.Draw], owners: list[str], charges: list[tuple[str, Any]]
+) -> None:
+    """The object charged is the object that draws: every charged Gaussian's σ/Δ (what its
+    privacy map reads) is the σ/Δ of some draw of its step (a Gaussian charged at another
+    gate, sensitivity or grant than the one drawn, whose stated cost still fits, fails here)."""
+    for step, cost in charges:
+        if isinstance(cost, mechanism.Gaussian):
+            ratio = cost.sigma / cost.sensitivity
+            drawn = [
+                d.scale / d.sensitivity for d, o in zip(draws, owners, strict=True) if o == step
+            ]
+            assert any(math.isclose(r, ratio, rel_tol=1e-9) for r in drawn), (step, ratio, drawn)
+
+
+def check_run(run: Run, units: int, charges: list[tuple[str, Any]] | None = None) -> None:
     """All of the net's per-run checks (docs/testing.md, "The end-to-end net")."""
     check_noise_ledger(run)
     check_fresh_noise(run.draws)
@@ -505,6 +533,8 @@ def check_run(run: Run, units: int) -> None:
     check_samplers(run.draws)
     check_delta(run, owners)
     check_clipped(run, owners, units)
+    if charges is not None:
+        check_charged_gaussians_drew(run.draws, owners, charges)
 
 
 # ----------------------------------------------------------------------------- the runs
@@ -684,10 +714,11 @@ def test_every_draw_has_the_scale_its_charged_budget_buys(
     accountants: list[Accountant] = []
     report = Accountant.report
     monkeypatch.setattr(Accountant, "report", lambda self: accountants.append(self) or report(self))
+    charges = record_charges(monkeypatch)
     with noise.draw_log() as draws:
         manifest, _ = run_case(case, data[case.source], tmp_path, scheduler_address)
     assert manifest["outcome"] == "ok", manifest["release"]
-    check_run(Run(manifest, list(draws)), units=manifest["n_rows"])
+    check_run(Run(manifest, list(draws)), units=manifest["n_rows"], charges=charges)
     check_privacy_maps([a for a in accountants if a._plan is not None])
 
 
