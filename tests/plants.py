@@ -7,7 +7,9 @@ tests/test_privacy_net.py, never the module unit tests) and prints the tests tha
 A plant that no net test catches is reported as SURVIVED and the exit status is 1.
 
 ``MUTATIONS`` are hand mutations of modules mutmut has not covered (each changes a scale, a
-sensitivity, δ, a charge or clipping), run against the net cases that reach them.
+sensitivity, δ, a charge, a seed, clipping or grouping), run against the net cases that reach
+them and, where the net cannot see one by design, the focused unit test named with it
+(docs/testing.md, "Hand mutations").
 
 Usage: .venv/bin/python tests/plants.py [--mutations] [name ...]   (default: every plant)
 """
