@@ -7,7 +7,9 @@ tests/test_privacy_net.py, never the module unit tests) and prints the tests tha
 A plant that no net test catches is reported as SURVIVED and the exit status is 1.
 
 ``MUTATIONS`` are hand mutations of modules mutmut has not covered (each changes a scale, a
-sensitivity, δ, a charge or clipping), run against the net cases that reach them.
+sensitivity, δ, a charge, a seed, clipping or grouping), run against the net cases that reach
+them and, where the net cannot see one by design, the focused unit test named with it
+(docs/testing.md, "Hand mutations").
 
 Usage: .venv/bin/python tests/plants.py [--mutations] [name ...]   (default: every plant)
 """
@@ -35,6 +37,7 @@ class Plant:
     old: str
     new: str
     select: str = ""  # a pytest -k expression: the net cases that run the mutated code
+    unit: str = ""  # a focused unit test run too, where the net cannot see the mutation
 
 
 PLANTS = [
@@ -219,6 +222,225 @@ MUTATIONS = [
         "    scale = (1.0 / np.minimum(row_norms(rows), bound))[:, None]",
         "gauss or power",
     ),
+    Plant(
+        "power: replace-one product sensitivity √2 → add/remove's 1",
+        "mutation",
+        "dpsub_dist/privacy/power.py",
+        "    return SENSITIVITY[relation].gram",
+        '    return SENSITIVITY["add_remove"].gram',
+        "power",
+    ),
+    Plant(
+        "power: iteration shares normalised without the first (Σ ρ_t > ρ)",
+        "mutation",
+        "dpsub_dist/privacy/power.py",
+        "    total = math.fsum(weights)\n",
+        "    total = math.fsum(weights[1:])\n",
+        "power",
+    ),
+    Plant(
+        "power: iteration t drawn at the σ of iteration T + 1 − t",
+        "mutation",
+        "dpsub_dist/privacy/power.py",
+        "noise.add_gaussian(rng, product, self.sigmas[t - 1], self.sensitivity)",
+        "noise.add_gaussian(rng, product, self.sigmas[-t], self.sensitivity)",
+        "power",
+        "tests/test_power.py::test_each_iteration_draws_sigma_t_for_its_share_of_rho",
+    ),
+    Plant(
+        "power: the next iterate orthonormalised from the exact product, not the release",
+        "mutation",
+        "dpsub_dist/privacy/power.py",
+        "            basis = orthonormalise(released)",
+        "            basis = orthonormalise(product)",
+        "power",
+        "tests/test_power.py::test_each_iterate_is_the_orthonormalised_release_not_the_exact_product",
+    ),
+    Plant(
+        "power: the iterations' cost stated as zCDP under an (ε, δ) grant",
+        "mutation",
+        "dpsub_dist/privacy/power.py",
+        "    delta = None if isinstance(grant, ZCDP) else grant.delta\n",
+        "    delta = None\n",
+        "power",
+    ),
+    Plant(
+        "estimators/power: user weights divided by √(user total), not the total",
+        "mutation",
+        "dpsub_dist/estimators/power.py",
+        "        weights /= user_totals(units, users)",
+        "        weights /= np.sqrt(user_totals(units, users))",
+        "power",
+    ),
+    Plant(
+        "estimators/power: the passes run without per-user scaling",
+        "mutation",
+        "dpsub_dist/estimators/power.py",
+        "RowPasses(dataset, loader, row_norm, executor, progress, user_level)",
+        "RowPasses(dataset, loader, row_norm, executor, progress, False)",
+        "power",
+    ),
+    Plant(
+        "gram: clip weight 1/max(‖x‖, B) instead of its square",
+        "mutation",
+        "dpsub_dist/engine/gram.py",
+        "    return CLIP_MARGIN / np.maximum(norms, bound) ** 2",
+        "    return CLIP_MARGIN / np.maximum(norms, bound)",
+        "power",
+    ),
+    Plant(
+        "gram: user totals floored with min(·, 1) instead of max",
+        "mutation",
+        "dpsub_dist/engine/gram.py",
+        "    return np.maximum(user_norms.to_numpy()[index][units.inverse], 1.0)",
+        "    return np.minimum(user_norms.to_numpy()[index][units.inverse], 1.0)",
+        "test_user_level or test_removing",
+    ),
+    Plant(
+        "gram: user scale 1/total instead of 1/√total",
+        "mutation",
+        "dpsub_dist/engine/gram.py",
+        "    return 1.0 / np.sqrt(user_totals(units, user_norms))",
+        "    return 1.0 / user_totals(units, user_norms)",
+        "test_user_level or test_removing",
+        "tests/test_user_level_privacy.py::test_user_scale_brings_each_heavy_user_to_unit_total_and_leaves_light_ones",
+    ),
+    Plant(
+        "variance: projected sums scale rows by 1/B without clipping",
+        "mutation",
+        "dpsub_dist/privacy/variance.py",
+        "    scaled = rows * (1.0 / np.maximum(norms, bound))[:, None]",
+        "    scaled = rows / bound",
+        "friendly",
+    ),
+    Plant(
+        "variance: sum sensitivity √2 → 1",
+        "mutation",
+        "dpsub_dist/privacy/variance.py",
+        "SENSITIVITY = math.sqrt(2.0)",
+        "SENSITIVITY = 1.0",
+        "friendly",
+    ),
+    Plant(
+        "norm_bound: user-level search at the whole ε (the count's share not taken off)",
+        "mutation",
+        "dpsub_dist/privacy/norm_bound.py",
+        "    search = ApproxDP(epsilon - count.cost().epsilon)",
+        "    search = ApproxDP(epsilon)",
+        "test_user_level",
+    ),
+    Plant(
+        "norm_bound: user-level threshold from the exact user count, not the noisy ñ",
+        "mutation",
+        "dpsub_dist/privacy/norm_bound.py",
+        "private_norm_bound(counts, users, search, rng, quantile=quantile, grid=grid)",
+        "private_norm_bound(\n"
+        "        counts, int(counts.sum()), search, rng, quantile=quantile, grid=grid\n    )",
+        "test_user_level",
+        "tests/test_norm_bound.py::test_user_level_threshold_is_q_times_the_noisy_count_not_the_exact_one",
+    ),
+    Plant(
+        "sparse_vector: queries compared with the un-noised threshold",
+        "mutation",
+        "dpsub_dist/privacy/sparse_vector.py",
+        ">= noisy_threshold:",
+        ">= threshold:",
+        "friendly or histogram",
+        "tests/test_mechanisms.py::test_above_threshold_compares_the_noisy_query_with_the_noisy_threshold",
+    ),
+    Plant(
+        "assign: user ids -0.0 and 0.0 not merged (a user in two subsets)",
+        "mutation",
+        "dpsub_dist/engine/assign.py",
+        "        column = pc.add(column.cast(pa.float64()), 0.0)",
+        "        column = column.cast(pa.float64())",
+        "test_user_level",
+        "tests/test_user_level_privacy.py::test_negative_and_positive_zero_ids_are_one_user",
+    ),
+    Plant(
+        "assign: row subsets ignore the public seed",
+        "mutation",
+        "dpsub_dist/engine/assign.py",
+        "    keyed = positions.astype(np.uint64) ^ _seed_key(seed)",
+        "    keyed = positions.astype(np.uint64)",
+        "friendly",
+        "tests/test_core.py::test_assignment_depends_on_position_not_values",
+    ),
+    Plant(
+        "boost: user groups hashed with the subsets' key (groups and subsets correlated)",
+        "mutation",
+        "dpsub_dist/estimators/boost.py",
+        'purpose=b"groups")',
+        'purpose=b"subsets")',
+        "boost",
+        "tests/test_user_level_privacy.py::test_group_hash_is_keyed_apart_from_the_subsets_even_at_one_seed",
+    ),
+    Plant(
+        "covariance: each centred bound given the whole norm share (shares sum > 1)",
+        "mutation",
+        "dpsub_dist/estimators/covariance.py",
+        "    half = (norm_share / 2, 0.0)",
+        "    half = (norm_share, 0.0)",
+        "private or auto",
+        "tests/test_power.py::test_plan_gives_the_private_bound_powers_own_share",
+    ),
+    Plant(
+        "covariance: row-level Gram drawn at add/remove's sensitivity, charged at replace's",
+        "mutation",
+        "dpsub_dist/estimators/covariance.py",
+        'analyze_gauss(summary.gram, grants["gram_noise"], sens.gram, rng)',
+        'analyze_gauss(summary.gram, grants["gram_noise"], 1.0, rng)',
+        "gauss or auto",
+    ),
+    Plant(
+        "centring: the mean drawn in unit-norm units, not the clip bound's",
+        "mutation",
+        "dpsub_dist/estimators/centring.py",
+        'grants["mean"], sens, rng, unit=bound)',
+        'grants["mean"], sens, rng, unit=1.0)',
+        "centred or auto",
+    ),
+    Plant(
+        "sample_aggregate: core noise charged with its own grant as the core test's",
+        "mutation",
+        "dpsub_dist/estimators/sample_aggregate.py",
+        'friendly.core_noise_mechanism(grants["core_noise"], grants["core_test"])',
+        'friendly.core_noise_mechanism(grants["core_noise"], grants["core_noise"])',
+        "friendly or sample-aggregate",
+    ),
+    Plant(
+        "online: tree ρ taken as one level's grant times L + 1",
+        "mutation",
+        "dpsub_dist/estimators/online.py",
+        '    tree_rho = grants["batch 1"].rho * levels',
+        '    tree_rho = grants["batch 1"].rho * (levels + 1)',
+        "stream",
+    ),
+    Plant(
+        "online: tree steps charged a node of the whole stream's ρ, not the tree's share",
+        "mutation",
+        "dpsub_dist/estimators/online.py",
+        "    return node_mechanism(settings.tree_total, settings.horizon)",
+        "    return node_mechanism(settings.rho, settings.horizon)",
+        "stream",
+    ),
+    Plant(
+        "tree: a batch enters no node of the top level",
+        "mutation",
+        "dpsub_dist/privacy/tree_aggregation.py",
+        "    nodes = [(h, (batch - 1) >> h) for h in range(tree_levels(horizon))]",
+        "    nodes = [(h, (batch - 1) >> h) for h in range(tree_levels(horizon) - 1)]",
+        "stream",
+        "tests/test_stream.py::test_each_batch_enters_at_most_L_nodes_and_prefixes_cover_exactly",
+    ),
+    Plant(
+        "covariance: gap-perturb's projector noise given no δ share under (ε, δ)",
+        "mutation",
+        "dpsub_dist/estimators/covariance.py",
+        '"projector_noise": (1.0 - GAP_TEST_SHARE, 0.0 if zcdp else 0.5)',
+        '"projector_noise": (1.0 - GAP_TEST_SHARE, 0.0)',
+        "gap-perturb",
+    ),
 ]
 
 
@@ -246,16 +468,15 @@ def run_plant(plant: Plant, scratch: Path) -> list[str]:
     env = {**os.environ, "PYTHONPATH": str(scratch), "COLUMNS": "400"}  # workers import it too
     check = f"import dpsub_dist; assert dpsub_dist.__file__.startswith({str(scratch)!r})"
     subprocess.run([python, "-c", check], cwd=scratch, env=env, check=True)
-    result = subprocess.run(
-        [python, "-m", "pytest", *NET, "-q", "-p", "no:randomly", "-p", "no:cacheprovider"]
-        + (["-k", plant.select] if plant.select else []),
-        cwd=scratch,
-        env=env,
-        capture_output=True,
-        text=True,
+    pytest = [python, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider"]
+    runs = [[*NET, *(["-k", plant.select] if plant.select else [])]]
+    runs += [[plant.unit]] if plant.unit else []
+    out = "".join(
+        subprocess.run(pytest + args, cwd=scratch, env=env, capture_output=True, text=True).stdout
+        for args in runs
     )
     failed = r"^FAILED (\S+?::\w+(?:\[[^\]]*\])?)(?: - (.{0,120}))?"
-    return [f"{test}: {why}" for test, why in re.findall(failed, result.stdout, flags=re.M)]
+    return [f"{test}: {why}" for test, why in re.findall(failed, out, flags=re.M)]
 
 
 def main(names: list[str]) -> int:

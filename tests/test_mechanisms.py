@@ -189,6 +189,19 @@ def test_above_threshold_none_when_nothing_clears() -> None:
     assert index is None
 
 
+@pytest.mark.parametrize("noised", ["threshold", "queries"])
+def test_above_threshold_compares_the_noisy_query_with_the_noisy_threshold(noised) -> None:
+    """The released index depends on the data only through the noisy values: queries above
+    the exact threshold stay below it once the noise (here forced, 10⁶) says so."""
+    threshold = mock.patch.object(noise, "laplace_noise", return_value=1e6)
+    queries = mock.patch.object(noise, "add_laplace", side_effect=lambda rng, v, *a: v - 1e6)
+    with threshold if noised == "threshold" else queries:
+        index = sparse_vector.above_threshold(
+            lambda j: 1e3, 5, 0.0, 1.0, 1.0, np.random.default_rng(0)
+        )
+    assert index is None
+
+
 def test_geometric_grid_is_public_and_covers_the_range() -> None:
     grid = sparse_vector.geometric_grid(1e-3, 10.0)
     np.testing.assert_allclose(grid[1:] / grid[:-1], math.sqrt(2))

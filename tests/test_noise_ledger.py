@@ -36,7 +36,7 @@ import pytest
 from dpsub_dist import PrivateSubspace
 from dpsub_dist.cli import main
 from dpsub_dist.methods import REGISTRY
-from dpsub_dist.privacy import noise
+from dpsub_dist.privacy import mechanism, noise
 from dpsub_dist.privacy.accountant import (
     ZCDP,
     Accountant,
@@ -343,16 +343,24 @@ def _fits(draw: noise.Draw, slot: Expected) -> bool:
     return math.isclose(draw.scale, slot.scale, rel_tol=1e-12) and draw.size in size
 
 
+IN_ORDER = "power"
+"""Steps whose formula lists one scale per draw in the order they are drawn (iteration t at
+σ_t): a draw may not fill a later slot while an earlier one of the step is empty."""
+
+
 def check_draw_counts(run: Run) -> list[str]:
     """Each draw fills one slot the charged steps buy (scale and number of values), each slot
     is drawn exactly once (a repeated one at least once): a matrix shared across clusters, a
-    tree node or an iteration left un-noised, one σ reused for all iterations, or a step the
-    plan does not hold fail here. Returns each draw's step."""
+    tree node or an iteration left un-noised, one σ reused for all iterations (or drawn out of
+    order), or a step the plan does not hold fail here. Returns each draw's step."""
     slots = expected_draws(run)
     owners = []
     for draw in run.draws:
         free = [s for s in slots if _fits(draw, s) and (s.repeated or not s.drawn)]
         assert free, f"{draw} fills no slot left by the charged steps: {slots}"
+        if re.fullmatch(IN_ORDER, free[0].step):
+            skipped = [s for s in slots[: slots.index(free[0])] if s.step == free[0].step]
+            assert all(s.drawn for s in skipped), f"{draw} drawn before {skipped[0]}"
         free[0].drawn += 1
         owners.append(free[0].step)
     for slot in slots:  # two steps' identical repeated slots share their draws
@@ -489,7 +497,35 @@ def check_fresh_noise(draws: list[noise.Draw]) -> None:
         seen[key] = draw
 
 
-def check_run(run: Run, units: int) -> None:
+def record_charges(monkeypatch) -> list[tuple[str, Any]]:
+    """Every (step, mechanism or budget) charged to any accountant while the test runs."""
+    charges: list[tuple[str, Any]] = []
+    charge = Accountant.charge
+
+    def recorded(self: Accountant, step: str, cost: Any) -> None:
+        charges.append((step, cost))
+        charge(self, step, cost)
+
+    monkeypatch.setattr(Accountant, "charge", recorded)
+    return charges
+
+
+def check_charged_gaussians_drew(
+    draws: list[noise.Draw], owners: list[str], charges: list[tuple[str, Any]]
+) -> None:
+    """The object charged is the object that draws: every charged Gaussian's σ/Δ (what its
+    privacy map reads) is the σ/Δ of some draw of its step (a Gaussian charged at another
+    gate, sensitivity or grant than the one drawn, whose stated cost still fits, fails here)."""
+    for step, cost in charges:
+        if isinstance(cost, mechanism.Gaussian):
+            ratio = cost.sigma / cost.sensitivity
+            drawn = [
+                d.scale / d.sensitivity for d, o in zip(draws, owners, strict=True) if o == step
+            ]
+            assert any(math.isclose(r, ratio, rel_tol=1e-9) for r in drawn), (step, ratio, drawn)
+
+
+def check_run(run: Run, units: int, charges: list[tuple[str, Any]] | None = None) -> None:
     """All of the net's per-run checks (docs/testing.md, "The end-to-end net")."""
     check_noise_ledger(run)
     check_fresh_noise(run.draws)
@@ -497,6 +533,8 @@ def check_run(run: Run, units: int) -> None:
     check_samplers(run.draws)
     check_delta(run, owners)
     check_clipped(run, owners, units)
+    if charges is not None:
+        check_charged_gaussians_drew(run.draws, owners, charges)
 
 
 # ----------------------------------------------------------------------------- the runs
@@ -676,10 +714,11 @@ def test_every_draw_has_the_scale_its_charged_budget_buys(
     accountants: list[Accountant] = []
     report = Accountant.report
     monkeypatch.setattr(Accountant, "report", lambda self: accountants.append(self) or report(self))
+    charges = record_charges(monkeypatch)
     with noise.draw_log() as draws:
         manifest, _ = run_case(case, data[case.source], tmp_path, scheduler_address)
     assert manifest["outcome"] == "ok", manifest["release"]
-    check_run(Run(manifest, list(draws)), units=manifest["n_rows"])
+    check_run(Run(manifest, list(draws)), units=manifest["n_rows"], charges=charges)
     check_privacy_maps([a for a in accountants if a._plan is not None])
 
 

@@ -203,3 +203,22 @@ def test_user_level_noise_is_a_count_then_the_sparse_vector_at_half_each() -> No
     assert all(d.scale == pytest.approx(4 / 0.2) for d in draws[2:]) and len(draws) > 2
     assert seen["epsilon"] == pytest.approx(0.2) and released.users == seen["users"]
     assert abs(seen["users"] - 20_000) < 200 and released.bound in nb.GRID
+
+
+def test_user_level_threshold_is_q_times_the_noisy_count_not_the_exact_one(monkeypatch) -> None:
+    """n is private at user level: the sparse vector's threshold is ``q·ñ`` from the released
+    noisy count (and public values), never from the exact number of users in the counts."""
+    counts = nb.norm_histogram(np.sqrt(np.random.default_rng(4).gamma(2.0, 3.0, 20_000)))
+    thresholds = []
+    search = nb.above_threshold
+
+    def recorded(query, n_queries, threshold, *args):
+        thresholds.append(threshold)
+        return search(query, n_queries, threshold, *args)
+
+    monkeypatch.setattr(nb, "above_threshold", recorded)
+    released = nb.private_user_norm_bound(
+        counts, ApproxDP(0.4), np.random.default_rng(5), lambda users, eps: 0.99
+    )
+    assert released.users != counts.sum()  # the noise moved the count
+    assert thresholds == [pytest.approx(released.quantile * released.users, rel=1e-12)]

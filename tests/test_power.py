@@ -81,6 +81,31 @@ def test_each_iteration_draws_sigma_t_for_its_share_of_rho(relation, delta_y) ->
     assert np.allclose(release.basis.T @ release.basis, np.eye(2))
 
 
+def test_each_iterate_is_the_orthonormalised_release_not_the_exact_product() -> None:
+    """Adaptive composition holds only if ``V_t`` is a function of the releases: iteration
+    t + 1 multiplies ``orth(Ŷ_t)``, the noisy release (its value plus the drawn noise), never
+    the exact ``C V_t`` (which would reach the next release, and the output, un-noised)."""
+    dim, width, steps = 12, 3, 4
+    rng = np.random.default_rng(5)
+    rows = rng.standard_normal((200, dim)) * np.linspace(3.0, 0.5, dim)
+    gram_matrix = rows.T @ rows / 200
+    multiplied: list[np.ndarray] = []
+
+    def multiply(basis: np.ndarray, t: int) -> np.ndarray:
+        multiplied.append(basis)
+        return gram_matrix @ basis
+
+    start = power.start_basis(dim, width, seed=2)
+    with noise.draw_log() as log:
+        power.noisy_power_method(multiply, start, 2, steps, ZCDP(0.5), "replace", rng)
+    released = [d.value + d.grid * d.integers.reshape(d.shape) for d in log]
+    assert len(released) == steps and np.array_equal(multiplied[0], start)
+    for t in range(1, steps):
+        np.testing.assert_allclose(multiplied[t], power.orthonormalise(released[t - 1]))
+        exact = power.orthonormalise(gram_matrix @ multiplied[t - 1])
+        assert not np.allclose(multiplied[t], exact, atol=1e-3)  # the noise is visible
+
+
 def _same_plan(plan: dict, expected: dict) -> None:
     assert list(plan) == list(expected)
     assert all(plan[step] == pytest.approx(shares) for step, shares in expected.items())

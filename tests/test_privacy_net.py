@@ -202,10 +202,11 @@ def test_user_level_run_draws_what_it_charges_and_keeps_each_user_in_one_place(
     case = CASES[name]
     ledger.plant_noise_seeds(monkeypatch)
     side = record_data_side(monkeypatch)
+    charges = ledger.record_charges(monkeypatch)
     manifest, draws, accountants = fit(case, users[case.source])
     assert manifest["outcome"] == "ok", manifest["release"]
     assert manifest["parameters"]["unit_column"] == "user"
-    ledger.check_run(ledger.Run(manifest, draws), units=USERS + 1)
+    ledger.check_run(ledger.Run(manifest, draws), units=USERS + 1, charges=charges)
     ledger.check_privacy_maps([a for a in accountants if a._plan is not None])
     check_data_side(side, case, _all_users(users[case.source]))
 

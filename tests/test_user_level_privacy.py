@@ -11,12 +11,14 @@ from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from dpsub_dist.cli import main
-from dpsub_dist.engine.assign import unit_subsets
+from dpsub_dist.engine.assign import canonical_unit_ids, unit_subsets
+from dpsub_dist.engine.gram import user_scale
 from dpsub_dist.engine.sources import parquet_dataset
 from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
 from dpsub_dist.errors import InputError
@@ -98,6 +100,28 @@ def test_integer_and_integral_float_ids_are_the_same_user():
     assert as_int32[0] == as_int[0]
 
 
+def test_negative_and_positive_zero_ids_are_one_user():
+    """-0.0 and 0.0 are one id: as two, one user's rows would be scaled as two users (each to
+    Σ‖x‖² ≤ 1, twice the sensitivity) and hashed twice."""
+    keep, ids = canonical_unit_ids(pa.array([0.0, -0.0, 1.0, -0.0]))
+    assert keep is None and len(ids.keys) == 2
+    np.testing.assert_array_equal(ids.inverse, [0, 0, 1, 0])
+
+
+def test_user_scale_brings_each_heavy_user_to_unit_total_and_leaves_light_ones():
+    """Per-user scaling ``1/√max(1, Σ‖x‖²)``: a user above 1 ends at Σ‖x‖² = 1 exactly (not
+    below: less signal for no privacy), a user below 1 is untouched."""
+    rows = np.array([[1.0, 1.0], [1.0, -1.0], [0.3, 0.0], [0.0, 0.4]])
+    _, units = canonical_unit_ids(pa.array([7, 7, 9, 9]))
+    totals = pd.Series(
+        np.bincount(units.inverse, weights=(rows**2).sum(axis=1)),
+        index=pd.Index(units.keys, dtype=object),
+    )
+    scaled = rows * user_scale(units, totals)[:, None]
+    per_user = np.bincount(units.inverse, weights=(scaled**2).sum(axis=1))
+    np.testing.assert_allclose(per_user, [1.0, 0.25], rtol=1e-12)
+
+
 def test_an_id_column_of_another_type_is_refused_from_the_schema(tmp_path):
     table = pa.table({"f0": [1.0, 2.0], "f1": [0.5, 0.1], "user": [True, False]})
     folder = write_files(tmp_path / "flags", [table])
@@ -113,6 +137,14 @@ def test_the_public_seed_keys_the_hash_of_numeric_ids():
     groups = groups_of(None, ids, group_seed(1), 2, user_level=True)
     halves = unit_subsets(ids, seed=1, subsets=2)
     assert 0.45 < (groups == halves).mean() < 0.55
+
+
+def test_group_hash_is_keyed_apart_from_the_subsets_even_at_one_seed():
+    """Boosting's groups hash with a purpose of their own, so even one public seed for both
+    assignments leaves groups and subsets independent (not one the other mod 2)."""
+    ids = pa.array(np.arange(20_000, dtype=np.int64))
+    groups = groups_of(None, ids, 1, 2, user_level=True)
+    assert 0.45 < (groups == unit_subsets(ids, seed=1, subsets=2)).mean() < 0.55
 
 
 def test_ids_that_collide_as_floats_are_two_users_in_the_covariance_path(tmp_path):
