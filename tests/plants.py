@@ -213,6 +213,7 @@ MUTATIONS = [
         "                best[key] = max(best[key], value)",
         "                best[key] = min(best[key], value)",
         "boost",
+        "tests/test_boost.py::test_parallel_composition_covers_every_group_s_total",
     ),
     Plant(
         "gram: rows clipped at the larger of norm and bound swapped for the smaller",

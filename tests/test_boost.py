@@ -122,6 +122,18 @@ def test_parallel_composition_charges_each_step_once_at_its_largest():
     assert [s["step"] for s in accountant.report()["steps"]] == ["search", "release"]
 
 
+def test_parallel_composition_covers_every_group_s_total():
+    """Groups whose steps cost differently (a search that stopped early in one group): each
+    step is charged at its largest cost, so every group's own total is covered."""
+    accountant = Accountant(ApproxDP(1.0, 1e-6))
+    reports = [
+        {"steps": [{"step": "search", "epsilon": 0.1, "delta": 0.0}]},
+        {"steps": [{"step": "search", "epsilon": 0.3, "delta": 0.0}]},
+    ]
+    boost.charge_parallel(accountant, reports)
+    assert accountant.spent.epsilon == pytest.approx(0.3)
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
