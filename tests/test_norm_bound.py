@@ -110,8 +110,9 @@ def test_audit_catches_an_under_noised_twin(monkeypatch, level) -> None:
 def test_private_bound_is_close_to_the_best_hand_picked_bound() -> None:
     """Heavy-tailed rows (bench/norm_quantile.py): the 0.95-quantile bound is biased to the
     wrong subspace and the maximum drowns in noise; the private bound (q = 0.99, 10% of ε)
-    is within a small margin of the best hand-picked quantile (one noisy draw each; medians
-    of 5: 0.018 vs 0.016, docs/covariance.md)."""
+    is within a small margin of the best hand-picked quantile. Medians of 5 draws each
+    (0.018 vs 0.016 in docs/covariance.md): one draw of the private error exceeded the
+    margin in about 1 run in 10 (0.04–0.06 against a best hand-picked 0.011)."""
     rows, truth = heavy_tailed_rows(300_000)
     norms = np.linalg.norm(rows, axis=1)
 
@@ -120,10 +121,14 @@ def test_private_bound_is_close_to_the_best_hand_picked_bound() -> None:
         result = run_estimate(config, lambda client: array_dataset(rows), None)
         return subspace_error(result.basis, truth), result.manifest
 
-    hand = {q: error(float(np.quantile(norms, q)))[0] for q in (0.95, 0.99, 0.999, 1.0)}
-    private, manifest = error(None)
+    def median_error(row_norm: float | None) -> float:
+        return float(np.median([error(row_norm)[0] for _ in range(5)]))
+
+    hand = {q: median_error(float(np.quantile(norms, q))) for q in (0.95, 0.99, 0.999, 1.0)}
+    private = median_error(None)
     assert hand[0.95] > 0.5 and hand[1.0] > 0.5, hand  # both ends of the trade-off fail
     assert private <= 2 * min(hand.values()) + 0.02, (private, hand)
+    manifest = error(None)[1]
     assert manifest["parameters"]["row_norm"] in nb.GRID
     assert manifest["parameters"]["row_norm_source"].startswith("private")
 
