@@ -7,11 +7,4 @@ if command -v chromium >/dev/null 2>&1; then
   echo "chromium present: $(chromium --version 2>/dev/null || true)"
   exit 0
 fi
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null 2>&1 || { echo "not root and no sudo: cannot install chromium"; exit 1; }
-  SUDO="sudo"
-fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q chromium
+bash "$(dirname "$0")/apt-install.sh" chromium

@@ -11,12 +11,5 @@ if have_pg; then
   echo "postgresql server binaries present"
   exit 0
 fi
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null 2>&1 || { echo "not root and no sudo: cannot install postgresql"; exit 1; }
-  SUDO="sudo"
-fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q postgresql
+bash "$(dirname "$0")/apt-install.sh" postgresql
 have_pg && echo "postgresql installed"

@@ -7,11 +7,4 @@ if command -v strace >/dev/null 2>&1; then
   echo "strace present"
   exit 0
 fi
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null 2>&1 || { echo "not root and no sudo: cannot install strace"; exit 1; }
-  SUDO="sudo"
-fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends strace
+bash "$(dirname "$0")/apt-install.sh" --no-install-recommends strace
