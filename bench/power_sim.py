@@ -50,7 +50,7 @@ import numpy as np
 
 from dpsub_dist.estimators import covariance as cov
 from dpsub_dist.estimators import power as runner
-from dpsub_dist.estimators.common import plan
+from dpsub_dist.context import plan
 from dpsub_dist.job import EstimateConfig
 from dpsub_dist.privacy import power
 from dpsub_dist.privacy.accountant import Budget, gaussian_sigma, laplace_epsilon

@@ -16,7 +16,7 @@ from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.estimators.boost import run_boosted
 from dpsub_dist.estimators.centring import resolve_center
 from dpsub_dist.estimators.clustering import run_clustering
-from dpsub_dist.estimators.common import EstimateResult, plan, progress_shown, versions
+from dpsub_dist.context import EstimateResult, plan, progress_shown, versions
 from dpsub_dist.methods import REGISTRY, method_named
 from dpsub_dist.methods.config import ClusterConfig, EstimateConfig, StreamConfig
 from dpsub_dist.privacy.accountant import Accountant, Budget

@@ -146,13 +146,13 @@ def test_analyze_gauss_and_mean_draw_the_formula_sigma() -> None:
     import numpy as np
 
     from dpsub_dist.privacy import covariance as cov
-    from dpsub_dist.privacy import noise
+    from dpsub_dist.privacy import mechanism, noise
     from dpsub_dist.privacy.accountant import ZCDP, ApproxDP
 
     rng = np.random.default_rng(0)
     with noise.draw_log() as draws:
-        cov.analyze_gauss(np.eye(3), ApproxDP(2.0, 1e-6), math.sqrt(2), rng)
-        cov.analyze_gauss(np.eye(3), ZCDP(0.125), 1.0, rng)
+        cov.analyze_gauss(np.eye(3), mechanism.gaussian(ApproxDP(2.0, 1e-6), math.sqrt(2)), rng)
+        cov.analyze_gauss(np.eye(3), mechanism.gaussian(ZCDP(0.125), 1.0), rng)
         cov.gaussian_mean(np.ones(4), 100, ApproxDP(0.5, 1e-5), 2.0, rng, unit=3.0)
     gauss, zcdp, mean = draws
     assert (gauss.kind, gauss.size, gauss.sensitivity) == ("symmetric_gaussian", 6, math.sqrt(2))
@@ -172,7 +172,7 @@ def test_gap_test_and_projector_draw_the_formula_scales() -> None:
     import numpy as np
 
     from dpsub_dist.privacy import covariance as cov
-    from dpsub_dist.privacy import noise
+    from dpsub_dist.privacy import mechanism, noise
     from dpsub_dist.privacy.accountant import ZCDP, ApproxDP
 
     gram = np.diag([1000.0, 10.0, 1.0])

@@ -27,7 +27,7 @@ from dpsub_dist.engine.assign import UnitIds
 from dpsub_dist.engine.compute import IN_PROCESS
 from dpsub_dist.engine.sources import Dataset, array_dataset
 from dpsub_dist.estimators import centring
-from dpsub_dist.estimators.common import plan
+from dpsub_dist.context import plan
 from dpsub_dist.job import ClusterConfig, EstimateConfig, run_cluster, run_estimate
 from dpsub_dist.privacy.accountant import ApproxDP, gaussian_sigma
 

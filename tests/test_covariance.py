@@ -25,6 +25,7 @@ from dpsub_dist.errors import InputError
 from dpsub_dist.job import EstimateConfig, run_estimate
 from dpsub_dist.linalg import subspace_error
 from dpsub_dist.privacy.accountant import ZCDP, ApproxDP
+from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.calibration import classic_gaussian_sigma, gaussian_delta
 from dpsub_dist.privacy.covariance import (
     SENSITIVITY,
@@ -132,7 +133,7 @@ def test_projector_sensitivity_is_none_without_room() -> None:
 def test_analyze_gauss_sigma_for_approx_dp(relation, delta_g, epsilon, delta) -> None:
     sens = SENSITIVITY[relation].gram
     assert sens == pytest.approx(delta_g)
-    release = analyze_gauss(np.eye(3), ApproxDP(epsilon, delta), sens, np.random.default_rng(0))
+    release = analyze_gauss(np.eye(3), mechanism.gaussian(ApproxDP(epsilon, delta), sens), np.random.default_rng(0))
     # the achieved δ at the target ε never exceeds the target (Balle & Wang 2018, Thm 8)
     assert gaussian_delta(sens, release.sigma, epsilon) <= delta * (1 + 1e-9)
     if epsilon < 1:  # never more noise than the classic formula
@@ -146,14 +147,14 @@ def test_analyze_gauss_sigma_for_approx_dp(relation, delta_g, epsilon, delta) ->
 @pytest.mark.parametrize("rho", [0.01, 0.5, 3.0])
 def test_analyze_gauss_sigma_for_zcdp(relation, rho) -> None:
     sens = SENSITIVITY[relation].gram
-    release = analyze_gauss(np.zeros((2, 2)), ZCDP(rho, 0.0), sens, np.random.default_rng(0))
+    release = analyze_gauss(np.zeros((2, 2)), mechanism.gaussian(ZCDP(rho, 0.0), sens), np.random.default_rng(0))
     assert release.sigma == pytest.approx(sens / math.sqrt(2 * rho), rel=1e-12)
 
 
 def test_analyze_gauss_noise_is_symmetric_with_the_calibrated_spread() -> None:
     dim = 60
     gram = np.diag(np.arange(dim, dtype=float))
-    release = analyze_gauss(gram, ApproxDP(1.0, 1e-6), math.sqrt(2), np.random.default_rng(3))
+    release = analyze_gauss(gram, mechanism.gaussian(ApproxDP(1.0, 1e-6), math.sqrt(2)), np.random.default_rng(3))
     noise = release.matrix - gram
     assert np.array_equal(noise, noise.T)
     upper = noise[np.triu_indices(dim)]  # 1830 i.i.d. draws

@@ -65,7 +65,7 @@ def test_analyze_gauss_audit_catches_half_noise(cached_sigma) -> None:
     def run(factor: float):
         cached_sigma(factor)
         return audit(
-            lambda gram, rng: cov.analyze_gauss(gram, grant, sens, rng).matrix,
+            lambda gram, rng: cov.analyze_gauss(gram, mechanism.gaussian(grant, sens), rng).matrix,
             after,
             before,
             lambda m: m[0, 0] - m[1, 1] > -1.0 + 3.0 * twin_spread,

@@ -29,13 +29,16 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import dask.array as da
 import numpy as np
+import pandas as pd
 import pytest
 
-from dpsub_dist.engine.sources import array_dataset
+from dpsub_dist.engine.sources import Dataset, array_dataset, parquet_dataset
 from dpsub_dist.job import ClusterConfig, EstimateConfig, run_cluster, run_estimate
 from dpsub_dist.privacy import calibration, noise
 
@@ -87,6 +90,15 @@ ESTIMATES: dict[str, tuple[str, dict[str, Any]]] = {
     "boost friendly": ("rows", {**EPS, "method": "friendly", "boost": 2}),
     "auto": ("rows", {**EPS}),
     "boost gauss": ("rows", {**EPS, "method": "gauss", "row_norm": 5.0, "boost": 3}),
+    "power": ("rows", {**EPS, "method": "power", "row_norm": 5.0, "iterations": 3}),
+    "power zcdp private norm": ("rows", {**RHO, "method": "power", "iterations": 2}),
+    "gauss sampled centre": ("partitions", {**EPS, "method": "gauss"}),
+    "gauss user level": ("users", {**EPS, "method": "gauss", "unit_column": "user"}),
+    "power user level": (
+        "users",
+        {**EPS, "method": "power", "unit_column": "user", "iterations": 2},
+    ),
+    "friendly user level": ("users", {**EPS, "method": "friendly", "unit_column": "user"}),
 }
 CLUSTERS: dict[str, dict[str, Any]] = {
     "cluster sample-aggregate": {**EPS},
@@ -96,16 +108,24 @@ CLUSTERS: dict[str, dict[str, Any]] = {
 }
 
 
-def _data(source: str) -> np.ndarray:
+def _data(source: str) -> Dataset:
     if source == "rows":
-        return _rows(1, 20_000, 8, 2)
-    return _exact(2)
+        return array_dataset(_rows(1, 20_000, 8, 2))
+    if source == "partitions":  # 40 partitions: the sampled-centre route of gauss
+        return array_dataset(da.from_array(_rows(4, 800_000, 8, 2), chunks=(20_000, 8)))
+    if source == "users":  # 2,000 users of 10 rows each
+        path = Path(tempfile.mkdtemp(prefix="dpsub-identity-")) / "users.parquet"
+        table = pd.DataFrame(_rows(5, 20_000, 8, 2), columns=[f"x{i}" for i in range(8)])
+        table["user"] = np.repeat(np.arange(2_000), 10)
+        table.to_parquet(path, index=False)
+        return parquet_dataset(str(path), None, "user", None, None)
+    return array_dataset(_exact(2))
 
 
 def run_case(name: str) -> tuple[np.ndarray | None, dict[str, Any]]:
     if name in ESTIMATES:
         source, options = ESTIMATES[name]
-        data = array_dataset(_data(source))
+        data = _data(source)
         config = EstimateConfig(rank=2, seed=PUBLIC_SEED, **options)
         result = run_estimate(config, lambda _client: data, None, noise_seed=NOISE_SEED)
     else:

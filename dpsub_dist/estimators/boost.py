@@ -38,7 +38,7 @@ import numpy as np
 from dpsub_dist.engine.assign import random_row_subsets, unit_subsets
 from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.sources import Dataset
-from dpsub_dist.estimators.common import (
+from dpsub_dist.context import (
     EstimateResult,
     build_manifest,
     open_checked,

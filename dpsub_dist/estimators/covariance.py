@@ -39,7 +39,7 @@ from dpsub_dist.engine.row_cache import cache_rows
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators.centring import MEAN_SHARE
-from dpsub_dist.estimators.common import (
+from dpsub_dist.context import (
     EstimateResult,
     build_manifest,
     open_checked,
@@ -189,8 +189,9 @@ def release_basis(
     sens = SENSITIVITY[relation]
     details: dict[str, Any] = {"neighbours": relation}
     if method == "gauss":
-        accountant.charge("gram_noise", mechanism.gaussian(grants["gram_noise"], sens.gram))
-        noisy = analyze_gauss(summary.gram, grants["gram_noise"], sens.gram, rng)
+        gaussian = mechanism.gaussian(grants["gram_noise"], sens.gram)
+        accountant.charge("gram_noise", gaussian)
+        noisy = analyze_gauss(summary.gram, gaussian, rng)
         details.update(gram_sensitivity=noisy.sensitivity, gram_noise_sigma=noisy.sigma)
         matrix = noisy.matrix if shift is None else noisy.matrix - shift
         values, basis = top_eigenvectors(matrix, rank)

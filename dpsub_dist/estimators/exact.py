@@ -30,7 +30,7 @@ import numpy as np
 
 from dpsub_dist.engine.compute import Executor
 from dpsub_dist.errors import InputError
-from dpsub_dist.estimators.common import (
+from dpsub_dist.context import (
     EstimateResult,
     build_manifest,
     open_checked,

@@ -84,7 +84,7 @@ from dpsub_dist.engine.gram import compute_gram
 from dpsub_dist.engine.sources import Dataset, parquet_dataset
 from dpsub_dist.errors import BudgetRefused, DataError, InputError
 from dpsub_dist.estimators import centring
-from dpsub_dist.estimators.common import versions, width_failure
+from dpsub_dist.context import versions, width_failure
 from dpsub_dist.estimators.covariance import budget_plan
 from dpsub_dist.estimators.norm_pass import NORM_SOURCE
 from dpsub_dist.io.parquet import list_parquet_files
@@ -1017,7 +1017,7 @@ def first_batch_quantile(
     """The quantile the first batch's private bound is taken at (None: a public bound), after
     refusing a first batch too small for its mean or bound. From the public row count and
     width alone, so before any row is read (InputError, exit 2, free) unless a variable
-    list's row gave the width (:func:`~dpsub_dist.estimators.common.width_failure`)."""
+    list's row gave the width (:func:`~dpsub_dist.context.width_failure`)."""
     private_norm = settings.clip_norm is None
     if dataset.n_rows < 1 and (settings.center or private_norm):
         raise InputError(

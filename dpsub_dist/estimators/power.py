@@ -65,7 +65,7 @@ from dpsub_dist.engine.sources import Loader, load_native
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators import covariance as cov
-from dpsub_dist.estimators.common import (
+from dpsub_dist.context import (
     EstimateResult,
     build_manifest,
     open_checked,

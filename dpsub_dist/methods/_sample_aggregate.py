@@ -15,7 +15,7 @@ from dpsub_dist.engine.subsets import SubsetPlan
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators import sample_aggregate as sa
-from dpsub_dist.estimators.common import (
+from dpsub_dist.context import (
     EstimateResult,
     build_manifest,
     choose_buckets,

@@ -90,18 +90,18 @@ class GaussRelease:
 
 
 def analyze_gauss(
-    gram: np.ndarray, grant: Budget, sensitivity: float, rng: np.random.Generator
+    gram: np.ndarray, gaussian: mechanism.Gaussian, rng: np.random.Generator
 ) -> GaussRelease:
-    """DTTZ14 Alg. 1 (Analyze Gauss): ``AᵀA + E``, E symmetric, upper triangle i.i.d. N(0, σ²).
+    """DTTZ14 Alg. 1 (Analyze Gauss): ``AᵀA + E``, E symmetric, upper triangle i.i.d. N(0, σ²)
+    with σ the ``gaussian`` mechanism's (step ``gram_noise``).
 
-    σ from :func:`accountant.gaussian_sigma` for L2 sensitivity ``sensitivity`` (√2
-    replace-one, 1 add/remove): analytic Gaussian (Balle & Wang 2018) or the classic
-    ``Δ√(2 ln(1.25/δ))/ε``, whichever is smaller, for (ε, δ); ``Δ/√(2ρ)`` for ρ-zCDP.
-    The caller takes the top-k eigenvectors (post-processing).
+    The mechanism is calibrated by :func:`mechanism.gaussian` for the Gram's L2 sensitivity
+    (√2 replace-one, 1 add/remove; :data:`SENSITIVITY`): analytic Gaussian (Balle & Wang
+    2018) or the classic ``Δ√(2 ln(1.25/δ))/ε``, whichever is smaller, for (ε, δ); ``Δ/√(2ρ)``
+    for ρ-zCDP. The caller takes the top-k eigenvectors (post-processing).
     """
-    gram = _square(gram)
-    release = mechanism.gaussian(grant, sensitivity)  # step gram_noise
-    return GaussRelease(release.release_symmetric(rng, gram), release.sigma, sensitivity)
+    noisy = gaussian.release_symmetric(rng, _square(gram))
+    return GaussRelease(noisy, gaussian.sigma, gaussian.sensitivity)
 
 
 @dataclass(frozen=True)

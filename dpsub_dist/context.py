@@ -1,14 +1,29 @@
-"""What every method's driver half shares: the budget plan, opening the dataset, the public
-seed, the manifest and the result. Depends on the engine and privacy layers only; the
-configs (:mod:`dpsub_dist.methods.config`) are read by attribute, never imported.
+"""One run's context: the dataset, the executor, the budget plan, the private noise
+generator and the manifest, and :meth:`RunContext.release`, the one place a private step is
+charged and drawn.
+
+A method's driver opens a :class:`RunContext` (:meth:`RunContext.open`), declares its plan
+(:meth:`RunContext.plan`: every step's share, fixed from public facts before any row is
+read), then runs each private step as ``ctx.release(step, mechanism, draw)``: the mechanism
+calibrated to the step's grant is charged (:meth:`Accountant.charge` computes its cost from
+its own noise parameters) and ``draw(mechanism, rng)`` — a pure function of
+:mod:`dpsub_dist.privacy` — adds that same mechanism's noise. The charged object is the
+drawing object by construction (OpenDP's measurement is both the function and its privacy
+map; PipelineDP accounts the spec it draws with). The private generator is handed out only
+inside ``release`` (:func:`active_release` tells the tests which step is drawing), and
+:meth:`RunContext.result` checks that the charged steps are the declared ones.
 """
 
 from __future__ import annotations
 
 import math
 import platform
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -18,7 +33,8 @@ from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.errors import DataError, InputError
 from dpsub_dist.estimators import auto
 from dpsub_dist.privacy.accountant import Accountant, Budget
-from dpsub_dist.privacy.noise import new_noise_seed
+from dpsub_dist.privacy.mechanism import Mechanism
+from dpsub_dist.privacy.noise import new_noise_seed, noise_rng
 
 SHUFFLE_BUCKET_BYTES = 256 * 2**20
 
@@ -35,6 +51,139 @@ class EstimateResult:
     @property
     def outcome(self) -> str:
         return self.manifest["outcome"]
+
+
+M = TypeVar("M", bound=Mechanism)
+T = TypeVar("T")
+
+_ACTIVE: ContextVar[tuple[str, Mechanism] | None] = ContextVar("active_release", default=None)
+
+
+def active_release() -> tuple[str, Mechanism] | None:
+    """The step and mechanism whose noise is being drawn now (None outside a release)."""
+    return _ACTIVE.get()
+
+
+class PlanMismatch(AssertionError):
+    """The steps a run charged are not the steps it declared (an internal error)."""
+
+
+class RunContext:
+    """One run: ``config``, the opened ``dataset``, the ``executor`` its tasks run on, whether
+    ``progress`` is drawn, the operator-only ``timings``; after :meth:`plan`, the
+    ``accountant`` and each step's grant. The private generator is never an attribute a
+    caller reads: it reaches privacy code only through :meth:`release`."""
+
+    def __init__(
+        self,
+        config: Any,
+        dataset: Dataset,
+        executor: Executor,
+        progress: bool,
+        noise_seed: int | None,
+        started: float | None = None,
+    ) -> None:
+        self.config = config
+        self.dataset = dataset
+        self.executor = executor
+        self.progress = progress
+        self.started = time.monotonic() if started is None else started
+        self.timings: dict[str, Any] = {}
+        self.shares: dict[str, tuple[float, float]] = {}
+        self.grants: dict[str, Budget] = {}
+        self.accountant: Accountant | None = None
+        self._rng = noise_rng(noise_seed)
+        self._forgone: list[str] = []
+
+    @classmethod
+    def open(
+        cls,
+        config: Any,
+        open_dataset: Callable[[Executor], Dataset],
+        client: Any | None,
+        progress: bool,
+        noise_seed: int | None,
+    ) -> RunContext:
+        """Open the dataset (:func:`open_checked`: footers only) on ``client``'s executor."""
+        started = time.monotonic()
+        executor = Executor(client)
+        dataset = open_checked(config, open_dataset, executor)
+        ctx = cls(config, dataset, executor, progress, noise_seed, started)
+        ctx.timings["inspect_s"] = time.monotonic() - started
+        return ctx
+
+    def plan(self, shares: dict[str, tuple[float, float]]) -> dict[str, Budget]:
+        """Declare the run's plan (public facts only, before any row is read): each step's
+        (share of ε or ρ, share of δ). Returns the grants; every later charge is held to them."""
+        self.accountant, self.grants = plan(self.config, shares)
+        self.shares = dict(shares)
+        return self.grants
+
+    def grant(self, step: str) -> Budget:
+        """The grant the plan gives ``step`` (KeyError: not a declared step)."""
+        return self.grants[step]
+
+    def release(self, step: str, mechanism: M, draw: Callable[[M, np.random.Generator], T]) -> T:
+        """Charge ``step`` with ``mechanism`` (refused if undeclared, charged twice or above its
+        grant), then return ``draw(mechanism, rng)``: the noise of the object just charged."""
+        self._accountant.charge(step, mechanism)
+        token = _ACTIVE.set((step, mechanism))
+        try:
+            return draw(mechanism, self._rng)
+        finally:
+            _ACTIVE.reset(token)
+
+    def forgo(self, step: str, mechanism: Mechanism) -> None:
+        """Charge ``step`` and draw nothing: a released value (a failed test) made it
+        unnecessary, and its grant stays spent, as the declared plan reserved it."""
+        self._accountant.charge(step, mechanism)
+        self._forgone.append(step)
+
+    @property
+    def _accountant(self) -> Accountant:
+        if self.accountant is None:
+            raise PlanMismatch("a step was released before the run declared its plan")
+        return self.accountant
+
+    @property
+    def charged(self) -> list[str]:
+        """The steps charged so far, in order."""
+        return [entry["step"] for entry in self._accountant.report()["steps"]]
+
+    @contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        """Record the wall-clock seconds of a block as ``timings[name]`` (operator-only)."""
+        mark = time.monotonic()
+        try:
+            yield
+        finally:
+            self.timings[name] = time.monotonic() - mark
+
+    def result(
+        self,
+        basis: np.ndarray | None,
+        parameters: dict[str, Any],
+        release: dict[str, Any],
+        gathered_bytes: int,
+    ) -> EstimateResult:
+        """The run's result: its manifest (:func:`build_manifest`, with the declared plan as
+        ``budget_shares``) and timings. A released basis needs every declared step charged;
+        a ⊥ may stop early (its later steps' grants are reserved, not drawn)."""
+        charged = self.charged
+        if basis is not None and sorted(charged) != sorted(self.shares):
+            raise PlanMismatch(f"declared steps {list(self.shares)} but charged {charged}")
+        self.timings["total_s"] = time.monotonic() - self.started
+        parameters = {**parameters, "budget_shares": self.shares}
+        manifest = build_manifest(
+            self.config,
+            self.dataset,
+            self._accountant,
+            basis is not None,
+            parameters,
+            release,
+            gathered_bytes,
+        )
+        return EstimateResult(basis, manifest, self.timings)
 
 
 def plan(

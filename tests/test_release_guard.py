@@ -1,0 +1,145 @@
+"""No step is charged by one object and drawn by another (issue #28).
+
+Every method and route of the release identity table (tests/test_release_checksums.py) runs
+with its private generator wrapped so that any use of it outside
+:meth:`~dpsub_dist.context.RunContext.release` is recorded, and every noise draw is compared
+with the mechanism that release charged: its scale per unit of sensitivity must be that
+mechanism's (or one of its parts'). Then the steps charged must be the steps the run
+declared (its manifest's ``budget_shares``): all of them where a basis was released.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import dpsub_dist
+from dpsub_dist import context
+from dpsub_dist.privacy import mechanism, noise
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_release_checksums import CLUSTERS, ESTIMATES, run_case  # noqa: E402
+
+CASES = [*ESTIMATES, *CLUSTERS]
+
+
+class GuardedGenerator:
+    """A private generator that records every use made outside a release."""
+
+    def __init__(self, rng: np.random.Generator, outside: list[str]) -> None:
+        self._rng = rng
+        self._outside = outside
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._rng, name)
+        if not callable(attr):
+            return attr
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            if context.active_release() is None:
+                self._outside.append(name)
+            return attr(*args, **kwargs)
+
+        return guarded
+
+
+def _ratios(mech: mechanism.Mechanism) -> list[float]:
+    """Each noise scale per unit of sensitivity the mechanism (or its parts) may draw."""
+    if isinstance(mech, mechanism.Composed):
+        return [r for part in mech.parts for r in _ratios(part)]
+    if isinstance(mech, mechanism.Gaussian):
+        return [mech.sigma / mech.sensitivity]
+    if isinstance(mech, mechanism.Laplace | mechanism.TruncatedLaplace):
+        return [mech.scale / mech.sensitivity]
+    if isinstance(mech, mechanism.AboveThreshold):
+        return [
+            mech.query_scale / mech.sensitivity,
+            mech.threshold_scale / mech.threshold_sensitivity,
+        ]
+    return []
+
+
+@pytest.fixture
+def guard(monkeypatch) -> dict[str, list]:
+    """Wrap every private generator a run makes; returns what was seen."""
+    seen: dict[str, list] = {"outside": [], "unmatched": [], "draws": []}
+    make = noise.noise_rng
+
+    def guarded_rng(private_seed: int | None = None) -> GuardedGenerator:
+        return GuardedGenerator(make(private_seed), seen["outside"])  # type: ignore[return-value]
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("dpsub_dist") and getattr(module, "noise_rng", None) is make:
+            monkeypatch.setattr(module, "noise_rng", guarded_rng)
+    record = noise._record
+
+    def checked(kind: str, scale: float, sensitivity: float, *args: Any, **kw: Any) -> None:
+        active = context.active_release()
+        seen["draws"].append(kind)
+        if active is None:
+            seen["outside"].append(kind)
+        else:
+            step, mech = active
+            ratio = scale / sensitivity
+            if not any(math.isclose(ratio, r, rel_tol=1e-12) for r in _ratios(mech)):
+                seen["unmatched"].append((step, kind, ratio, _ratios(mech)))
+        record(kind, scale, sensitivity, *args, **kw)
+
+    monkeypatch.setattr(noise, "_record", checked)
+    monkeypatch.setattr(noise, "_LOGS", [[]])  # _record runs only where a log listens
+    return seen
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_every_draw_is_the_noise_of_the_mechanism_its_release_charged(name, guard) -> None:
+    basis, manifest = run_case(name)
+    assert guard["draws"], "the run drew no noise: the guard saw nothing"
+    assert guard["outside"] == [], f"private randomness used outside a release: {guard}"
+    assert guard["unmatched"] == [], f"a draw not calibrated as its charged mechanism: {guard}"
+    _charged_are_declared(basis, manifest)
+
+
+def _charged_are_declared(basis: np.ndarray | None, manifest: dict[str, Any]) -> None:
+    declared = list(manifest["parameters"]["budget_shares"])
+    charged = [s["step"] for s in manifest["privacy"]["budget"]["steps"]]
+    if basis is not None:
+        assert sorted(charged) == sorted(declared)
+    else:
+        assert set(charged) <= set(declared)
+
+
+def test_the_guard_sees_a_draw_outside_a_release(guard) -> None:
+    """The wrapped generator and the draw check report a draw made outside any release."""
+    rng = noise.noise_rng(1)
+    noise.add_gaussian(rng, np.zeros(3), 1.0, 1.0)
+    assert guard["outside"], "a draw outside a release went unseen"
+
+
+def test_the_guard_sees_a_draw_at_another_scale(guard) -> None:
+    """A release whose draw uses a scale other than its charged mechanism's is reported."""
+    ctx = context.RunContext.__new__(context.RunContext)
+    ctx._rng = noise.noise_rng(1)  # type: ignore[attr-defined]
+    ctx.accountant = _Free()  # type: ignore[assignment]
+    half: Callable = lambda m, rng: noise.add_gaussian(rng, np.zeros(3), m.sigma / 2, 1.0)  # noqa: E731
+    ctx.release("gram_noise", mechanism.Gaussian(1.0, 2.0, 1.0), half)
+    assert guard["unmatched"] and guard["outside"] == []
+
+
+class _Free:
+    def charge(self, step: str, cost: Any) -> None:
+        pass
+
+
+def test_every_case_is_guarded() -> None:
+    """The guard runs over every method of every command (a new method joins the table)."""
+    from dpsub_dist.methods import REGISTRY
+
+    methods = {o.get("method", "auto") for _, o in ESTIMATES.values()}
+    methods |= {o.get("method", "sample-aggregate") for o in CLUSTERS.values()}
+    assert methods >= set(REGISTRY["estimate"]) | set(REGISTRY["cluster"]), dpsub_dist.__name__
