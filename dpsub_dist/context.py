@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import platform
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -31,7 +31,6 @@ from dpsub_dist._version import __version__
 from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.errors import DataError, InputError
-from dpsub_dist.estimators import auto
 from dpsub_dist.privacy.accountant import Accountant, Budget
 from dpsub_dist.privacy.mechanism import Mechanism
 from dpsub_dist.privacy.noise import new_noise_seed, noise_rng
@@ -239,7 +238,7 @@ def open_checked(config: Any, open_dataset, executor: Executor) -> Dataset:
     failure that depends on a row is)."""
     dataset: Dataset = open_dataset(executor)
     if config.method == "auto":  # boosted auto opens here too, before its groups
-        auto.check_schema_width(dataset.widths_from_rows)
+        check_schema_width(dataset.widths_from_rows)
     if config.rank >= dataset.dim:
         raise width_failure(
             dataset,
@@ -247,6 +246,17 @@ def open_checked(config: Any, open_dataset, executor: Executor) -> Dataset:
             "lower --rank or add columns",
         )
     return dataset
+
+
+def check_schema_width(widths_from_rows: Sequence[str]) -> None:
+    """Refuse (exit 2) columns whose width, so D, only a row would tell (variable lists)."""
+    if widths_from_rows:
+        names = ", ".join(widths_from_rows)
+        raise InputError(
+            f"--method auto chooses from the width D in the Parquet schema, but list column(s) "
+            f"{names} have their width in their rows only: store them as fixed_size_list "
+            "(pyarrow: pa.list_(pa.float32(), D)) or pass --method gauss or --method power"
+        )
 
 
 def width_failure(dataset: Dataset, message: str) -> InputError:

@@ -35,8 +35,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from dpsub_dist.context import check_schema_width
 from dpsub_dist.errors import BudgetRefused, DpsubError, InputError
-from dpsub_dist.estimators import auto
 from dpsub_dist.io.output import check_output_dir
 from dpsub_dist.io.parquet import (
     column_widths,
@@ -165,7 +165,7 @@ def _dataset(job: Job) -> str:
     found = f"{job.dataset}: {len(files)} Parquet files, footers readable"
     variable = widths_in_rows(infos, columns)
     if job.method == "auto":
-        auto.check_schema_width(variable)
+        check_schema_width(variable)
     if variable:
         fixed = [name for name in columns if name not in variable]
         features = (

@@ -21,10 +21,7 @@ Rule, in order (measured in docs/auto.md):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
-
-from dpsub_dist.errors import InputError
 
 if TYPE_CHECKING:
     from dpsub_dist.methods.config import EstimateConfig
@@ -47,17 +44,6 @@ INPUTS = (
     "widths): no row, no private statistic"
 )
 """What the choice read, as the manifest's ``method_choice`` says."""
-
-
-def check_schema_width(widths_from_rows: Sequence[str]) -> None:
-    """Refuse (exit 2) columns whose width, so D, only a row would tell (variable lists)."""
-    if widths_from_rows:
-        names = ", ".join(widths_from_rows)
-        raise InputError(
-            f"--method auto chooses from the width D in the Parquet schema, but list column(s) "
-            f"{names} have their width in their rows only: store them as fixed_size_list "
-            "(pyarrow: pa.list_(pa.float32(), D)) or pass --method gauss or --method power"
-        )
 
 
 def choose(config: EstimateConfig, dim: int) -> tuple[str, str]:
