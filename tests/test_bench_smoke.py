@@ -20,13 +20,9 @@ sys.path.insert(0, str(ROOT))
 from bench import (  # noqa: E402
     mean_estimation,
     memory,
-    passes,
     peers,
     power,
-    power_profile,
-    power_stream,
     report,
-    sampled_centre,
     speed,
     utility_dim,
     utility_n,
@@ -84,16 +80,6 @@ def test_speed_runs_every_tool_side_by_side(dirs, scheduler_address):
     assert floor_bytes > 0 and floor_bytes % (6 * 6 * 8) == 0  # one d×d block per file
     profile = document["summary"]["profiles"]["dpsub n=8000 d=6"]
     assert {"group_grams", "bucket_summaries"} & set(profile)  # the engine's local tasks
-
-
-def test_speed_skips_default_dpsub_when_its_driver_matrix_is_too_big(dirs, scheduler_address):
-    argv = ["--rows", "4000", "--dims", "6", "--wide-dims", "", "--rank", "2", "--repeats", "1"]
-    argv += ["--scheduler", scheduler_address, "--tools", "dpsub,floor"]
-    argv += ["--driver-matrix-limit-gib", "0"]
-    assert speed.main(argv + _common(dirs)) == 0
-    records = _read(dirs, "speed")["records"]
-    skipped = [r for r in records if r["tool"] == "dpsub" and not r.get("warmup")]
-    assert [r["status"] for r in skipped] == ["not_run_driver_memory"]
 
 
 def test_memory_reports_peak_rss_and_bytes_gathered(dirs, scheduler_address):
@@ -234,72 +220,12 @@ def test_report_prints_the_published_tables(capsys):
     assert "| 100000 | 100000 | ok |" in out  # the D = n = 10⁵ target run
 
 
-def test_passes_times_the_default_full_pass_task_beside_the_floor(dirs):
-    """docs/scale.md "Where the time goes": the floor's task, the decode and the default's
-    whole full-pass task, each timed on one partition of a bench.speed dataset."""
-    args = argparse.Namespace(min_files=2, data_dir=dirs["data"], rank=2, seed=1)
-    path, _ = speed.speed_dataset(args, 20_000, 8)
-    seconds = passes.profile(path, 1)
-    assert seconds["partitions"] >= 2 and 0 < seconds["rows"] < 20_000
-    for step in ("floor_task", "decode", "full_pass_task", "level_grams"):
-        assert seconds[step] > 0
-
-
-def test_sampled_centre_prints_every_variant(monkeypatch, capsys):
-    """docs/scale.md "Why the correction": one seed of each variant, shuffled and sorted (the
-    module settings it changes are put back after the test)."""
-    from dpsub_dist.engine import row_cache, sources
-    from dpsub_dist.estimators import covariance as cov
-
-    for module, name in (
-        (sources, "ARRAY_PART_ROWS"),
-        (row_cache, "IN_PROCESS_CACHE_BYTES"),
-        (cov, "CORRECTION_SHARE"),
-        (cov, "bound_gram_and_correction"),
-        (cov, "SAMPLE_MIN_PARTITIONS"),
-    ):
-        monkeypatch.setattr(module, name, getattr(module, name))
-    assert sampled_centre.main(["5.0", "1"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 * len(sampled_centre.VARIANTS)
-    errors = {tuple(line.split(":")[0].split()): float(line.split()[3]) for line in lines}
-    assert errors[("sorted", "sampled")] < 0.1  # the known answer, with the correction
-
-
 def test_the_stacked_floor_computes_the_floors_gram(dirs):
     """``floor_stacked`` (the floor with dpsub's column decode) sums the same XᵀX."""
     args = argparse.Namespace(min_files=2, data_dir=dirs["data"], rank=2, seed=1)
     path, _ = speed.speed_dataset(args, 20_000, 8)
     file = speed.parquet_files(path)[0]
     np.testing.assert_array_equal(speed.floor_gram(file, stacked=True), speed.floor_gram(file))
-
-
-def test_power_profile_times_both_forms_of_a_partition(dirs):
-    """docs/power.md's per-partition table: every stage of both forms, and their totals."""
-    argv = ["--dims", "300", "--rows", "50", "--repeats", "1"]
-    assert power_profile.main(argv + _common(dirs)) == 0
-    records = _read(dirs, "power_profile")["records"]
-    stages = {r["stage"] for r in records}
-    assert {"float64: total", "native: total", "generate (bench source)"} <= stages
-    assert len(stages) == 15 and all(r["cpu_s"] >= 0 for r in records)
-    assert "fused: bound counts + per-bin C·V₀ (the first pass's task)" in stages
-
-
-def test_power_stream_splits_the_workers_time(dirs):
-    """docs/power.md "Where the workers wait": compute by kind, idle between and within passes,
-    the workers' and the driver's CPU seconds; the bound fused with the first pass."""
-    argv = ["--dims", "300", "--rows", "4000", "--block-rows", "1000", "--iterations", "3"]
-    assert power_stream.main([*argv, "--memory-limit", "1GiB", *_common(dirs)]) == 0
-    (record,) = _read(dirs, "power_stream")["records"]
-    timings = record["timings"]  # rows this small are held: the bound keeps its own pass
-    assert record["passes"] == 3 and timings["cached_rows"] and not timings["fused_bound"]
-    assert record["worker_cpu_s"] > 0 and record["driver_main_thread_cpu_s"] >= 0
-    assert len(record["workers"]) == 2
-    kinds = set()
-    for worker in record["workers"].values():
-        assert worker["compute_s"] > 0 and worker["idle_between_passes_s"] >= 0
-        kinds |= set(worker["busy_s"])
-    assert {"product (held rows)", "bound counts", "tree sum"} <= kinds
 
 
 def test_power_compares_methods_and_records_what_it_skips(dirs):
