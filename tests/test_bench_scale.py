@@ -69,3 +69,15 @@ def test_generated_rows_draw_the_same_rows_per_chunk_and_fit():
     truth = generated_rows.truth(5, 2, 3)
     residual = rows - (rows @ truth) @ truth.T
     assert np.abs(residual).max() < 0.1 and np.abs(rows).max() > 1
+
+
+def test_generated_rows_fit_on_their_own_cluster(tmp_path):
+    from bench import generated_rows
+
+    argv = ["--rows", "20000", "--dim", "4", "--rank", "2", "--chunk-rows", "5000"]
+    argv += ["--workers", "1", "--results-dir", str(tmp_path / "r"), "--no-plot"]
+    assert generated_rows.main(argv) == 0
+    document = json.loads((tmp_path / "r" / "generated_rows.json").read_text())
+    (record,) = document["records"]
+    assert record["method"] == "gauss" and record["error"] < 0.2  # the default, auto's pick
+    assert record["peak_worker_rss_mib"] > 0 and record["bytes_gathered"] > 0
