@@ -55,27 +55,11 @@ def score(basis: np.ndarray | None, path: Path) -> dict[str, Any]:
     return {"error": float(subspace_error(basis, truth)), "captured_variance": captured}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dims", type=common.int_list, default=[2000])
-    parser.add_argument("--rows", type=common.int_list, default=[100_000])
-    parser.add_argument("--rank", type=int, default=3)
-    parser.add_argument("--decay", type=float, default=2.0)
-    parser.add_argument("--models", type=common.str_list, default=["gaussian", "polynomial"])
-    parser.add_argument("--methods", type=common.str_list, default=["power", "friendly", "auto"])
-    parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--driver-mib", type=float, help="lower auto's driver budget (MiB)")
-    parser.add_argument("--data-dir", type=Path, default=Path("/tmp/dpsub-auto-wide"))
-    parser.add_argument("--json", type=Path, help="write the records here")
-    args = parser.parse_args(argv)
-    from dpsub_dist.estimators import auto
+def run_all(args: argparse.Namespace, records: list[dict[str, Any]]) -> None:
+    """Every (model, n, D, method, run), appended to ``records`` as each finishes."""
     from dpsub_dist.job import EstimateConfig, run_estimate
 
-    if args.driver_mib is not None:
-        auto.DRIVER_BYTES = int(args.driver_mib * 2**20)
-    records = []
-    with common.local_cluster(args.workers) as client:
+    with common.local_cluster(args.workers, args.scheduler) as client:
         for model in args.models:
             for rows in args.rows:
                 for dim in args.dims:
@@ -99,6 +83,33 @@ def main(argv: list[str] | None = None) -> int:
                             }
                             records.append(record)
                             common.log(json.dumps(record))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dims", type=common.int_list, default=[2000])
+    parser.add_argument("--rows", type=common.int_list, default=[100_000])
+    parser.add_argument("--rank", type=int, default=3)
+    parser.add_argument("--decay", type=float, default=2.0)
+    parser.add_argument("--models", type=common.str_list, default=["gaussian", "polynomial"])
+    parser.add_argument("--methods", type=common.str_list, default=["power", "friendly", "auto"])
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--scheduler", help="tcp:// address of a running local cluster")
+    parser.add_argument("--driver-mib", type=float, help="lower auto's driver budget (MiB)")
+    parser.add_argument("--data-dir", type=Path, default=Path("/tmp/dpsub-auto-wide"))
+    parser.add_argument("--json", type=Path, help="write the records here")
+    args = parser.parse_args(argv)
+    from dpsub_dist.estimators import auto
+
+    records: list[dict[str, Any]] = []
+    saved = auto.DRIVER_BYTES  # the bench knob holds for this run only
+    if args.driver_mib is not None:
+        auto.DRIVER_BYTES = int(args.driver_mib * 2**20)
+    try:
+        run_all(args, records)
+    finally:
+        auto.DRIVER_BYTES = saved
     if args.json:
         args.json.write_text(json.dumps({"argv": argv, "records": records}, indent=1))
     return 0

@@ -351,6 +351,7 @@ def run_dpsub(
     manifest = result.manifest
     record: dict[str, Any] = {
         "status": "ok" if result.basis is not None else "bottom",
+        "method": manifest["method"],  # what ran (--method auto: the method it chose)
         "wall_s": wall,
         "timings": result.timings,
         "summary_bytes_gathered": manifest.get("summary_bytes_gathered"),

@@ -128,13 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--row-norm", type=float, default=2.0, help="gauss: public bound B")
     parser.add_argument("--runs", type=int, default=3, help="private runs per method and cell")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--scheduler", help="tcp:// address of a running local cluster")
     parser.add_argument("--methods", type=common.str_list, default=list(METHODS))
     parser.add_argument("--max-values", type=float, default=2e8, help="skip cells with n·D above")
-    args = parser.parse_args(argv)
+    args = common.parse_args(parser, argv)
     run = common.BenchRun.start("compare_gauss_friendly", args)
     records: list[dict[str, Any]] = []
     skipped: list[tuple[int, int]] = []
-    with common.local_cluster(args.workers) as client:
+    with common.local_cluster(args.workers, args.scheduler) as client:
         client.run(_warm_up)  # imports on the workers, so the first cell is not charged for them
         for dim in args.dims:
             for rows in args.rows:

@@ -30,7 +30,7 @@ def gaussian_data(n: int, d: int, k: int, gamma: float, seed: int):
     return rng.standard_normal((n, k)) @ basis.T + noise, basis
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--dim", type=int, default=50)
@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--subsets", default="500,1000,2000,4000")
     parser.add_argument("--q-multiples", default="1,2,4")
     parser.add_argument("--seeds", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     data, truth = gaussian_data(args.rows, args.dim, args.rank, args.gamma, 0)
     for t in (int(x) for x in args.subsets.split(",")):
         for multiple in (int(x) for x in args.q_multiples.split(",")):
@@ -59,7 +59,8 @@ def main() -> None:
                 f"{time.monotonic() - started:.1f}s",
                 flush=True,
             )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

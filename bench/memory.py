@@ -30,24 +30,16 @@ def main(argv: list[str] | None = None) -> int:
         "--min-files", type=int, default=1, help="write at least this many Parquet files"
     )
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--driver-matrix-limit-gib", type=float, default=4.0)
     args = common.parse_args(parser, argv)
     run = common.BenchRun.start("memory", args)
     records: list[dict[str, Any]] = []
     for n in args.rows:
         path, truth = speed.speed_dataset(args, n, args.dim)
         for tool in args.tools:
-            matrix = speed.driver_matrix_gib(args, n, args.dim, args.rank)
-            if tool == "dpsub" and matrix > args.driver_matrix_limit_gib:
-                record = {
-                    "status": "not_run_driver_memory",
-                    "message": f"default t needs a {matrix:.0f} GiB t×t matrix",
-                }
-            else:
-                # A fresh cluster per run (or the given one), so a run's peak holds nothing
-                # left by the run before.
-                with common.local_cluster(args.workers, args.scheduler) as client:
-                    record = speed.run_tool(tool, path, truth, args, client)
+            # A fresh cluster per run (or the given one), so a run's peak holds nothing left by
+            # the run before.
+            with common.local_cluster(args.workers, args.scheduler) as client:
+                record = speed.run_tool(tool, path, truth, args, client)
             record.update(rows=n, dim=args.dim, tool=tool)
             records.append(record)
             peak, gathered = record.get("peak_worker_rss_mib"), record.get("bytes_gathered")

@@ -43,7 +43,7 @@ def _median(records: list[dict[str, Any]], key: str) -> float | None:
 
 
 def summarise(records: list[dict[str, Any]], dims: list[int], rows: list[int]) -> list[dict]:
-    """Per D: the three ratios of medians (module docstring) and the route dpsub took."""
+    """Per D: the three ratios of medians (module docstring), the method and route dpsub took."""
     table = []
     small, large = min(rows), max(rows)
     for dim in dims:
@@ -58,6 +58,7 @@ def summarise(records: list[dict[str, Any]], dims: list[int], rows: list[int]) -
         table.append(
             {
                 "dim": dim,
+                "method": next((r.get("method") for r in dpsub_large), None),
                 "route": next((r.get("local_route") for r in dpsub_large), None),
                 "sampled_centre": next(
                     (r.get("timings", {}).get("sampled_centre") for r in dpsub_large), None
@@ -83,26 +84,6 @@ def summarise(records: list[dict[str, Any]], dims: list[int], rows: list[int]) -
                 "error": _median(dpsub_large, "error"),
             }
         )
-        for variant in speed.REREAD:  # issue #16 route variants (speed.route_variant)
-            walls = pick(variant, large)
-            if walls:
-                name = variant.removeprefix("dpsub_")
-                table[-1].update(
-                    {
-                        f"{name}_wall_s": _median(walls, "wall_s"),
-                        f"{name}_throughput_vs_floor": ratio(
-                            _median(pick("floor", large), "wall_s"), _median(walls, "wall_s")
-                        ),
-                        f"{name}_time_vs_dask_ml": ratio(
-                            _median(walls, "wall_s"),
-                            _median(pick("dask_ml_randomized", large), "wall_s"),
-                        ),
-                        f"{name}_rss_ratio": ratio(
-                            _median(walls, "peak_worker_rss_mib"),
-                            _median(pick(variant, small), "peak_worker_rss_mib"),
-                        ),
-                    }
-                )
     return table
 
 
@@ -113,11 +94,11 @@ def compare_shuffles(args: Any) -> list[dict[str, Any]]:
     import numpy as np
     from distributed import Client, LocalCluster
 
+    from dpsub_dist.context import choose_buckets
     from dpsub_dist.engine.compute import Executor
     from dpsub_dist.engine.p2p import compute_subset_summaries_p2p
     from dpsub_dist.engine.sources import parquet_dataset
     from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
-    from dpsub_dist.context import choose_buckets
     from dpsub_dist.estimators.sample_aggregate import ProjectedReferenceStep
 
     n, dim = args.shuffle_compare
@@ -166,11 +147,13 @@ def compare_shuffles(args: Any) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dpsub_dist.methods import DEFAULTS
+
     parser = common.base_parser("scale", __doc__.splitlines()[0])
     parser.add_argument("--rows", type=common.int_list, default=[10**6, 10**7])
     parser.add_argument("--dims", type=common.int_list, default=[32, 128, 512])
     parser.add_argument("--rank", type=int, default=4)
-    parser.add_argument("--method", default="friendly")
+    parser.add_argument("--method", default=DEFAULTS["estimate"], help="default: dpsub's")
     parser.add_argument("--tools", type=common.str_list, default=list(TOOLS))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)

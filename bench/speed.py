@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +33,6 @@ from bench import common
 TOOLS = (
     "dpsub",
     "dpsub_contiguous",
-    "dpsub_reread",
-    "dpsub_reread_gram_apart",
-    "dpsub_before",
-    "dpsub_held_apart",
     "dask_ml_randomized",
     "dask_ml_tsqr",
     "floor",
@@ -47,16 +42,6 @@ TOOLS = (
 
 def parquet_files(path: Path) -> list[str]:
     return sorted(str(p) for p in Path(path).glob("*.parquet"))
-
-
-REREAD = (
-    "dpsub_reread",
-    "dpsub_reread_gram_apart",
-    "dpsub_before",
-    "dpsub_held_apart",
-    "dpsub_unsampled",
-)
-"""Variants of dpsub's covariance route for issue #16's before/after (:func:`route_variant`)."""
 
 
 def speed_dataset(args: Any, rows: int, dim: int) -> tuple[Path, np.ndarray]:
@@ -110,43 +95,12 @@ def run_dask_ml(path: Path, rank: int, solver: str, client: Any) -> dict[str, An
     return {"status": "ok", "basis": np.asarray(model.components_).T}
 
 
-@contextmanager
-def route_variant(tool: str) -> Iterator[None]:
-    """dpsub with parts of issue #16 off (the decisions are the driver's, so patching them here
-    holds for the run): ``dpsub_reread`` without the row cache (every pass reads the files:
-    the route at n too large to hold; 2 reads); ``dpsub_reread_gram_apart`` also with the
-    centred rows' bound and Gram in two reads (that route before the fused Gram: 3 reads);
-    ``dpsub_before`` also with the mean's bound and sum apart (before issue #16: 4 reads);
-    ``dpsub_held_apart`` with rows held and the bound and Gram in two passes (the held route
-    before the fused Gram); ``dpsub_unsampled`` without the sampled centre (the default
-    route before it: the mean over all rows, rows held where they fit, else 2 reads)."""
-    from dpsub_dist.engine import row_cache
-    from dpsub_dist.estimators import covariance, norm_pass
-
-    saved = row_cache.CACHE_FRACTION, norm_pass.LEVEL_SUMS_BYTES, norm_pass.LEVEL_GRAMS_BYTES
-    sample_parts = covariance.SAMPLE_MIN_PARTITIONS
-    if tool == "dpsub_unsampled":
-        covariance.SAMPLE_MIN_PARTITIONS = 10**9
-    if tool in ("dpsub_reread", "dpsub_reread_gram_apart", "dpsub_before"):
-        row_cache.CACHE_FRACTION = 0.0
-    if tool in ("dpsub_reread_gram_apart", "dpsub_before", "dpsub_held_apart"):
-        norm_pass.LEVEL_GRAMS_BYTES = 0
-    if tool == "dpsub_before":
-        norm_pass.LEVEL_SUMS_BYTES = 0
-    try:
-        yield
-    finally:
-        row_cache.CACHE_FRACTION, norm_pass.LEVEL_SUMS_BYTES, norm_pass.LEVEL_GRAMS_BYTES = saved
-        covariance.SAMPLE_MIN_PARTITIONS = sample_parts
-
-
 def run_tool(tool: str, path: Path, truth: np.ndarray, args: Any, client: Any) -> dict[str, Any]:
     """One timed run of one tool, with the workers' peak memory."""
     from dpsub_dist.linalg import subspace_error
 
     rank = truth.shape[1]
-    reread = route_variant(tool) if tool in REREAD else nullcontext()
-    with common.PeakMemory(client, interval=0.05) as memory, reread:
+    with common.PeakMemory(client, interval=0.05) as memory:
         started = time.monotonic()
         if tool.startswith("dpsub"):
             subsets = int(tool.removeprefix("dpsub_t")) if tool.startswith("dpsub_t") else None
@@ -175,20 +129,6 @@ def run_tool(tool: str, path: Path, truth: np.ndarray, args: Any, client: Any) -
     record["wall_s"] = wall
     record.update(memory.report())
     return record
-
-
-def driver_matrix_gib(args: Any, rows: int, dim: int, rank: int) -> float:
-    """GiB of the friendly aggregator's t×t distance matrix at dpsub's default t (0 for the
-    other methods: ``--method auto`` has no plan of its own to read t from)."""
-    if args.method != "friendly":
-        return 0.0
-    from dpsub_dist.estimators import sample_aggregate as sa
-    from dpsub_dist.job import EstimateConfig, plan_budget
-
-    config = EstimateConfig(rank=rank, epsilon=args.epsilon, delta=args.delta, method=args.method)
-    _, grants = plan_budget(config)
-    t = sa.default_subsets(args.method, grants, rows, dim, rank)
-    return t * t * 8 / 2**30
 
 
 def task_breakdown(stream: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -310,17 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tools",
         type=common.str_list,
-        default=["dpsub", "dpsub_t2000", *(t for t in TOOLS[1:] if t not in REREAD)],
+        default=["dpsub", "dpsub_t2000", *TOOLS[1:]],
         help=f"from {','.join(TOOLS)}; dpsub_tT = dpsub with --subsets T; "
-        "dpsub_contiguous = dpsub with --assign contiguous; dpsub_reread, "
-        "dpsub_reread_gram_apart, dpsub_before, dpsub_held_apart, dpsub_unsampled: the "
-        "covariance route with parts of issue #16 off (route_variant)",
-    )
-    parser.add_argument(
-        "--driver-matrix-limit-gib",
-        type=float,
-        default=4.0,
-        help="skip default dpsub when its friendly t×t matrix would exceed this",
+        "dpsub_contiguous = dpsub with --assign contiguous",
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
@@ -346,26 +278,11 @@ def main(argv: list[str] | None = None) -> int:
             path, truth = speed_dataset(args, n, d)
             if not records:  # warm-up: imports and first-touch costs on the workers
                 for tool in args.tools:
-                    if tool == "dpsub" and driver_matrix_gib(args, n, d, args.rank) > 1:
-                        continue
                     warm = run_tool(tool, path, truth, args, client)
                     records.append({"rows": n, "dim": d, "tool": tool, "warmup": True, **warm})
             for repeat in range(args.repeats):
                 shift = repeat % len(args.tools)
                 for tool in args.tools[shift:] + args.tools[:shift]:
-                    matrix = driver_matrix_gib(args, n, d, args.rank)
-                    if tool == "dpsub" and matrix > args.driver_matrix_limit_gib:
-                        records.append(
-                            {
-                                "rows": n,
-                                "dim": d,
-                                "tool": tool,
-                                "repeat": repeat,
-                                "status": "not_run_driver_memory",
-                                "message": f"default t needs a {matrix:.0f} GiB t×t matrix",
-                            }
-                        )
-                        continue
                     profile = args.profile and repeat == args.repeats - 1
                     with get_task_stream(client) if profile else nullcontext() as stream:
                         record = run_tool(tool, path, truth, args, client)

@@ -16,14 +16,16 @@ from bench import scale  # noqa: E402
 
 
 def test_scale_reports_rss_ratio_and_throughput_vs_floor(tmp_path, scheduler_address):
+    """Without --method it measures the library's default (auto, which picks gauss at D = 6)."""
     argv = ["--rows", "4000,8000", "--dims", "6", "--rank", "2", "--repeats", "1"]
     argv += ["--tools", "dpsub,floor", "--scheduler", scheduler_address, "--no-plot"]
     argv += ["--results-dir", str(tmp_path / "r"), "--data-dir", str(tmp_path / "d")]
     assert scale.main(argv) == 0
     document = json.loads((tmp_path / "r" / "scale.json").read_text())
     assert document["command"].startswith("python -m bench.scale --rows 4000,8000")
+    assert document["parameters"]["method"] == "auto"
     (row,) = document["summary"]
-    assert row["dim"] == 6 and row["route"] == "per-subset Gram matrices"
+    assert row["dim"] == 6 and row["method"] == "gauss"
     assert row["rss_ratio"] > 0 and row["throughput_vs_floor"] > 0
     assert len(document["records"]) == 4  # ⊥ (status "bottom") is a run that finished too
     assert all(r["status"] in ("ok", "bottom") for r in document["records"])
@@ -69,33 +71,13 @@ def test_generated_rows_draw_the_same_rows_per_chunk_and_fit():
     assert np.abs(residual).max() < 0.1 and np.abs(rows).max() > 1
 
 
-def test_route_variants_turn_off_the_parts_of_issue_16_they_name_and_restore_them():
-    """bench.speed's before/after variants: which reads each one's route takes."""
-    from bench import speed
-    from dpsub_dist.engine import row_cache
-    from dpsub_dist.engine.compute import Executor
-    from dpsub_dist.engine.sources import array_dataset
-    from dpsub_dist.estimators.centring import fused_mean
-    from dpsub_dist.estimators.covariance import fused_gram
+def test_generated_rows_fit_on_their_own_cluster(tmp_path):
+    from bench import generated_rows
 
-    class Cluster(Executor):  # in process, with a cluster's memory limits (CACHE_FRACTION)
-        memory_limit = 2**30
-
-    data = array_dataset(np.ones((10, 4)))
-
-    def route() -> tuple[bool, bool, bool]:
-        held = row_cache.cache_rows(data, Cluster(), user_level=False)
-        return held is not data, fused_mean(held), fused_gram(held)
-
-    default = route()
-    assert default == (True, False, True)  # rows held: one read, the bound and Gram one pass
-    expected = {
-        "dpsub_reread": (False, True, True),  # 2 reads
-        "dpsub_reread_gram_apart": (False, True, False),  # 3 reads
-        "dpsub_before": (False, False, False),  # 4 reads
-        "dpsub_held_apart": (True, False, False),
-    }
-    for tool, decisions in expected.items():
-        with speed.route_variant(tool):
-            assert route() == decisions, tool
-        assert route() == default
+    argv = ["--rows", "20000", "--dim", "4", "--rank", "2", "--chunk-rows", "5000"]
+    argv += ["--workers", "1", "--results-dir", str(tmp_path / "r"), "--no-plot"]
+    assert generated_rows.main(argv) == 0
+    document = json.loads((tmp_path / "r" / "generated_rows.json").read_text())
+    (record,) = document["records"]
+    assert record["method"] == "gauss" and record["error"] < 0.2  # the default, auto's pick
+    assert record["peak_worker_rss_mib"] > 0 and record["bytes_gathered"] > 0

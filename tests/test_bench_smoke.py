@@ -1,4 +1,5 @@
-"""Smoke runs of every bench command with tiny parameters: each writes the JSON it promises.
+"""Smoke runs of every bench command with tiny parameters: each writes the JSON (or prints the
+table) it promises, and bench/ holds exactly the benchmarks the guides cite.
 
 The full runs (docs/benchmarks.md) are outside CI; ``pytest -m slow tests/test_bench_smoke.py``
 also sets up the peers' own environments (network to PyPI, minutes).
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -18,18 +20,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import (  # noqa: E402
+    auto_wide,
+    centring_offset,
+    compare_gauss_friendly,
+    defaults_sweep,
     mean_estimation,
     memory,
-    passes,
+    norm_quantile,
     peers,
     power,
-    power_profile,
-    power_stream,
+    privacy_audit_table,
     report,
-    sampled_centre,
     speed,
+    user_norm_bound,
     utility_dim,
     utility_n,
+    vector_read,
     wide,
 )
 from dpsub_dist.linalg import subspace_error  # noqa: E402
@@ -84,16 +90,6 @@ def test_speed_runs_every_tool_side_by_side(dirs, scheduler_address):
     assert floor_bytes > 0 and floor_bytes % (6 * 6 * 8) == 0  # one d×d block per file
     profile = document["summary"]["profiles"]["dpsub n=8000 d=6"]
     assert {"group_grams", "bucket_summaries"} & set(profile)  # the engine's local tasks
-
-
-def test_speed_skips_default_dpsub_when_its_driver_matrix_is_too_big(dirs, scheduler_address):
-    argv = ["--rows", "4000", "--dims", "6", "--wide-dims", "", "--rank", "2", "--repeats", "1"]
-    argv += ["--scheduler", scheduler_address, "--tools", "dpsub,floor"]
-    argv += ["--driver-matrix-limit-gib", "0"]
-    assert speed.main(argv + _common(dirs)) == 0
-    records = _read(dirs, "speed")["records"]
-    skipped = [r for r in records if r["tool"] == "dpsub" and not r.get("warmup")]
-    assert [r["status"] for r in skipped] == ["not_run_driver_memory"]
 
 
 def test_memory_reports_peak_rss_and_bytes_gathered(dirs, scheduler_address):
@@ -234,72 +230,12 @@ def test_report_prints_the_published_tables(capsys):
     assert "| 100000 | 100000 | ok |" in out  # the D = n = 10⁵ target run
 
 
-def test_passes_times_the_default_full_pass_task_beside_the_floor(dirs):
-    """docs/scale.md "Where the time goes": the floor's task, the decode and the default's
-    whole full-pass task, each timed on one partition of a bench.speed dataset."""
-    args = argparse.Namespace(min_files=2, data_dir=dirs["data"], rank=2, seed=1)
-    path, _ = speed.speed_dataset(args, 20_000, 8)
-    seconds = passes.profile(path, 1)
-    assert seconds["partitions"] >= 2 and 0 < seconds["rows"] < 20_000
-    for step in ("floor_task", "decode", "full_pass_task", "level_grams"):
-        assert seconds[step] > 0
-
-
-def test_sampled_centre_prints_every_variant(monkeypatch, capsys):
-    """docs/scale.md "Why the correction": one seed of each variant, shuffled and sorted (the
-    module settings it changes are put back after the test)."""
-    from dpsub_dist.engine import row_cache, sources
-    from dpsub_dist.estimators import covariance as cov
-
-    for module, name in (
-        (sources, "ARRAY_PART_ROWS"),
-        (row_cache, "IN_PROCESS_CACHE_BYTES"),
-        (cov, "CORRECTION_SHARE"),
-        (cov, "bound_gram_and_correction"),
-        (cov, "SAMPLE_MIN_PARTITIONS"),
-    ):
-        monkeypatch.setattr(module, name, getattr(module, name))
-    assert sampled_centre.main(["5.0", "1"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 * len(sampled_centre.VARIANTS)
-    errors = {tuple(line.split(":")[0].split()): float(line.split()[3]) for line in lines}
-    assert errors[("sorted", "sampled")] < 0.1  # the known answer, with the correction
-
-
 def test_the_stacked_floor_computes_the_floors_gram(dirs):
     """``floor_stacked`` (the floor with dpsub's column decode) sums the same XᵀX."""
     args = argparse.Namespace(min_files=2, data_dir=dirs["data"], rank=2, seed=1)
     path, _ = speed.speed_dataset(args, 20_000, 8)
     file = speed.parquet_files(path)[0]
     np.testing.assert_array_equal(speed.floor_gram(file, stacked=True), speed.floor_gram(file))
-
-
-def test_power_profile_times_both_forms_of_a_partition(dirs):
-    """docs/power.md's per-partition table: every stage of both forms, and their totals."""
-    argv = ["--dims", "300", "--rows", "50", "--repeats", "1"]
-    assert power_profile.main(argv + _common(dirs)) == 0
-    records = _read(dirs, "power_profile")["records"]
-    stages = {r["stage"] for r in records}
-    assert {"float64: total", "native: total", "generate (bench source)"} <= stages
-    assert len(stages) == 15 and all(r["cpu_s"] >= 0 for r in records)
-    assert "fused: bound counts + per-bin C·V₀ (the first pass's task)" in stages
-
-
-def test_power_stream_splits_the_workers_time(dirs):
-    """docs/power.md "Where the workers wait": compute by kind, idle between and within passes,
-    the workers' and the driver's CPU seconds; the bound fused with the first pass."""
-    argv = ["--dims", "300", "--rows", "4000", "--block-rows", "1000", "--iterations", "3"]
-    assert power_stream.main([*argv, "--memory-limit", "1GiB", *_common(dirs)]) == 0
-    (record,) = _read(dirs, "power_stream")["records"]
-    timings = record["timings"]  # rows this small are held: the bound keeps its own pass
-    assert record["passes"] == 3 and timings["cached_rows"] and not timings["fused_bound"]
-    assert record["worker_cpu_s"] > 0 and record["driver_main_thread_cpu_s"] >= 0
-    assert len(record["workers"]) == 2
-    kinds = set()
-    for worker in record["workers"].values():
-        assert worker["compute_s"] > 0 and worker["idle_between_passes_s"] >= 0
-        kinds |= set(worker["busy_s"])
-    assert {"product (held rows)", "bound counts", "tree sum"} <= kinds
 
 
 def test_power_compares_methods_and_records_what_it_skips(dirs):
@@ -325,6 +261,114 @@ def test_power_captured_variance_is_the_top_k_share():
     assert power.captured(top, lam, 2) == pytest.approx(1.0)
     tail = np.eye(5)[:, 3:]  # e₄, e₅
     assert power.captured(tail, lam, 2) == pytest.approx((1 / 16 + 1 / 25) / (1 + 1 / 4))
+
+
+HELPERS = {"__init__", "common", "peer_worker"}
+"""bench modules that are not commands (peer_worker runs in bench.peers' subprocesses)."""
+
+GUIDES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _scripts() -> set[str]:
+    return {p.stem for p in (ROOT / "bench").glob("*.py")} - HELPERS
+
+
+def test_bench_holds_the_benchmarks_the_guides_cite():
+    """Every bench command is cited by a guide (docs/history.md, the log of investigations,
+    does not count), and every command a guide cites exists."""
+    cited = set()
+    for page in GUIDES:
+        if page.name != "history.md":
+            cited |= set(re.findall(r"(?<![\w-])bench[./]([a-z_]+)\b", page.read_text()))
+    assert cited - HELPERS - {"results"} == _scripts()
+
+
+def test_every_bench_command_runs_in_the_tests():
+    sources = "\n".join(p.read_text() for p in (ROOT / "tests").glob("test_*.py"))
+    assert sorted(name for name in _scripts() if f"{name}.main(" not in sources) == []
+
+
+def test_compare_gauss_friendly_writes_its_table(dirs, scheduler_address, capsys):
+    argv = ["--rows", "3000", "--dims", "6", "--rank", "2", "--runs", "1"]
+    argv += ["--scheduler", scheduler_address]
+    assert compare_gauss_friendly.main(argv + _common(dirs)) == 0
+    records = _read(dirs, "compare_gauss_friendly")["records"]
+    by_method = {r["method"]: r for r in records}
+    assert set(by_method) == {"gauss", "friendly"}
+    assert by_method["gauss"]["status"] == "ok" and by_method["gauss"]["error"] < 0.5
+    assert "| 3,000 | 6 |" in capsys.readouterr().out
+
+
+def test_auto_wide_knob_sends_auto_to_power_for_this_run_only(tmp_path, scheduler_address):
+    from dpsub_dist.estimators import auto
+
+    budget = auto.DRIVER_BYTES
+    argv = ["--dims", "8", "--rows", "8000", "--rank", "2", "--models", "gaussian"]
+    argv += ["--methods", "auto", "--runs", "1", "--driver-mib", "0.0001"]
+    argv += ["--scheduler", scheduler_address, "--data-dir", str(tmp_path / "data")]
+    assert auto_wide.main([*argv, "--json", str(tmp_path / "out.json")]) == 0
+    (record,) = json.loads((tmp_path / "out.json").read_text())["records"]
+    assert record["ran"] == "power"  # gauss's D×D no longer "fits" the lowered budget
+    assert 0 <= record["error"] < 0.5
+    assert auto.DRIVER_BYTES == budget
+
+
+def test_centring_offset_shows_what_centring_buys(capsys):
+    """docs/auto.md's large-mean table: gauss centred finds the subspace, uncentred does not."""
+    assert centring_offset.main(["gauss:on", "gauss:off"]) == 0
+    centred, uncentred = capsys.readouterr().out.splitlines()
+    assert centred.startswith("gauss center=on: ") and uncentred.startswith("gauss center=off: ")
+    assert max(float(e) for e in centred.split(": ")[1].split(", ")) < 0.1
+    assert min(float(e) for e in uncentred.split(": ")[1].split(", ")) > 0.5
+
+
+def test_defaults_sweep_prints_each_t_and_q(capsys):
+    argv = ["--rows", "4000", "--dim", "5", "--rank", "2", "--gamma", "0.1"]
+    assert (
+        defaults_sweep.main([*argv, "--subsets", "676", "--q-multiples", "1,2", "--seeds", "1"])
+        == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[2:5] for line in lines] == [
+        ["t=676", "rows/subset=5", "q=2"],
+        ["t=676", "rows/subset=5", "q=4"],
+    ]
+    assert all(" bottom=" in line and "/1 " in line for line in lines)
+
+
+def test_vector_read_reads_both_layouts_to_the_same_rows(capsys):
+    vector_read.main(["--rows", "50", "--dim", "20", "--repeats", "1"])  # exits if they differ
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == [
+        "scalar",
+        "vector",
+    ]
+
+
+def test_norm_quantile_prints_hand_picked_and_private_bounds(capsys):
+    argv = ["--tables", "synthetic", "--rows", "3000", "--reps", "1", "--epsilons", "10"]
+    norm_quantile.main(argv)
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    labels = [row.split(" | ")[0] for row in rows[1:]]
+    assert len(labels) == 8 and labels[-2:] == ["| private, fixed q = 0.99", labels[-1]]
+    assert labels[-1].startswith("| private, rule q = ")
+    for row in rows[1:]:
+        bound, error = (float(cell) for cell in row.strip("| ").split(" | ")[1:])
+        assert bound > 0 and 0 <= error <= 1
+
+
+def test_user_norm_bound_counts_failed_draws(capsys):
+    """docs/covariance.md's table: 500 users at ε = 1 fail (ñ below the margins), 5,000 do not."""
+    assert user_norm_bound.main(["--users", "500,5000", "--reps", "2"]) == 0
+    few, many = capsys.readouterr().out.splitlines()
+    assert few.startswith("users=500 ") and "failed=2/2" in few
+    assert many.startswith("users=5000 ") and "failed=0/2" in many
+
+
+def test_privacy_audit_table_prints_a_row_per_case(capsys):
+    privacy_audit_table.main(["--runs-factor", "0.002"])
+    lines = capsys.readouterr().out.splitlines()
+    cases = privacy_audit_table.collect(privacy_audit_table.AUDIT_MODULES)
+    assert len(lines) == 2 + len(cases) and lines[0].startswith("| mechanism | claimed ε |")
 
 
 @pytest.mark.slow

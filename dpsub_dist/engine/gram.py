@@ -135,7 +135,7 @@ GRAM_BLOCK_BYTES = 2 * 2**20
 """Rows :func:`partition_gram` clips and sums at a time (a cache-sized block): the clip, the
 sum and the ``syrk`` of a partition each read it from memory once more (250,000 × 32 rows,
 in process, the task with its decode: 0.052 → 0.047 s; 62,500 × 128: 0.070 → 0.064 s;
-25,000 × 512: 0.216 → 0.211 s; ``python -m bench.passes``, ``full_pass_task``)."""
+25,000 × 512: 0.216 → 0.211 s; ``full_pass_task`` of bench.passes, docs/history.md)."""
 
 
 def user_scale(units: Any, user_norms: pd.Series) -> np.ndarray:

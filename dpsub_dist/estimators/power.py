@@ -98,7 +98,7 @@ MAX_CLIPPED = 0.95
 (:func:`dpsub_dist.privacy.norm_bound.noise_matched_quantile`, with :data:`NOISE_FACTOR` × the
 iterations' σ), capped at 95% clipped instead of gauss's 50%. Where the noise dominates (wide
 D, small n), clipping most rows raises the signal n·λ/B² against the noise σ√D, which does not
-depend on B, and on elliptical data keeps the eigenvectors (bench/power_sim.py, λᵢ = i⁻²,
+depend on B, and on elliptical data keeps the eigenvectors (power_sim, docs/history.md; λᵢ = i⁻²,
 D = n = 10⁵, ε = 1, T = 6, k = 3, with the even split and 10% bound share of the time: 0.891
 captured at 5% covered, 0.760 at the median). Where the noise is small the rule clips few
 rows: on the real flights table (D = 13) a fixed 5% or 50% quantile tilted the basis (error
@@ -110,7 +110,7 @@ and the centred rows' bound when centring), where gauss spends
 :data:`dpsub_dist.estimators.covariance.NORM_SHARE` = 0.1. The bound only has to land on the
 right step of a √2 grid, which the sparse vector does with a few hundred rows of count error
 at n = 10⁵ (Lap(4/ε_norm) per query), so the budget is worth more to the iterations: measured
-(bench/power_sim.py, λᵢ = i⁻², D = n = 10⁵, ε = 1, k = 3, T = 6, growth 1.3, B = 0.71,
+(power_sim, docs/history.md; λᵢ = i⁻², D = n = 10⁵, ε = 1, k = 3, T = 6, growth 1.3, B = 0.71,
 uncentred, 5 runs) 0.903 captured at 0.1, 0.911 at 0.03 (docs/power.md "The defaults"). The
 price is the low-side margin (:func:`dpsub_dist.privacy.norm_bound.margined_quantile`): a
 private bound needs n ≥ 55.3/(0.03·ε) ≈ 1,843/ε rows uncentred, twice that centred (exit 2

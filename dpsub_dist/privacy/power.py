@@ -114,7 +114,7 @@ DEFAULT_OVERSAMPLE = 8
 
 SPLIT_GROWTH = 1.3
 """g: iteration t (1 … T) gets ρ·g^(t−1)/Σ_s g^(s−1) of the power step's ρ (module doc).
-Measured with bench/power_sim.py (λᵢ = i⁻², D = n = 10⁵, ε = 1, k = 3, T = 6, 5 runs,
+Simulated (power_sim, docs/history.md: λᵢ = i⁻², D = n = 10⁵, ε = 1, k = 3, T = 6, 5 runs,
 docs/power.md "The defaults"): g = 1 (even), 1.3, 1.6, 2 captured 0.901, 0.911, 0.910, 0.901
 of the top-3 variance with the other defaults (0.892, 0.903, 0.902, 0.888 with a 10% bound
 share); at g = 2 the first iterations are too noisy to leave the random start."""
