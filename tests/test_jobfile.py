@@ -83,10 +83,10 @@ def test_every_field(tmp_path):
 B = "budget: {epsilon: 1.0, delta: 1.0e-6}"
 R = "rank: 3"
 ERRORS = [
-    (B, "budget: {epsilon: -1, delta: 1.0e-6}", "budget.epsilon must be > 0 (got -1)"),
+    (B, "budget: {epsilon: -1, delta: 1.0e-6}", "budget.epsilon must be > 0 and finite (got -1.0)"),
     (B, "budget: {epsilon: 1.0}", "budget.delta is required"),
     (B, "budget: {epsilon: 1.0, delta: 2}", "budget.delta must be in (0, 1)"),
-    (B, "budget: {epsilon: 1, rho: 1, delta: 1.0e-6}", "budget needs exactly one of"),
+    (B, "budget: {epsilon: 1, rho: 1, delta: 1.0e-6}", "pass exactly one of budget.epsilon"),
     (B, "budget: {epsilon: lots, delta: 1.0e-6}", "budget.epsilon must be a number (got 'lots')"),
     (B, "budget: {eps: 1.0, delta: 1.0e-6}", "budget.eps is unknown"),
     (B, "budget: 1.0", "budget must be a mapping"),

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from dpsub_dist.errors import InputError
 
 if TYPE_CHECKING:
-    from dpsub_dist.methods.config import EstimateConfig
+    from dpsub_dist.params import EstimateConfig
 
 DRIVER_BYTES = 2 * 2**30
 """Public memory budget for gauss on the driver: the D×D Gram, its noisy copy and the eigen
