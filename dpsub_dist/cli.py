@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dpsub_dist.errors import DataError, DpsubError, InputError, did_you_mean
-from dpsub_dist.params import BUDGET, RANK, REQUIRED, RUN_PARAMS, STORAGE_OPTIONS, Param
+from dpsub_dist.params import BUDGET, COLUMNS, RANK, REQUIRED, RUN_PARAMS, STORAGE_OPTIONS, Param
 
 
 class Parser(argparse.ArgumentParser):
@@ -673,7 +673,7 @@ def add_scheduled_commands(sub) -> None:
     s_init.add_argument("state", help="stream file to create (SQLite, 0600; beside it the "
                         "operator-only STATE.private)")  # fmt: skip
     add_param(s_init, RANK, required=True)
-    add_param(s_init, RUN_PARAMS["stream"][-1])  # --columns
+    add_param(s_init, COLUMNS)
     s_init.add_argument(
         "--ledger", help="ledger file or postgresql:// URL: charge the whole budget to --dataset"
     )

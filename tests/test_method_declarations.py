@@ -207,3 +207,37 @@ def test_stream_refuses_what_its_table_does_not_declare(tmp_path, capsys):
     code, err = _stream_cli(tmp_path, capsys, {"dataset": "/d"})
     assert code == 2 and "--dataset needs --ledger" in err
     assert not list(tmp_path.glob("s.db*"))
+
+
+@pytest.mark.parametrize("command", ["estimate", "cluster"])
+def test_method_defaults_live_in_the_tables_and_help_prints_them(command, capsys):
+    """Issue #28: the real defaults (power's T, exact's ℓ and τ, sulq's iterations, gibbs'
+    sweeps, boosting's α) are declared in the tables, ``--help`` prints them from there, and
+    the run's config holds them (not ``config.x or DEFAULT`` deep in a driver)."""
+    from dpsub_dist.job import with_defaults
+
+    numbers = {p.name: p for p in declared(command).values() if p.kind in (int, float)}
+    defaults = {name for name, p in numbers.items() if p.default is not None}
+    assert (
+        defaults
+        == {
+            "estimate": {"iterations", "oversample", "outliers", "tolerance", "boost_alpha"},
+            "cluster": {"iterations", "sweeps"},
+        }[command]
+    )
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for name in defaults:
+        param = numbers[name]
+        assert f"{param.help} (default {param.default})" in shown, name
+    for method in REGISTRY[command]:
+        base = {"epsilon": 1.0, "delta": 1e-6, "method": method}
+        if command == "estimate":
+            config = with_defaults(EstimateConfig(2, **base))
+        else:
+            config = ClusterConfig(1, clusters=2, **base)
+            config = dataclasses.replace(config, **REGISTRY[command][method].defaults(config))
+        for param in REGISTRY[command][method].params:
+            if param.name in defaults:
+                assert getattr(config, param.field) == param.default, (method, param.name)
