@@ -36,7 +36,8 @@ class Param:
     ``default`` is the value when it is not given (help texts print it); ``valid`` checks the
     typed value and ``need`` says in words what it accepts (``fix``: how to choose);
     ``example`` is a value it accepts; ``parse`` reads one word of text (a CLI argument, a
-    job-file string) where the type is not a number. Parameters compare by identity.
+    job-file string) where the type is not a number; a ``secret`` value (storage options hold
+    credentials) is never repeated in a message. Parameters compare by identity.
     """
 
     name: str
@@ -52,6 +53,7 @@ class Param:
     metavar: str | None = None
     parse: Callable[[str], Any] | None = None
     flag_name: str = ""
+    secret: bool = False
 
     @property
     def flag(self) -> str:
@@ -77,8 +79,9 @@ class Param:
                 )
             return value
         if not _KINDS[self.kind](value) or not self.valid(value):
+            got = "" if self.secret else f" (got {value!r})"
             fix = f": {self.fix}" if self.fix else ""
-            raise InputError(f"{label} must be {self.need} (got {value!r}){fix}")
+            raise InputError(f"{label} must be {self.need}{got}{fix}")
         return value
 
 
@@ -186,6 +189,7 @@ STORAGE_OPTIONS = Param(
     example={"anon": True},
     metavar="KEY=VALUE",
     flag_name="--storage-option",
+    secret=True,
 )
 
 REQUIRED = ("rank", "clusters")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dpsub_dist.cli import main
@@ -154,3 +155,22 @@ def test_default_run_id_and_fingerprint(tmp_path):
     assert moved.fingerprint() == job.fingerprint()  # where it is written is not the job
     richer = load_job(write(tmp_path, MINIMAL.replace("epsilon: 1.0", "epsilon: 2.0"), "c.yaml"))
     assert richer.fingerprint() != job.fingerprint()
+
+
+def test_a_bad_storage_options_mapping_is_refused_without_repeating_it(tmp_path):
+    """The run-level table checks storage_options at every door; its values hold
+    credentials, so the refusal names the field and never repeats them."""
+    from dpsub_dist import PrivateSubspace
+
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "dataset: /data/events/\nrank: 2\nbudget: {epsilon: 1.0, delta: 1.0e-6}\n"
+        "output: /out/{run_id}\nstorage_options: [secret-key-123]\n"
+    )
+    with pytest.raises(InputError, match="storage_options must be a mapping") as refused:
+        load_job(job)
+    assert "secret-key-123" not in str(refused.value)
+    estimator = PrivateSubspace(storage_options={"key": "secret-key-123", 1: "x"})
+    with pytest.raises(ValueError, match="storage_options must be a mapping") as refused:
+        estimator.fit(np.random.default_rng(0).standard_normal((50, 3)))
+    assert "secret-key-123" not in str(refused.value)
