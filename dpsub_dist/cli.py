@@ -104,7 +104,7 @@ def _words(param: Param):
     def parse(text: str):
         value = param.parse(text)
         if not value:
-            raise argparse.ArgumentTypeError(f"expected {param.need}")
+            raise argparse.ArgumentTypeError(f"expected {param.need}, comma-separated")
         return value
 
     return parse
