@@ -174,3 +174,14 @@ def test_a_bad_storage_options_mapping_is_refused_without_repeating_it(tmp_path)
     with pytest.raises(ValueError, match="storage_options must be a mapping") as refused:
         estimator.fit(np.random.default_rng(0).standard_normal((50, 3)))
     assert "secret-key-123" not in str(refused.value)
+
+
+def test_every_run_level_parameter_is_a_job_file_key():
+    """The job file's keys come from the run-level table: each parameter is a top-level key
+    (with the table's help), a ``budget.`` key or ``parameters.seed``."""
+    from dpsub_dist.jobfile import BUDGET_NAMES, JOB_FIELDS, TOP_LEVEL
+    from dpsub_dist.params import RUN_PARAMS, SEED
+
+    keys = {p.name for p in TOP_LEVEL} | set(BUDGET_NAMES) | {SEED.name}
+    assert keys == {p.name for p in RUN_PARAMS["estimate"]}
+    assert all(JOB_FIELDS[p.name] == p.help for p in TOP_LEVEL)
