@@ -8,6 +8,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from dpsub_dist.engine.compute import Executor
+from dpsub_dist.engine.routes import LOCAL_ROUTES, local_route
+from dpsub_dist.engine.sources import Dataset
+from dpsub_dist.engine.subsets import SubsetPlan
+from dpsub_dist.errors import InputError
+from dpsub_dist.estimators import centring
+from dpsub_dist.estimators import sample_aggregate as sa
 from dpsub_dist.context import (
     EstimateResult,
     build_manifest,
@@ -16,13 +23,6 @@ from dpsub_dist.context import (
     plan,
     public_seed,
 )
-from dpsub_dist.engine.compute import Executor
-from dpsub_dist.engine.routes import LOCAL_ROUTES, local_route
-from dpsub_dist.engine.sources import Dataset
-from dpsub_dist.engine.subsets import SubsetPlan
-from dpsub_dist.errors import InputError
-from dpsub_dist.estimators import centring
-from dpsub_dist.estimators import sample_aggregate as sa
 from dpsub_dist.methods.spec import Param, positive
 from dpsub_dist.privacy.noise import noise_rng
 
