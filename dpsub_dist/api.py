@@ -530,10 +530,11 @@ def _config_from(
     estimator: _PrivateEstimator, kind: type[RunConfig], aliases: dict[str, Any], **required: Any
 ) -> Any:
     """The run config of ``kind`` from the estimator's parameters, which are the tables'
-    names (:func:`api_parameters`): the run-level ones (lists and mappings copied so a fit
-    never edits them; ε = :data:`DEFAULT_EPSILON` when neither ``epsilon`` nor ``rho`` is
-    given), then the method options given, checked as the CLI and job files check them
-    (``aliases``: values of deprecated names, by the name they stand for)."""
+    names (:func:`api_parameters`), checked before any input is read: the run-level ones
+    (lists, a pandas ``Index`` of names too, and mappings copied so a fit never edits them;
+    ε = :data:`DEFAULT_EPSILON` when neither ``epsilon`` nor ``rho`` is given), then the
+    method options given, checked as the CLI and job files check them (``aliases``: values
+    of deprecated names, by the name they stand for)."""
     run: dict[str, Any] = {}
     for param in RUN_PARAMS[kind.command]:
         if param.name in REQUIRED:
@@ -541,8 +542,8 @@ def _config_from(
         value = getattr(estimator, param.name)
         if param is STORAGE_OPTIONS:
             value = dict(value or {})
-        elif isinstance(value, list | tuple):
-            value = list(value)
+        elif param.kind is list and value is not None and not isinstance(value, str):
+            value = [str(name) if isinstance(name, np.str_) else name for name in value]
         run[param.field] = value
     if run["epsilon"] is None and run["rho"] is None:
         run["epsilon"] = DEFAULT_EPSILON
@@ -553,7 +554,9 @@ def _config_from(
         if value is not None and value != unset[param.field]:
             given[name] = value
     options = check_given(kind.command, estimator.method, given, cli_flag)
-    return kind(**required, **run, method=estimator.method, **options)
+    config = kind(**required, **run, method=estimator.method, **options)
+    config.check_run()
+    return config
 
 
 def api_parameters(command: str) -> list[str]:
