@@ -19,15 +19,11 @@ from dpsub_dist.jobfile import load_job
 from dpsub_dist.methods import REGISTRY, declared, own_params
 from dpsub_dist.params import RUN_PARAMS
 
-COMMON = {
-    "estimate": {"--rank", "--epsilon", "--delta", "--rho", "--method"},
-    "cluster": {"--rank", "--epsilon", "--delta", "--rho", "--method", "--clusters"},
-    "stream": {"--rank", "--epsilon", "--delta", "--rho", "--ledger", "--dataset"},
-}
+COMMON = {"estimate": {"--method"}, "cluster": {"--method"}, "stream": {"--ledger", "--dataset"}}
+"""Flags of one door only; the run-level ones come from RUN_PARAMS."""
 PARSERS = {"estimate": ("estimate",), "cluster": ("cluster",), "stream": ("stream", "init")}
-INPUT = {"--out", "--overwrite", "--columns", "--unit-column", "--scheduler", "--workers"}
+INPUT = {"--out", "--overwrite", "--scheduler", "--workers", "--quiet", "-h", "--help"}
 INPUT |= {"--memory-limit"}  # the local cluster's worker limit, as --workers
-INPUT |= {"--exclude-columns", "--seed", "--storage-option", "--quiet", "-h", "--help"}
 CONFIG_OWN = {"method", "parsed_budget"}
 CONFIG_OWN_STREAM = {"ledger", "dataset", "unit_column"}  # unit_column: refused, row level only
 CONFIGS = {"estimate": EstimateConfig, "cluster": ClusterConfig, "stream": StreamConfig}
@@ -46,7 +42,9 @@ def _flags(command: str) -> set[str]:
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         parser = sub.choices[name]
     flags = {f for action in parser._actions for f in action.option_strings}
-    return flags - COMMON[command] - INPUT
+    run_level = {p.flag for p in RUN_PARAMS[command]}
+    assert run_level <= flags, run_level - flags  # the run-level table's flags, all there
+    return flags - COMMON[command] - INPUT - run_level
 
 
 def _cli_arg(param) -> list[str]:
