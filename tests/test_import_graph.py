@@ -108,6 +108,8 @@ def test_layers_point_one_way() -> None:
             assert not back, f"{module} imports {back}"
 
 
-@pytest.mark.parametrize("module", ["dpsub_dist.job", "dpsub_dist.methods.exact"])
+@pytest.mark.parametrize(
+    "module", ["dpsub_dist.job", "dpsub_dist.methods.exact", "dpsub_dist.params"]
+)
 def test_a_module_imports_first_in_a_fresh_interpreter(module: str) -> None:
     subprocess.run([sys.executable, "-c", f"import {module}"], check=True)
