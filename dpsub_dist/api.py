@@ -29,8 +29,17 @@ from dpsub_dist.engine.sources import Dataset, array_dataset, frame_choice, parq
 from dpsub_dist.errors import InputError, NoStableSubspace
 from dpsub_dist.estimators.boost import chosen_view
 from dpsub_dist.io.parquet import API_OPTIONS, feature_name
-from dpsub_dist.job import EstimateConfig, EstimateResult, run_estimate
-from dpsub_dist.methods import DEFAULTS, declared
+from dpsub_dist.job import EstimateResult, run_estimate
+from dpsub_dist.methods import DEFAULTS, check_given, declared
+from dpsub_dist.methods import flag as cli_flag
+from dpsub_dist.params import (
+    REQUIRED,
+    RUN_PARAMS,
+    STORAGE_OPTIONS,
+    ClusterConfig,
+    EstimateConfig,
+    RunConfig,
+)
 
 DEFAULT_EPSILON = 1.0
 """ε of a fit given neither ``epsilon`` nor ``rho`` (with ``delta``'s default, 10⁻⁶)."""
@@ -107,7 +116,11 @@ class _PrivateEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseE
         """Run ``runner(config, open_dataset, client)`` on ``X``; set ``manifest_``,
         ``n_features_in_``, ``feature_names_in_`` and ``columns_left_out_``."""
         opened: list[Dataset] = []
-        exclude = getattr(config, "exclude_columns", None)  # estimates only
+        exclude = config.exclude_columns
+        if exclude is not None and not (_is_path(X) or hasattr(X, "columns")):
+            raise InputError(
+                "exclude_columns needs column names: pass a DataFrame or a Parquet path"
+            )
         if _is_path(X):
             uri = os.fspath(X)
 
@@ -265,11 +278,14 @@ class _PrivateEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseE
 class PrivateSubspace(_PrivateEstimator):
     """Differentially private top-k principal subspace (``method="auto"`` by default).
 
-    Parameters mirror ``dpsub estimate``: ``n_components`` (K, default 2; ``rank`` is an
-    alias), ``epsilon``/``delta`` or ``rho`` (+ ``delta``; default ε = 1, δ = 10⁻⁶),
-    ``method``, ``subsets``, ``ref_points``, ``assign``, ``unit_column``, ``columns``,
-    ``exclude_columns`` (named tables), ``seed`` (public randomness only: DP noise always
-    comes from OS entropy), ``scale`` (public radius / cell side), ``row_norm``/``center``
+    Parameters are those of ``dpsub estimate``, by the same names (one table,
+    :mod:`dpsub_dist.params` and :mod:`dpsub_dist.methods`): ``n_components`` (K, default 2;
+    ``rank`` is an alias), ``epsilon``/``delta`` or ``rho`` (+ ``delta``; default ε = 1,
+    δ = 10⁻⁶), ``method``, ``subsets``, ``ref_points``, ``assign``, ``unit_column``,
+    ``columns``, ``exclude_columns`` (named tables), ``seed`` (public randomness only: DP
+    noise always comes from OS entropy), ``radius`` (friendly, auto) / ``cell_side``
+    (histogram): the public radius or cell side (``scale``, their old shared name, is
+    deprecated), ``row_norm``/``center``
     (centring is on by default at row level for every method but exact; ``center=False`` for
     the uncentred subspace), ``outliers``/``tolerance`` (exact), ``boost``/``boost_alpha``
     (SS21 Alg. 3 around any method), ``storage_options`` and ``client`` (a
@@ -306,42 +322,57 @@ class PrivateSubspace(_PrivateEstimator):
         epsilon: float | None = None,
         delta: float = 1e-6,
         rho: float | None = None,
-        method: str = DEFAULTS["estimate"],
-        subsets: int | None = None,
-        ref_points: int | None = None,
-        assign: str = "random",
         unit_column: str | None = None,
         columns: list[str] | None = None,
         exclude_columns: list[str] | None = None,
         seed: int | None = None,
-        scale: float | None = None,
+        storage_options: dict[str, Any] | None = None,
+        method: str = DEFAULTS["estimate"],
+        subsets: int | None = None,
+        ref_points: int | None = None,
+        assign: str = "random",
+        radius: float | None = None,
         row_norm: float | None = None,
         center: bool | None = None,
+        cell_side: float | None = None,
         outliers: int | None = None,
         tolerance: float | None = None,
-        boost: int | None = None,
-        boost_alpha: float | None = None,
         iterations: int | None = None,
         oversample: int | None = None,
-        storage_options: dict[str, Any] | None = None,
+        boost: int | None = None,
+        boost_alpha: float | None = None,
         client: Any | None = None,
+        scale: float | None = None,
     ) -> None:
         self._store(locals())
 
     def _config(self) -> EstimateConfig:
         rank = _alias("n_components", self.n_components, "rank", self.rank, default=2)
-        return _config_from(self, EstimateConfig, rank=rank, **_default_budget(self))
+        return _config_from(self, EstimateConfig, self._scale_alias(), rank=rank)
+
+    def _scale_alias(self) -> dict[str, float]:
+        """``scale=`` (deprecated) as the parameter it names for ``method``: ``cell_side``
+        for histogram, else ``radius``; FutureWarning."""
+        if self.scale is None:
+            return {}
+        name = "cell_side" if self.method == "histogram" else "radius"
+        warnings.warn(
+            f"scale= is deprecated and will be removed in the next release: pass {name}= "
+            "(radius= for friendly and auto, cell_side= for histogram: the names of "
+            "--radius and --cell-side)",
+            FutureWarning,
+            4,
+        )
+        given = getattr(self, name)
+        if given is not None and given != self.scale:
+            raise InputError(f"scale={self.scale} and {name}={given} differ: pass only {name}")
+        return {name: self.scale}
 
     def fit(self, X: Any, y: None = None) -> PrivateSubspace:
         """Estimate from a NumPy/Dask array, a pandas/Dask DataFrame, or a Parquet path/URI
         (``str`` or ``pathlib.Path``). Spends the budget; Dask input is read on the cluster."""
         with _api_errors(self):
-            config = self._config()
-            if self.exclude_columns is not None and not (_is_path(X) or hasattr(X, "columns")):
-                raise InputError(
-                    "exclude_columns needs column names: pass a DataFrame or a Parquet path"
-                )
-            result = self._fit_run(X, config, run_estimate)
+            result = self._fit_run(X, self._config(), run_estimate)
         if result.basis is None:
             reason = (
                 chosen_view(result.manifest)["release"].get("failure_reason") or "see manifest_"
@@ -403,10 +434,11 @@ class PrivateSubspaceClustering(_PrivateEstimator):
     subspaces (default 2) of dimension ``n_components`` (q, default 1; aliases ``clusters``
     and ``rank``), by default at ε = 1, δ = 10⁻⁶.
 
-    Parameters mirror ``dpsub cluster``: ``method`` (``sample-aggregate``, ``sulq``,
-    ``gibbs``), ``aggregator``, ``subsets``, ``ref_points``, ``assign``, ``unit_column``,
-    ``scale`` (sample-aggregate), ``iterations`` (sulq), ``sweeps`` (gibbs), ``row_norm``
-    (sulq, gibbs), ``private_norm`` (sulq), the budget, ``columns``, ``seed``,
+    Parameters are those of ``dpsub cluster``, by the same names: ``method``
+    (``sample-aggregate``, ``sulq``, ``gibbs``), ``aggregator``, ``subsets``, ``ref_points``,
+    ``assign``, ``unit_column``, ``scale`` (sample-aggregate: its aggregator's radius or cell
+    side, ``--scale``), ``iterations`` (sulq), ``sweeps`` (gibbs), ``row_norm`` (sulq, gibbs),
+    ``private_norm`` (sulq), the budget, ``columns``, ``exclude_columns``, ``seed``,
     ``storage_options``, ``client``. ``gibbs`` is not differentially private and warns.
 
     Attributes after ``fit``: ``bases_`` (K×D×q; ``bases_[c]`` is cluster c's orthonormal
@@ -429,33 +461,32 @@ class PrivateSubspaceClustering(_PrivateEstimator):
         epsilon: float | None = None,
         delta: float = 1e-6,
         rho: float | None = None,
+        unit_column: str | None = None,
+        columns: list[str] | None = None,
+        exclude_columns: list[str] | None = None,
+        seed: int | None = None,
+        storage_options: dict[str, Any] | None = None,
         method: str = "sample-aggregate",
         aggregator: str = "friendly",
         subsets: int | None = None,
         ref_points: int | None = None,
         assign: str = "random",
-        unit_column: str | None = None,
-        columns: list[str] | None = None,
-        seed: int | None = None,
         scale: float | None = None,
         iterations: int | None = None,
-        sweeps: int | None = None,
         row_norm: float | None = None,
         private_norm: bool = False,
-        storage_options: dict[str, Any] | None = None,
+        sweeps: int | None = None,
         client: Any | None = None,
     ) -> None:
         self._store(locals())
 
-    def _config(self) -> Any:
-        from dpsub_dist.job import ClusterConfig
-
+    def _config(self) -> ClusterConfig:
         return _config_from(
             self,
             ClusterConfig,
+            {},
             clusters=_alias("n_clusters", self.n_clusters, "clusters", self.clusters, default=2),
             rank=_alias("n_components", self.n_components, "rank", self.rank, default=1),
-            **_default_budget(self),
         )
 
     def fit(self, X: Any, y: None = None) -> PrivateSubspaceClustering:
@@ -495,20 +526,47 @@ class PrivateSubspaceClustering(_PrivateEstimator):
         return self.fit(X).predict(X)
 
 
-def _config_from(estimator: BaseEstimator, kind: type, **resolved: Any) -> Any:
-    """The run config of ``kind`` from the estimator's parameters of the same names (the
-    methods' declared fields), lists and mappings copied so a fit never edits them."""
-    values = {}
-    for spec in fields(kind):
-        if spec.name in resolved or not hasattr(estimator, spec.name):
+def _config_from(
+    estimator: _PrivateEstimator, kind: type[RunConfig], aliases: dict[str, Any], **required: Any
+) -> Any:
+    """The run config of ``kind`` from the estimator's parameters, which are the tables'
+    names (:func:`api_parameters`), checked before any input is read: the run-level ones
+    (lists, a pandas ``Index`` of names too, and mappings copied so a fit never edits them;
+    ε = :data:`DEFAULT_EPSILON` when neither ``epsilon`` nor ``rho`` is given), then the
+    method options given, checked as the CLI and job files check them (``aliases``: values
+    of deprecated names, by the name they stand for)."""
+    run: dict[str, Any] = {}
+    for param in RUN_PARAMS[kind.command]:
+        if param.name in REQUIRED:
             continue
-        value = getattr(estimator, spec.name)
-        if spec.name == "storage_options":
+        value = getattr(estimator, param.name)
+        if param is STORAGE_OPTIONS:
             value = dict(value or {})
-        elif isinstance(value, list | tuple):
-            value = list(value)
-        values[spec.name] = value
-    return kind(**values, **resolved)
+        elif param.kind is list and value is not None and not isinstance(value, str):
+            value = [str(name) if isinstance(name, np.str_) else name for name in value]
+        run[param.field] = value
+    if run["epsilon"] is None and run["rho"] is None:
+        run["epsilon"] = DEFAULT_EPSILON
+    unset = {f.name: f.default for f in fields(kind)}
+    given = {}
+    for name, param in declared(kind.command).items():
+        value = aliases.get(name, getattr(estimator, name))
+        if value is not None and value != unset[param.field]:
+            given[name] = value
+    options = check_given(kind.command, estimator.method, given, cli_flag)
+    config = kind(**required, **run, method=estimator.method, **options)
+    config.check_run()
+    return config
+
+
+def api_parameters(command: str) -> list[str]:
+    """The estimator parameters of ``command``'s tables: every run-level and method parameter
+    by its table name (``rank``/``clusters`` are aliases of ``n_components``/``n_clusters``),
+    the method and the Dask client. Each estimator's ``__init__`` has exactly these (a test
+    holds it to the tables; scikit-learn needs an explicit signature)."""
+    names = ["n_clusters"] if command == "cluster" else []
+    names += ["n_components", *(p.name for p in RUN_PARAMS[command]), "method"]
+    return [*names, *declared(command), "client"]
 
 
 def _alias(name: str, value: Any, alias: str, alias_value: Any, default: int) -> Any:
@@ -519,12 +577,6 @@ def _alias(name: str, value: Any, alias: str, alias_value: Any, default: int) ->
     if value is not None:
         return value
     return default if alias_value is None else alias_value
-
-
-def _default_budget(estimator: BaseEstimator) -> dict[str, float]:
-    """ε = :data:`DEFAULT_EPSILON` when neither ``epsilon`` nor ``rho`` is given."""
-    given = estimator.epsilon is not None or estimator.rho is not None
-    return {} if given else {"epsilon": DEFAULT_EPSILON}
 
 
 @functools.cache
@@ -546,7 +598,6 @@ def _api_errors(estimator: BaseEstimator) -> Iterator[None]:
 
 
 _API_NAMES = {
-    **{p.name: p.field for command in ("estimate", "cluster") for p in declared(command).values()},
     "rank": "n_components",
     "clusters": "n_clusters",
     "storage_option": "storage_options",
@@ -564,8 +615,8 @@ def api_wording(message: str, params: Collection[str]) -> str:
     """``message`` (written for the CLI) with each flag of a parameter in ``params`` named as
     that parameter: ``--rank K`` → ``n_components=K`` (``--rank 3`` → ``n_components=3``),
     ``--method gibbs`` →
-    ``method='gibbs'``, ``--no-center`` → ``center=False``, ``--radius/--cell-side`` →
-    ``scale``. Flags of anything else (``--out``) are left as they are."""
+    ``method='gibbs'``, ``--no-center`` → ``center=False``, ``--radius`` → ``radius``.
+    Flags of anything else (``--out``) are left as they are."""
 
     def method(match: re.Match[str]) -> str:
         return "method=" + "/".join(f"'{name}'" for name in match[1].split("/"))

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dpsub_dist.errors import DataError, DpsubError, InputError, did_you_mean
+from dpsub_dist.params import BUDGET, COLUMNS, RANK, REQUIRED, RUN_PARAMS, STORAGE_OPTIONS, Param
 
 
 class Parser(argparse.ArgumentParser):
@@ -86,13 +87,6 @@ def _workers(text: str) -> int:
     return value
 
 
-def _columns(text: str) -> list[str]:
-    names = [c.strip() for c in text.split(",") if c.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError("expected comma-separated column names")
-    return names
-
-
 def _storage_option(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -100,40 +94,72 @@ def _storage_option(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _dest(param: Param) -> str:
+    return param.flag[2:].replace("-", "_")
+
+
+def _words(param: Param):
+    """The argparse type of a parameter read from one word (``--columns a,b``)."""
+
+    def parse(text: str):
+        value = param.parse(text)
+        if not value:
+            raise argparse.ArgumentTypeError(f"expected {param.need}, comma-separated")
+        return value
+
+    return parse
+
+
+def add_param(parser, param: Param, help: str | None = None, **kwargs) -> None:
+    """The flag of a run-level parameter, from its table entry."""
+    kwargs.setdefault("metavar", param.metavar)
+    if param is STORAGE_OPTIONS:  # --storage-option KEY=VALUE, once per option
+        kwargs.update(type=_storage_option, action="append", default=[])
+    else:
+        kwargs["type"] = _words(param) if param.parse else param.kind
+    parser.add_argument(param.flag, dest=_dest(param), help=help or param.described, **kwargs)
+
+
+def run_values(args: argparse.Namespace, command: str) -> dict:
+    """The run-level parameters of ``command`` as given on the command line, by config field."""
+    from dpsub_dist.io.storage import StorageOptions
+
+    values = {param.field: getattr(args, _dest(param)) for param in RUN_PARAMS[command]}
+    if STORAGE_OPTIONS.field in values:
+        values[STORAGE_OPTIONS.field] = StorageOptions.from_pairs(values[STORAGE_OPTIONS.field])
+    return values
+
+
 def add_budget_arguments(parser: argparse.ArgumentParser, scope: str = "for the whole run") -> None:
     """--epsilon/--delta or --rho (with --delta), shared by every private command."""
     group = parser.add_argument_group("privacy budget")
-    group.add_argument("--epsilon", type=float, help=f"ε of (ε, δ)-DP {scope}")
-    group.add_argument("--delta", type=float, help="δ of (ε, δ)-DP (with --rho: δ of the report)")
-    group.add_argument("--rho", type=float, help="ρ of ρ-zCDP instead of --epsilon")
+    epsilon, *rest = BUDGET
+    add_param(group, epsilon, f"{epsilon.help} {scope}")
+    for param in rest:
+        add_param(group, param)
 
 
-def add_input_arguments(parser: argparse.ArgumentParser) -> None:
-    """Input, columns, unit, cluster and output options shared by estimate-like commands."""
+def add_run_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    """The run-level parameters of ``command`` (:data:`dpsub_dist.params.RUN_PARAMS`): the
+    required ones, the budget, then the data options."""
+    for param in RUN_PARAMS[command]:
+        if param.name in REQUIRED:
+            add_param(parser, param, required=True)
+    add_budget_arguments(parser)
+    for param in RUN_PARAMS[command]:
+        if param.name not in REQUIRED and param not in BUDGET:
+            add_param(parser, param)
+
+
+def add_input_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    """Input, output and cluster options shared by estimate-like commands, and the
+    command's run-level parameters."""
     parser.add_argument("input", help="Parquet file, folder or glob (local or s3://)")
     parser.add_argument(
         "--out", required=True, help="output folder (must not exist; missing parents are created)"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    parser.add_argument(
-        "--columns",
-        type=_columns,
-        help="comma-separated feature columns (default: every numeric column but identifiers "
-        "such as user_id and a stored index, from the schema); a vector column "
-        "(fixed_size_list or list of numbers, e.g. embeddings) adds its width",
-    )
-    parser.add_argument(
-        "--exclude-columns",
-        type=_columns,
-        metavar="NAMES",
-        help="comma-separated columns or patterns (user_*, *_score) to leave out of the "
-        "feature columns (of --columns, or of the default ones); from the schema only",
-    )
-    parser.add_argument(
-        "--unit-column",
-        help="user id column (integers, strings, …): user-level privacy; rows with a null id "
-        "belong to no user and are ignored",
-    )
+    add_run_arguments(parser, command)
     parser.add_argument("--scheduler", help="tcp://host:port of a running Dask scheduler")
     parser.add_argument(
         "--workers", type=_workers, help="workers of the local cluster (default: one per core)"
@@ -144,22 +170,12 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
         "machine's memory shared among the workers); Dask spills, pauses and restarts a "
         "worker against it",
     )
-    parser.add_argument("--seed", type=int, help="public seed (assignment, reference points)")
-    add_storage_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar or cluster banner")
 
 
 def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
     """--storage-option KEY=VALUE for s3:// (or other fsspec) inputs and outputs."""
-    parser.add_argument(
-        "--storage-option",
-        type=_storage_option,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="fsspec/s3fs option, repeatable (e.g. endpoint_url=..., anon=true); "
-        "secrets given here are never printed or written",
-    )
+    add_param(parser, STORAGE_OPTIONS)
 
 
 def add_method_arguments(parser: argparse.ArgumentParser, command: str) -> None:
@@ -258,9 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--epsilon 1 --delta 1e-6 --out runs/k4",
         ),
     )
-    add_input_arguments(est)
-    est.add_argument("--rank", type=int, required=True, help="K, the subspace dimension")
-    add_budget_arguments(est)
+    add_input_arguments(est, "estimate")
     add_method_arguments(est, "estimate")
 
     clu = sub.add_parser(
@@ -270,10 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
             "dpsub cluster data/ --clusters 3 --rank 2 --epsilon 1 --delta 1e-6 --out runs/c3"
         ),
     )
-    add_input_arguments(clu)
-    clu.add_argument("--clusters", type=int, required=True, help="K, the number of subspaces")
-    clu.add_argument("--rank", type=int, required=True, help="the dimension of each subspace")
-    add_budget_arguments(clu)
+    add_input_arguments(clu, "cluster")
     add_method_arguments(clu, "cluster")
 
     ev = sub.add_parser(
@@ -400,30 +411,26 @@ def run_to_output(args: argparse.Namespace, make_config, runner) -> int:
     from dpsub_dist.engine.progress import closing_line, numbered_passes
     from dpsub_dist.engine.sources import parquet_dataset
     from dpsub_dist.io.output import check_output_dir, write_run
-    from dpsub_dist.io.storage import StorageOptions
+    from dpsub_dist.job import validate
     from dpsub_dist.methods import given_arguments
 
-    storage_options = StorageOptions.from_pairs(args.storage_option)
     config = make_config(
-        rank=args.rank,
-        epsilon=args.epsilon,
-        delta=args.delta,
-        rho=args.rho,
+        **run_values(args, args.command),
         method=args.method,
-        unit_column=args.unit_column,
-        columns=args.columns,
-        seed=args.seed,
-        storage_options=storage_options,
-        **({"clusters": args.clusters} if args.command == "cluster" else {}),
         **given_arguments(args, args.command),
     )
-    config.validate()
+    validate(config)
+    storage_options = config.storage_options
     check_output_dir(args.out, args.overwrite, storage_options)
 
     def open_dataset(client):
-        exclude = args.exclude_columns
         dataset = parquet_dataset(
-            args.input, args.columns, args.unit_column, storage_options, client, exclude
+            args.input,
+            config.columns,
+            config.unit_column,
+            storage_options,
+            client,
+            config.exclude_columns,
         )
         if config.unit_column is None:  # n is public at row level: every pass's rows/s
             passes.rows = dataset.n_rows
@@ -665,10 +672,8 @@ def add_scheduled_commands(sub) -> None:
     )
     s_init.add_argument("state", help="stream file to create (SQLite, 0600; beside it the "
                         "operator-only STATE.private)")  # fmt: skip
-    s_init.add_argument("--rank", type=int, required=True, help="K, the subspace dimension")
-    s_init.add_argument(
-        "--columns", type=_columns, help="feature columns (default: numeric, not ids or index)"
-    )
+    add_param(s_init, RANK, required=True)
+    add_param(s_init, COLUMNS)
     s_init.add_argument(
         "--ledger", help="ledger file or postgresql:// URL: charge the whole budget to --dataset"
     )
@@ -812,11 +817,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
         from dpsub_dist.methods import given_arguments
 
         config = StreamConfig(
-            rank=args.rank,
-            epsilon=args.epsilon,
-            delta=args.delta,
-            rho=args.rho,
-            columns=args.columns,
+            **run_values(args, "stream"),
             ledger=args.ledger,
             dataset=args.dataset,
             **given_arguments(args, "stream"),

@@ -1,9 +1,10 @@
 """The generic runner: validate → dispatch through the method registry → result.
 
-Every check that can fail on parameters runs before any data is read (the configs' checks
-are generated from the method tables in :mod:`dpsub_dist.methods`), and each method's whole
-budget plan is checked before the first footer is opened. The import graph points one way:
-this runner → :mod:`dpsub_dist.methods` → :mod:`dpsub_dist.estimators` → {privacy, engine}.
+Every check that can fail on parameters runs before any data is read (:func:`validate`: the
+run-level table of :mod:`dpsub_dist.params`, then the method tables of
+:mod:`dpsub_dist.methods`), and each method's whole budget plan is checked before the first
+footer is opened. The import graph points one way: this runner → :mod:`dpsub_dist.methods` →
+:mod:`dpsub_dist.estimators` → {privacy, engine} → :mod:`dpsub_dist.params` (the configs).
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from dpsub_dist.context import EstimateResult, plan, progress_shown, versions
 from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.estimators.boost import run_boosted
 from dpsub_dist.estimators.centring import resolve_center
 from dpsub_dist.estimators.clustering import run_clustering
-from dpsub_dist.context import EstimateResult, plan, progress_shown, versions
-from dpsub_dist.methods import REGISTRY, method_named
-from dpsub_dist.methods.config import ClusterConfig, EstimateConfig, StreamConfig
+from dpsub_dist.methods import REGISTRY, check_config, method_named
+from dpsub_dist.params import ClusterConfig, EstimateConfig, RunConfig, StreamConfig
 from dpsub_dist.privacy.accountant import Accountant, Budget
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "init_stream",
     "run_cluster",
     "run_estimate",
+    "validate",
     "versions",
 ]
 
@@ -38,6 +40,14 @@ METHODS = REGISTRY["estimate"]
 """Estimation methods by name (:mod:`dpsub_dist.methods` declares them)."""
 CLUSTER_METHODS = tuple(REGISTRY["cluster"])
 """Clustering methods by name."""
+
+
+def validate(config: RunConfig) -> None:
+    """Every check of a config that needs no data: the run-level table (rank, clusters, the
+    columns…), the method's table and cross-checks, then the budget, parsed once here."""
+    config.check_run()
+    check_config(config, config.command)
+    config.budget()
 
 
 def plan_budget(config: EstimateConfig | ClusterConfig) -> tuple[Accountant, dict[str, Budget]]:
@@ -49,11 +59,10 @@ def plan_budget(config: EstimateConfig | ClusterConfig) -> tuple[Accountant, dic
 
 
 def with_defaults(config: EstimateConfig) -> EstimateConfig:
-    """``config`` with the defaults that depend on other options filled in (centring); the
-    budget parsed at the edge goes with it."""
-    resolved = replace(config, center=resolve_center(config))
-    resolved.use_budget(config.budget())
-    return resolved
+    """``config`` with its method table's defaults and those that depend on other options
+    (centring) filled in; the parsed budget is a field, so it goes with it."""
+    defaults = method_named("estimate", config.method).defaults(config)
+    return replace(config, center=resolve_center(config), **defaults)
 
 
 def run_estimate(
@@ -68,7 +77,7 @@ def run_estimate(
     ``noise_seed`` is a *private* seed from a run record (ledger) for reproducible
     resumption; without it DP noise comes from OS entropy.
     """
-    config.validate()
+    validate(config)
     config = with_defaults(config)
     progress = progress_shown(config, progress)
     run = method_named("estimate", config.method).run
@@ -85,8 +94,9 @@ def run_cluster(
     noise_seed: int | None = None,
 ) -> EstimateResult:
     """Run the clustering ``config.method`` end to end; the basis is K×d×q (None for ⊥)."""
-    config.validate()
+    validate(config)
     method = method_named("cluster", config.method)
+    config = replace(config, **method.defaults(config))
     shares = method.plan(config)
     return run_clustering(config, method.run, shares, open_dataset, client, progress, noise_seed)
 
@@ -96,5 +106,5 @@ def init_stream(path: str, config: StreamConfig) -> Any:
     stream method's table first (InputError, exit 2, nothing made or charged), then its
     runner creates the stream files for the whole horizon's budget
     (:func:`dpsub_dist.estimators.online.init_stream`); returns its settings."""
-    config.validate()
+    validate(config)
     return method_named("stream", config.method).run(path, config)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import string
 import traceback
@@ -55,7 +54,7 @@ from dpsub_dist.io.storage import (
     is_local,
     storage_error,
 )
-from dpsub_dist.job import METHODS, EstimateConfig, run_estimate
+from dpsub_dist.job import METHODS, run_estimate, validate
 from dpsub_dist.ledger import (
     RunRecord,
     RunRequest,
@@ -72,16 +71,29 @@ from dpsub_dist.ledger.core import (
     fingerprint,
 )
 from dpsub_dist.methods import DEFAULTS, check_given, declared
+from dpsub_dist.params import (
+    BUDGET,
+    COLUMNS,
+    EXCLUDE_COLUMNS,
+    RANK,
+    REQUIRED,
+    SEED,
+    STORAGE_OPTIONS,
+    UNIT_COLUMN,
+    EstimateConfig,
+    Param,
+)
 from dpsub_dist.privacy.accountant import Budget, parse_budget
 from dpsub_dist.privacy.clustering import GIBBS_GUARANTEE
+
+TOP_LEVEL = (RANK, COLUMNS, EXCLUDE_COLUMNS, UNIT_COLUMN, STORAGE_OPTIONS)
+"""The run-level parameters a job file gives as top-level keys; the budget is ``budget:``
+and the public seed ``parameters.seed`` (:data:`dpsub_dist.params.RUN_PARAMS`)."""
 
 JOB_FIELDS: dict[str, str] = {
     "name": "job name, used in default run ids (default: the file name without .yaml)",
     "dataset": "Parquet file, folder or glob (local path or s3:// URI)",
-    "columns": "feature columns (list or comma-separated; default: the numeric ones but ids)",
-    "exclude_columns": "columns or fnmatch patterns (user_*) left out of the feature columns",
-    "unit_column": "user id column for user-level privacy (default: row level)",
-    "rank": "k, the subspace dimension",
+    **{param.name: param.help for param in TOP_LEVEL},
     "method": f"estimator (default {DEFAULTS['estimate']}; one of {sorted(METHODS)})",
     "parameters": "the method's parameters (as its CLI flags: subsets, radius, row_norm…) and "
     "seed, the public seed",
@@ -89,7 +101,6 @@ JOB_FIELDS: dict[str, str] = {
     "output": "output folder; {run_id} is replaced by the run id",
     "overwrite": "replace an existing output folder (default false)",
     "ledger": "SQLite ledger file or postgresql:// URL (or pass --ledger)",
-    "storage_options": "fsspec/s3fs options for the dataset (e.g. endpoint_url)",
     "scheduler": "tcp://host:port of a Dask scheduler (default: a local cluster)",
     "workers": "workers of the local cluster (default: one per core)",
 }
@@ -123,18 +134,17 @@ class Job:
         params = dict(self.parameters)
         if public_seed is not None and params.get("seed") is None:
             params["seed"] = public_seed
-        config = EstimateConfig(
-            rank=self.rank,
+        return EstimateConfig(
+            self.rank,
             method=self.method,
             columns=self.columns,
             exclude_columns=self.exclude_columns,
             unit_column=self.unit_column,
             storage_options=dict(self.storage_options),
             **self.budget_values,
+            parsed_budget=self.budget,  # parsed once, by _budget
             **params,
         )
-        config.use_budget(self.budget)  # parsed once, by _budget
-        return config
 
     @property
     def dataset_key(self) -> str:
@@ -224,23 +234,23 @@ def parse_job(document: Any, where: str = "job", default_name: str = "job") -> J
         path=where,
         name=name,
         dataset=fields.text("dataset"),
-        rank=fields.positive_int("rank"),
+        rank=fields.param(RANK),
         budget=budget,
         budget_values=budget_values,
         output=_output(fields.text("output"), where),
         ledger=fields.text("ledger", required=False),
         method=method,
-        columns=fields.columns("columns"),
-        exclude_columns=fields.columns("exclude_columns"),
-        unit_column=fields.text("unit_column", required=False),
+        columns=fields.param(COLUMNS),
+        exclude_columns=fields.param(EXCLUDE_COLUMNS),
+        unit_column=fields.param(UNIT_COLUMN),
         parameters=_parameters(document.get("parameters"), method, where),
         overwrite=fields.boolean("overwrite"),
-        storage_options=fields.mapping("storage_options"),
+        storage_options=fields.param(STORAGE_OPTIONS) or {},
         scheduler=fields.text("scheduler", required=False),
         workers=fields.positive_int("workers", required=False),
     )
     try:
-        job.config().validate()
+        validate(job.config())
     except InputError as err:
         raise InputError(f"{where}: {err}") from None
     return job
@@ -283,42 +293,28 @@ class _Fields:
             raise self._fail(name, "true or false", value)
         return value
 
-    def mapping(self, name: str) -> dict[str, Any]:
-        value = self.document.get(name) or {}
-        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            raise self._fail(name, "a mapping of names to values", value)
-        return dict(value)
-
-    def columns(self, name: str) -> list[str] | None:
-        value = self.document.get(name)
+    def param(self, param: Param) -> Any:
+        """A run-level parameter, checked by its table entry (text read by its ``parse``)."""
+        value = self._given(param.name, param.name in REQUIRED)
+        if isinstance(value, str) and param.parse is not None:
+            value = param.parse(value)
+        elif isinstance(value, str):
+            value = value.strip()
         if value is None:
             return None
-        if isinstance(value, str):
-            value = [c.strip() for c in value.split(",") if c.strip()]
-        if (
-            not isinstance(value, list)
-            or not value
-            or not all(isinstance(c, str) and c for c in value)
-        ):
-            raise self._fail(name, "a list of column names", value)
-        return list(value)
+        try:
+            return param.typed(value, param.name)
+        except InputError as err:
+            raise InputError(f"{self.where}: {err}") from None
 
 
-def _number(value: Any, name: str, where: str) -> float:
-    """A YAML number (PyYAML reads 1e-6 as a string, so numeric strings are accepted)."""
-    if isinstance(value, bool):
-        raise InputError(f"{where}: {name} must be a number (got {value!r})")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise InputError(f"{where}: {name} must be a number (got {value!r})") from None
-    if not math.isfinite(number):
-        raise InputError(f"{where}: {name} must be a finite number (got {value!r})")
-    return number
+BUDGET_NAMES = {param.name: f"budget.{param.name}" for param in BUDGET}
+"""How a job file names the budget's values (for :func:`parse_budget`'s messages)."""
 
 
 def _budget(value: Any, where: str) -> tuple[dict[str, float], Budget]:
-    """The run's budget from ``budget: {epsilon, delta}`` or ``{rho, delta}``."""
+    """The run's budget from ``budget: {epsilon, delta}`` or ``{rho, delta}``: the mapping's
+    shape here, its values by :func:`parse_budget`, the one check of a budget."""
     if value is None:
         raise InputError(f"{where}: budget is required: budget: {{epsilon: 1.0, delta: 1.0e-6}}")
     if not isinstance(value, dict):
@@ -326,27 +322,16 @@ def _budget(value: Any, where: str) -> tuple[dict[str, float], Budget]:
             f"{where}: budget must be a mapping such as {{epsilon: 1.0, delta: 1.0e-6}} "
             f"(got {value!r})"
         )
-    unknown = sorted(str(k) for k in value if k not in ("epsilon", "delta", "rho"))
+    unknown = sorted(str(k) for k in value if k not in BUDGET_NAMES)
     if unknown:
         raise InputError(f"{where}: budget.{unknown[0]} is unknown: use epsilon, delta or rho")
-    if ("epsilon" in value) == ("rho" in value):
-        raise InputError(
-            f"{where}: budget needs exactly one of budget.epsilon ((epsilon, delta)-DP) "
-            "or budget.rho (zCDP)"
-        )
-    if "delta" not in value:
-        raise InputError(f"{where}: budget.delta is required: a number in (0, 1), e.g. 1.0e-6")
-    numbers = {k: _number(v, f"budget.{k}", where) for k, v in value.items()}
-    for key in ("epsilon", "rho"):
-        if key in numbers and not numbers[key] > 0:
-            raise InputError(f"{where}: budget.{key} must be > 0 (got {numbers[key]:g})")
-    if not 0 < numbers["delta"] < 1:
-        raise InputError(f"{where}: budget.delta must be in (0, 1) (got {numbers['delta']:g})")
     try:
-        budget = parse_budget(numbers.get("epsilon"), numbers["delta"], numbers.get("rho"))
+        budget = parse_budget(
+            value.get("epsilon"), value.get("delta"), value.get("rho"), BUDGET_NAMES
+        )
     except InputError as err:
-        raise InputError(f"{where}: budget: {err}") from None
-    return numbers, budget
+        raise InputError(f"{where}: {err}") from None
+    return {k: float(v) for k, v in value.items() if v is not None}, budget
 
 
 def _parameters(value: Any, method: str, where: str) -> dict[str, Any]:
@@ -360,24 +345,39 @@ def _parameters(value: Any, method: str, where: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     given: dict[str, Any] = {}
     for key, item in value.items():
-        if key == "seed":
-            if item is not None and (isinstance(item, bool) or not isinstance(item, int)):
-                raise InputError(f"{where}: parameters.seed must be an integer (got {item!r})")
-            out["seed"] = item
+        if key == SEED.name:
+            out[SEED.field] = None if item is None else _checked(SEED, item, where)
         elif key not in params:
-            names = sorted([*params, "seed"])
+            names = sorted([*params, SEED.name])
             raise InputError(
                 f"{where}: parameters.{key} is unknown{did_you_mean(str(key), names)}: "
                 f"accepted parameters are {names}"
             )
         elif item is not None:  # PyYAML reads 1e-6 as a string: numbers may be quoted
-            number = params[key].kind is float and isinstance(item, str)
-            given[key] = _number(item, f"parameters.{key}", where) if number else item
+            given[key] = _yaml_number(item) if params[key].kind is float else item
     try:
         fields = check_given("estimate", method, given, lambda p: f"parameters.{p.name}")
     except InputError as err:
         raise InputError(f"{where}: {err}") from None
     return {**fields, **out}
+
+
+def _checked(param: Param, value: Any, where: str) -> Any:
+    try:
+        return param.typed(value, f"parameters.{param.name}")
+    except InputError as err:
+        raise InputError(f"{where}: {err}") from None
+
+
+def _yaml_number(value: Any) -> Any:
+    """A quoted number as the number (PyYAML reads 1e-6 as a string); anything else as is,
+    for the table's check to refuse."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        return value
 
 
 def _output(value: str, where: str) -> str:

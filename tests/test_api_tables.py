@@ -202,3 +202,15 @@ def test_exclude_columns_applies_to_a_dataframe_as_to_a_path(mixed: Path) -> Non
         assert est.transform(data).shape[1] == 2
     with pytest.raises(ValueError, match=r"exclude_columns= pattern 'z\*' matches no column"):
         estimator(exclude_columns=["z*"]).fit(pd.read_parquet(mixed))
+
+
+def test_columns_may_be_a_pandas_index_and_a_bare_string_is_refused() -> None:
+    """``columns=`` is checked by the run-level table (a list of names): a DataFrame's own
+    ``columns[:k]`` is such a list; a bare string is refused with the parameter's name."""
+    frame = pd.DataFrame(
+        np.random.default_rng(0).standard_normal((3_000, 4)), columns=["a", "b", "c", "d"]
+    )
+    fitted = PrivateSubspace(2, columns=frame.columns[:3], method="gauss", row_norm=5.0)
+    assert list(fitted.fit(frame).feature_names_in_) == ["a", "b", "c"]
+    with pytest.raises(ValueError, match="columns must be a list of column names"):
+        PrivateSubspace(2, columns="a", method="gauss", row_norm=5.0).fit(frame)

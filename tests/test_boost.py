@@ -13,7 +13,7 @@ from dpsub_dist.engine.assign import random_row_subsets
 from dpsub_dist.engine.sources import array_dataset
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import boost
-from dpsub_dist.job import EstimateConfig, run_estimate
+from dpsub_dist.job import EstimateConfig, run_estimate, validate
 from dpsub_dist.linalg import subspace_error
 from dpsub_dist.privacy.accountant import Accountant, ApproxDP
 
@@ -145,7 +145,7 @@ def test_parallel_composition_covers_every_group_s_total():
 def test_boost_options_are_validated(fields, message):
     config = EstimateConfig(rank=2, epsilon=1.0, delta=1e-6, **fields)
     with pytest.raises(InputError, match=message):
-        config.validate()
+        validate(config)
 
 
 def test_boosted_exact_in_library_agrees_and_reports_budget_once():

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from dpsub_dist import jobfile
+from dpsub_dist import params as method_config
 from dpsub_dist.cli import main
-from dpsub_dist.methods import config as method_config
 from dpsub_dist.privacy import accountant
 from dpsub_dist.synth import generate
 
@@ -60,3 +60,20 @@ def test_job_file_run_parses_the_budget_once(parses, source, tmp_path, scheduler
     run = ["run", str(job), "--run-id", "r1", "--quiet", "--scheduler", scheduler_address]
     assert main(run) == 0
     assert len(parses) == 1, parses
+
+
+def test_the_parsed_budget_is_a_field_that_replace_carries(parses) -> None:
+    """Issue #28: the parsed budget is a typed field of the config, so ``dataclasses.replace``
+    (auto's choice, the defaults, boosting's groups) carries it instead of dropping a hidden
+    cache; a replace that changes ε parses the new budget, never keeps the old one."""
+    import dataclasses
+
+    from dpsub_dist.params import EstimateConfig
+    from dpsub_dist.privacy.accountant import ApproxDP
+
+    config = EstimateConfig(2, epsilon=1.0, delta=1e-6)
+    budget = config.budget()
+    chosen = dataclasses.replace(config, method="gauss", center=True)
+    assert chosen.parsed_budget is budget and chosen.budget() is budget
+    assert len(parses) == 1
+    assert dataclasses.replace(config, epsilon=2.0).budget() == ApproxDP(2.0, 1e-6)

@@ -16,7 +16,7 @@ from dpsub_dist import PrivateSubspace
 from dpsub_dist.engine.assign import contiguous_row_subsets, random_row_subsets, unit_subsets
 from dpsub_dist.engine.sources import array_dataset, parquet_dataset
 from dpsub_dist.estimators.sample_aggregate import ProjectedReferenceStep, reference_points
-from dpsub_dist.job import EstimateConfig, run_estimate
+from dpsub_dist.job import EstimateConfig, run_estimate, validate
 from dpsub_dist.linalg import subspace_error
 from dpsub_dist.synth import generate
 
@@ -305,7 +305,7 @@ def test_default_subsets_are_capped_and_large_t_refused():
         "friendly", grants
     )
     with pytest.raises(InputError, match="subsets must be between"):
-        EstimateConfig(rank=4, epsilon=1.0, delta=1e-6, subsets=sa.MAX_SUBSETS + 1).validate()
+        validate(EstimateConfig(rank=4, epsilon=1.0, delta=1e-6, subsets=sa.MAX_SUBSETS + 1))
 
 
 def test_friendly_default_subsets_stay_clear_of_the_minimum_when_rows_allow():

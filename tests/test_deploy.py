@@ -27,7 +27,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from dpsub_dist.cli import build_parser
-from dpsub_dist.job import EstimateConfig
+from dpsub_dist.job import EstimateConfig, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -261,7 +261,7 @@ def test_job_runner_arguments_are_accepted_by_dpsub():
     assert args.scheduler == "$(DASK_SCHEDULER_ADDRESS)"  # injected by the operator
     assert args.input.startswith("s3://") and args.out.startswith("s3://")
     config = EstimateConfig(rank=args.rank, epsilon=args.epsilon, delta=args.delta, seed=args.seed)
-    config.validate()
+    validate(config)
     # The init container waits for this job's scheduler service.
     (wait,) = pod_specs(resource)["job"]["initContainers"]
     assert f"tcp://{resource['metadata']['name']}-scheduler:8786" in " ".join(wait["command"])

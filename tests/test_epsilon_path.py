@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from dpsub_dist import jobfile
+from dpsub_dist import params as method_config
 from dpsub_dist.cli import main
-from dpsub_dist.methods import config as method_config
 from dpsub_dist.privacy import accountant, mechanism, noise
 from dpsub_dist.synth import generate
 

@@ -1,6 +1,8 @@
-"""The package's import graph has no cycles (issue #15): the runner → methods → estimators →
-{privacy, engine}; nothing points back. Read from the source with ``ast`` (imports at any
-depth, function-level ones included; ``if TYPE_CHECKING:`` blocks are annotations only).
+"""The package's import graph has no cycles (issues #15, #28): the runner → methods →
+estimators → {privacy, engine} → the configs (:mod:`dpsub_dist.params`); nothing points back.
+Read from the source with ``ast``: imports at any depth, function-level ones and the
+annotation-only ones of ``if TYPE_CHECKING:`` blocks included (a type checker follows them, and
+a reader does too).
 """
 
 from __future__ import annotations
@@ -22,18 +24,12 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _type_checking(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-
-
 def imports(path: Path, modules: set[str]) -> set[str]:
     """The package modules ``path`` imports (``from pkg import mod`` names the module)."""
     found: set[str] = set()
     stack: list[ast.AST] = [ast.parse(path.read_text())]
     while stack:
         node = stack.pop()
-        if _type_checking(node):
-            continue
         stack.extend(ast.iter_child_nodes(node))
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name in modules}
@@ -86,6 +82,22 @@ def test_the_import_graph_has_no_cycles() -> None:
     assert not found, f"import cycles: {found}"
 
 
+def test_annotation_imports_count(tmp_path) -> None:
+    """An import under ``if TYPE_CHECKING:`` is an edge of the graph (issue #28: the configs'
+    annotations closed 91 cycles that the old check skipped)."""
+    path = tmp_path / "annotated.py"
+    path.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dpsub_dist.job import x\n"
+    )
+    assert imports(path, {"dpsub_dist.job"}) == {"dpsub_dist.job"}
+
+
+def test_the_configs_sit_at_the_bottom() -> None:
+    """The parameter tables and configs import only the errors and the budget."""
+    edges = graph()
+    assert edges["dpsub_dist.params"] <= {"dpsub_dist.errors", "dpsub_dist.privacy.accountant"}
+
+
 def test_layers_point_one_way() -> None:
     """Estimators, privacy and engine never import the runner, the methods or the CLI."""
     edges = graph()
@@ -96,6 +108,8 @@ def test_layers_point_one_way() -> None:
             assert not back, f"{module} imports {back}"
 
 
-@pytest.mark.parametrize("module", ["dpsub_dist.job", "dpsub_dist.methods.exact"])
+@pytest.mark.parametrize(
+    "module", ["dpsub_dist.job", "dpsub_dist.methods.exact", "dpsub_dist.params"]
+)
 def test_a_module_imports_first_in_a_fresh_interpreter(module: str) -> None:
     subprocess.run([sys.executable, "-c", f"import {module}"], check=True)

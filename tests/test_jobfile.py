@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dpsub_dist.cli import main
@@ -83,10 +84,10 @@ def test_every_field(tmp_path):
 B = "budget: {epsilon: 1.0, delta: 1.0e-6}"
 R = "rank: 3"
 ERRORS = [
-    (B, "budget: {epsilon: -1, delta: 1.0e-6}", "budget.epsilon must be > 0 (got -1)"),
+    (B, "budget: {epsilon: -1, delta: 1.0e-6}", "budget.epsilon must be > 0 and finite (got -1.0)"),
     (B, "budget: {epsilon: 1.0}", "budget.delta is required"),
     (B, "budget: {epsilon: 1.0, delta: 2}", "budget.delta must be in (0, 1)"),
-    (B, "budget: {epsilon: 1, rho: 1, delta: 1.0e-6}", "budget needs exactly one of"),
+    (B, "budget: {epsilon: 1, rho: 1, delta: 1.0e-6}", "pass exactly one of budget.epsilon"),
     (B, "budget: {epsilon: lots, delta: 1.0e-6}", "budget.epsilon must be a number (got 'lots')"),
     (B, "budget: {eps: 1.0, delta: 1.0e-6}", "budget.eps is unknown"),
     (B, "budget: 1.0", "budget must be a mapping"),
@@ -154,3 +155,33 @@ def test_default_run_id_and_fingerprint(tmp_path):
     assert moved.fingerprint() == job.fingerprint()  # where it is written is not the job
     richer = load_job(write(tmp_path, MINIMAL.replace("epsilon: 1.0", "epsilon: 2.0"), "c.yaml"))
     assert richer.fingerprint() != job.fingerprint()
+
+
+def test_a_bad_storage_options_mapping_is_refused_without_repeating_it(tmp_path):
+    """The run-level table checks storage_options at every door; its values hold
+    credentials, so the refusal names the field and never repeats them."""
+    from dpsub_dist import PrivateSubspace
+
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "dataset: /data/events/\nrank: 2\nbudget: {epsilon: 1.0, delta: 1.0e-6}\n"
+        "output: /out/{run_id}\nstorage_options: [secret-key-123]\n"
+    )
+    with pytest.raises(InputError, match="storage_options must be a mapping") as refused:
+        load_job(job)
+    assert "secret-key-123" not in str(refused.value)
+    estimator = PrivateSubspace(storage_options={"key": "secret-key-123", 1: "x"})
+    with pytest.raises(ValueError, match="storage_options must be a mapping") as refused:
+        estimator.fit(np.random.default_rng(0).standard_normal((50, 3)))
+    assert "secret-key-123" not in str(refused.value)
+
+
+def test_every_run_level_parameter_is_a_job_file_key():
+    """The job file's keys come from the run-level table: each parameter is a top-level key
+    (with the table's help), a ``budget.`` key or ``parameters.seed``."""
+    from dpsub_dist.jobfile import BUDGET_NAMES, JOB_FIELDS, TOP_LEVEL
+    from dpsub_dist.params import RUN_PARAMS, SEED
+
+    keys = {p.name for p in TOP_LEVEL} | set(BUDGET_NAMES) | {SEED.name}
+    assert keys == {p.name for p in RUN_PARAMS["estimate"]}
+    assert all(JOB_FIELDS[p.name] == p.help for p in TOP_LEVEL)

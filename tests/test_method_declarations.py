@@ -14,21 +14,18 @@ import pytest
 
 from dpsub_dist.cli import build_parser, main
 from dpsub_dist.errors import InputError
-from dpsub_dist.job import ClusterConfig, EstimateConfig, StreamConfig, init_stream
+from dpsub_dist.job import ClusterConfig, EstimateConfig, StreamConfig, init_stream, validate
 from dpsub_dist.jobfile import load_job
 from dpsub_dist.methods import REGISTRY, declared, own_params
+from dpsub_dist.params import RUN_PARAMS
 
-COMMON = {
-    "estimate": {"--rank", "--epsilon", "--delta", "--rho", "--method"},
-    "cluster": {"--rank", "--epsilon", "--delta", "--rho", "--method", "--clusters"},
-    "stream": {"--rank", "--epsilon", "--delta", "--rho", "--ledger", "--dataset"},
-}
+COMMON = {"estimate": {"--method"}, "cluster": {"--method"}, "stream": {"--ledger", "--dataset"}}
+"""Flags of one door only; the run-level ones come from RUN_PARAMS."""
 PARSERS = {"estimate": ("estimate",), "cluster": ("cluster",), "stream": ("stream", "init")}
-INPUT = {"--out", "--overwrite", "--columns", "--unit-column", "--scheduler", "--workers"}
+INPUT = {"--out", "--overwrite", "--scheduler", "--workers", "--quiet", "-h", "--help"}
 INPUT |= {"--memory-limit"}  # the local cluster's worker limit, as --workers
-INPUT |= {"--exclude-columns", "--seed", "--storage-option", "--quiet", "-h", "--help"}
-CONFIG_COMMON = {"rank", "epsilon", "delta", "rho", "method", "unit_column", "columns", "seed"}
-CONFIG_COMMON |= {"storage_options", "clusters", "exclude_columns", "ledger", "dataset"}
+CONFIG_OWN = {"method", "parsed_budget"}
+CONFIG_OWN_STREAM = {"ledger", "dataset", "unit_column"}  # unit_column: refused, row level only
 CONFIGS = {"estimate": EstimateConfig, "cluster": ClusterConfig, "stream": StreamConfig}
 JOB = """dataset: {data}
 rank: 2
@@ -45,7 +42,9 @@ def _flags(command: str) -> set[str]:
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         parser = sub.choices[name]
     flags = {f for action in parser._actions for f in action.option_strings}
-    return flags - COMMON[command] - INPUT
+    run_level = {p.flag for p in RUN_PARAMS[command]}
+    assert run_level <= flags, run_level - flags  # the run-level table's flags, all there
+    return flags - COMMON[command] - INPUT - run_level
 
 
 def _cli_arg(param) -> list[str]:
@@ -78,7 +77,9 @@ def test_every_declared_parameter_has_a_flag_a_config_field_and_a_job_key(comman
     negated = {"--no-" + p.flag[2:] for p in params.values() if p.kind is bool}
     assert _flags(command) == {p.flag for p in params.values()} | negated
     fields = {f.name for f in dataclasses.fields(CONFIGS[command])}
-    assert fields - CONFIG_COMMON == {p.field for p in params.values()}
+    run_level = {p.field for p in RUN_PARAMS[command]}
+    own = CONFIG_OWN | (CONFIG_OWN_STREAM if command == "stream" else set())
+    assert fields - own == run_level | {p.field for p in params.values()}
     if command != "estimate":  # job files run estimate methods only
         return
     for method in REGISTRY[command]:
@@ -115,10 +116,10 @@ def test_an_inapplicable_option_is_refused_alike_by_config_cli_and_job(
         base["clusters"] = 2
     config = CONFIGS[command](**base, **{param.field: param.example})
     if param.field in {p.field for p in own_params(command, method)}:
-        config.validate()  # radius and cell_side both set the config's scale: its own option
+        validate(config)  # radius and cell_side both set the config's scale: its own option
     else:
         with pytest.raises(InputError, match="does not apply to --method " + method) as raised:
-            config.validate()
+            validate(config)
         assert raised.value.exit_code == 2 and param.flag in str(raised.value)
     if command == "estimate":
         with pytest.raises(InputError) as raised:
@@ -133,7 +134,7 @@ def test_exact_refuses_the_options_it_used_to_ignore(tmp_path, capsys):
     for name, value in options.items():
         config = EstimateConfig(rank=2, epsilon=1.0, delta=1e-6, method="exact", **{name: value})
         with pytest.raises(InputError, match="does not apply to --method exact"):
-            config.validate()
+            validate(config)
     for args in (["--subsets", "50"], ["--ref-points", "8"], ["--assign", "contiguous"]):
         code, err = _cli(tmp_path, capsys, "estimate", "exact", *args)
         assert code == 2 and f"{args[0]} does not apply to --method exact" in err
@@ -192,9 +193,9 @@ def test_stream_refuses_what_its_table_does_not_declare(tmp_path, capsys):
     code, err = _stream_cli(tmp_path, capsys, {"horizon": None})
     assert code == 2 and "--horizon must be an integer in 1..1048576 (got None)" in err
     with pytest.raises(InputError, match="--horizon must be an integer"):
-        StreamConfig(rank=2, rho=1.0, delta=1e-6).validate()
+        validate(StreamConfig(rank=2, rho=1.0, delta=1e-6))
     with pytest.raises(InputError, match="row-level only .*drop --unit-column"):
-        StreamConfig(rank=2, horizon=4, rho=1.0, delta=1e-6, unit_column="user").validate()
+        validate(StreamConfig(rank=2, horizon=4, rho=1.0, delta=1e-6, unit_column="user"))
     init = ["stream", "init", str(tmp_path / "s.db"), "--rank", "2", "--horizon", "4"]
     for extra in (["--row-norm", "3"], ["--no-center", "--unit-column", "user"]):
         with pytest.raises(SystemExit) as raised:  # no stream flag: argparse's exit 2
@@ -204,3 +205,37 @@ def test_stream_refuses_what_its_table_does_not_declare(tmp_path, capsys):
     code, err = _stream_cli(tmp_path, capsys, {"dataset": "/d"})
     assert code == 2 and "--dataset needs --ledger" in err
     assert not list(tmp_path.glob("s.db*"))
+
+
+@pytest.mark.parametrize("command", ["estimate", "cluster"])
+def test_method_defaults_live_in_the_tables_and_help_prints_them(command, capsys):
+    """Issue #28: the real defaults (power's T, exact's ℓ and τ, sulq's iterations, gibbs'
+    sweeps, boosting's α) are declared in the tables, ``--help`` prints them from there, and
+    the run's config holds them (not ``config.x or DEFAULT`` deep in a driver)."""
+    from dpsub_dist.job import with_defaults
+
+    numbers = {p.name: p for p in declared(command).values() if p.kind in (int, float)}
+    defaults = {name for name, p in numbers.items() if p.default is not None}
+    assert (
+        defaults
+        == {
+            "estimate": {"iterations", "oversample", "outliers", "tolerance", "boost_alpha"},
+            "cluster": {"iterations", "sweeps"},
+        }[command]
+    )
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for name in defaults:
+        param = numbers[name]
+        assert f"{param.help} (default {param.default})" in shown, name
+    for method in REGISTRY[command]:
+        base = {"epsilon": 1.0, "delta": 1e-6, "method": method}
+        if command == "estimate":
+            config = with_defaults(EstimateConfig(2, **base))
+        else:
+            config = ClusterConfig(1, clusters=2, **base)
+            config = dataclasses.replace(config, **REGISTRY[command][method].defaults(config))
+        for param in REGISTRY[command][method].params:
+            if param.name in defaults:
+                assert getattr(config, param.field) == param.default, (method, param.name)

@@ -21,6 +21,7 @@ from sklearn.utils.estimator_checks import check_estimator
 
 from dpsub_dist import PrivateSubspace, PrivateSubspaceClustering
 from dpsub_dist.api import EXPECTED_FAILED_CHECKS
+from dpsub_dist.cli import build_parser
 from dpsub_dist.errors import NoStableSubspace
 from dpsub_dist.linalg import subspace_error
 
@@ -292,9 +293,9 @@ def _refusal(estimator, X) -> str:
         (PrivateSubspace(epsilon=1.0, rho=0.5), 2_000, "pass exactly one of epsilon"),
         (PrivateSubspace(), 50, "pass row_norm=B, a larger ε or more rows"),
         (
-            PrivateSubspace(method="gauss", scale=1.0),
+            PrivateSubspace(method="gauss", radius=1.0),
             2_000,
-            "scale does not apply to method='gauss'",
+            "radius does not apply to method='gauss'",
         ),
         (
             PrivateSubspaceClustering(n_clusters=0),
@@ -342,16 +343,15 @@ def test_every_option_refused_for_another_method_is_named_as_a_parameter(estimat
 
     X, _ = planted(rows=200)
     params = declared(command).values()
-    for param in params:  # radius and cell_side both set scale: a method taking neither
-        takers = {m for p in params if p.field == param.field for m in users(command, p)}
-        refusing = [m for m in REGISTRY[command] if m not in takers]
+    for param in params:
+        refusing = [m for m in REGISTRY[command] if m not in users(command, param)]
         if not refusing:
             continue  # every method takes it (boost's options): nothing to refuse
         other = refusing[0]
-        given = {param.field: param.example, "method": other}
+        given = {param.name: param.example, "method": other}
         message = _refusal(estimator(**given), X)
         assert f"does not apply to method='{other}'" in message, (given, message)
-        assert param.field in message and "--" not in message, (given, message)
+        assert param.name in message and "--" not in message, (given, message)
 
 
 def test_dask_input_runs_on_the_default_client_and_transforms_lazily(dask_client) -> None:
@@ -423,21 +423,38 @@ def test_the_cli_and_the_engine_do_not_import_scikit_learn() -> None:
 
 
 @pytest.mark.parametrize(
-    ("estimator", "config", "own"),
-    [
-        (PrivateSubspace, "EstimateConfig", {"client", "n_components"}),
-        (PrivateSubspaceClustering, "ClusterConfig", {"client", "n_components", "n_clusters"}),
-    ],
+    ("estimator", "command", "deprecated"),
+    [(PrivateSubspace, "estimate", ["scale"]), (PrivateSubspaceClustering, "cluster", [])],
 )
-def test_estimator_parameters_are_the_declared_config_fields(estimator, config, own):
-    """The estimators take exactly the run config's fields (generated from the methods'
-    declarations) plus their scikit-learn names: a declared option cannot be missing from,
-    or extra in, the Python API."""
+def test_estimator_parameters_are_the_tables(estimator, command, deprecated):
+    """The estimators take exactly the parameters of their command's tables (run-level and
+    every method's), by the tables' names, which are the job-file keys and, with dashes, the
+    CLI flags: one name per concept at every door (``radius``, not ``scale``, as
+    ``--radius``). Defaults are the tables' (δ = 10⁻⁶ and ε = 1 are the API's own)."""
     import dataclasses
     import inspect
 
-    from dpsub_dist import job
+    from dpsub_dist.api import api_parameters
+    from dpsub_dist.methods import declared
+    from dpsub_dist.params import RUN_PARAMS, ClusterConfig, EstimateConfig
 
-    declared = {f.name for f in dataclasses.fields(getattr(job, config))}
-    taken = set(inspect.signature(estimator.__init__).parameters) - {"self"}
-    assert taken - own == declared
+    signature = inspect.signature(estimator.__init__).parameters
+    assert list(signature)[1:] == [*api_parameters(command), *deprecated]
+    flags = {
+        a.dest: a for a in build_parser()._subparsers._group_actions[0].choices[command]._actions
+    }
+    config = {"estimate": EstimateConfig, "cluster": ClusterConfig}[command]
+    unset = {f.name: f.default for f in dataclasses.fields(config)}
+    for param in [*RUN_PARAMS[command], *declared(command).values()]:
+        assert flags[param.flag[2:].replace("-", "_")].option_strings[0] == param.flag
+        if param.name not in ("delta", "storage_options", "rank", "clusters"):
+            assert signature[param.name].default == unset[param.field], param.name
+    assert signature["delta"].default == 1e-6
+
+
+@pytest.mark.parametrize(("method", "name"), [("friendly", "radius"), ("histogram", "cell_side")])
+def test_scale_is_a_deprecated_alias_of_radius_and_cell_side(method, name):
+    """``scale=`` still works for one release, as the name the method's flag has, and warns."""
+    with pytest.warns(FutureWarning, match=f"scale= is deprecated.*pass {name}="):
+        config = PrivateSubspace(method=method, scale=0.25)._config()
+    assert config.scale == PrivateSubspace(method=method, **{name: 0.25})._config().scale == 0.25

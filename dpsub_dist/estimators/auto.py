@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from dpsub_dist.methods.config import EstimateConfig
+    from dpsub_dist.params import EstimateConfig
 
 DRIVER_BYTES = 2 * 2**30
 """Public memory budget for gauss on the driver: the D×D Gram, its noisy copy and the eigen

@@ -49,7 +49,7 @@ from dpsub_dist.linalg import subspace_error
 from dpsub_dist.privacy.accountant import ZCDP, Accountant, ApproxDP, Budget
 
 if TYPE_CHECKING:
-    from dpsub_dist.methods.config import EstimateConfig
+    from dpsub_dist.params import EstimateConfig
 
 DEFAULT_BOOST_ALPHA = 0.1
 """Accuracy α each group's estimate is expected to reach: two agree within 2α = 0.2."""

@@ -73,7 +73,7 @@ from dpsub_dist.privacy.variance import (
 
 if TYPE_CHECKING:
     from dpsub_dist.engine.sources import Dataset
-    from dpsub_dist.job import EstimateConfig
+    from dpsub_dist.params import EstimateConfig
 
 SAMPLE_AGGREGATE = ("friendly", "histogram")
 

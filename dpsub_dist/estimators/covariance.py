@@ -71,7 +71,7 @@ from dpsub_dist.privacy.variance import EXPLAINED_VARIANCE_NOTE, psd_total, rele
 
 if TYPE_CHECKING:
     from dpsub_dist.engine.sources import Dataset
-    from dpsub_dist.methods.config import EstimateConfig
+    from dpsub_dist.params import EstimateConfig
 
 COVARIANCE_METHODS = ("gauss", "gap-perturb")
 

@@ -52,7 +52,7 @@ from dpsub_dist.privacy.noise import noise_rng
 
 if TYPE_CHECKING:
     from dpsub_dist.engine.sources import Dataset
-    from dpsub_dist.methods.config import EstimateConfig
+    from dpsub_dist.params import EstimateConfig
 
 MAX_ROWS = 200
 """Largest n the exact method accepts (all rows are scored in one task)."""

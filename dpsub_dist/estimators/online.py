@@ -352,7 +352,7 @@ class StreamRelease:
 def init_stream(path: str, config: Any) -> StreamSettings:
     """Create a stream's two files (0600) for ``config.horizon`` batches and its whole budget.
 
-    ``config`` is a checked :class:`~dpsub_dist.methods.config.StreamConfig` (read by
+    ``config`` is a checked :class:`~dpsub_dist.params.StreamConfig` (read by
     attribute; :func:`dpsub_dist.job.init_stream` checks it against the method's table).
     (ε, δ): the stream runs at the largest ρ whose CKS conversion at δ is within ε.
     (ρ, δ): ρ-zCDP, reported as (ε, δ)-DP with the CKS conversion at δ.

@@ -91,7 +91,7 @@ from dpsub_dist.privacy.norm_bound import (
 
 if TYPE_CHECKING:
     from dpsub_dist.engine.sources import Dataset
-    from dpsub_dist.methods.config import EstimateConfig
+    from dpsub_dist.params import EstimateConfig
 
 MAX_CLIPPED = 0.95
 """The most rows the private bound may clip: the bound targets gauss's noise-matched quantile

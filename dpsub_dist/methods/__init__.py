@@ -3,15 +3,18 @@ stream``, declared once.
 
 Each method is one module of this package exporting ``METHOD`` (a :class:`~.spec.Method`:
 its parameter table, its runner, its cross-checks); adding a method is one module plus one
-line below. The CLI flags (:func:`add_arguments`), the job file's ``parameters:``
-(:func:`check_given`) and the configs' checks (:func:`check_config`) are generated from the
-tables, so an option is refused for a method it does not apply to the same way everywhere.
+line below. Every method's table extends its command's run-level table
+(:data:`dpsub_dist.params.RUN_PARAMS`). The CLI flags (:func:`add_arguments`), the job file's
+``parameters:`` (:func:`check_given`), the estimators' parameters and the configs' checks
+(:func:`check_config`) are generated from the tables, so an option is refused for a method it
+does not apply to the same way everywhere.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
 from dpsub_dist.errors import InputError, did_you_mean
@@ -29,7 +32,8 @@ from dpsub_dist.methods import (
     stream,
     sulq,
 )
-from dpsub_dist.methods.spec import Method, Modifier, Param
+from dpsub_dist.methods.spec import Method, Modifier, Param, not_applicable
+from dpsub_dist.params import DEFAULT_METHODS, RUN_PARAMS
 
 REGISTRY: dict[str, dict[str, Method]] = {
     "estimate": {
@@ -49,7 +53,7 @@ REGISTRY: dict[str, dict[str, Method]] = {
 }
 """Methods by command and name: the one list a new method is added to."""
 
-DEFAULTS = {"estimate": "auto", "cluster": "sample-aggregate", "stream": "online"}
+DEFAULTS = DEFAULT_METHODS
 """Each command's method when none is given (estimate: chosen from public facts, docs/auto.md)."""
 
 MODIFIERS: dict[str, tuple[Modifier, ...]] = {
@@ -92,19 +96,20 @@ def declared(command: str) -> dict[str, Param]:
     return params
 
 
+def every_param(command: str) -> dict[str, Param]:
+    """The command's whole table by name: its run-level parameters, then every method's."""
+    return {**{p.name: p for p in RUN_PARAMS[command]}, **declared(command)}
+
+
 def users(command: str, param: Param) -> list[str]:
     """The methods of ``command`` that take ``param``."""
     return [name for name in REGISTRY[command] if param in own_params(command, name)]
 
 
-def not_applicable(command: str, method: str, params: list[Param], label: Label) -> InputError:
-    """The one refusal of an option given to a method it does not apply to (exit 2)."""
-    names = "/".join(dict.fromkeys(label(p) for p in params))
-    takers = "/".join(dict.fromkeys(m for p in params for m in users(command, p)))
-    return InputError(
-        f"{names} does not apply to --method {method}: drop it for --method {method} "
-        f"(it applies to --method {takers})"
-    )
+def refusal(command: str, method: str, params: list[Param], label: Label) -> InputError:
+    """:func:`~.spec.not_applicable` naming every method of ``command`` that takes them."""
+    takers = [m for p in params for m in users(command, p)]
+    return not_applicable(method, [label(p) for p in params], takers)
 
 
 def check_given(command: str, method: str, given: dict[str, Any], label: Label) -> dict[str, Any]:
@@ -116,18 +121,24 @@ def check_given(command: str, method: str, given: dict[str, Any], label: Label) 
     for name, value in given.items():
         param = params[name]
         if param not in own:
-            raise not_applicable(command, method, [param], label)
+            raise refusal(command, method, [param], label)
         fields[param.field] = param.typed(value, label(param))
     return fields
+
+
+def unset(config: Any) -> dict[str, Any]:
+    """Each config field's value when nothing sets it (the dataclass default)."""
+    return {f.name: f.default for f in fields(config)}
 
 
 def check_config(config: Any, command: str) -> None:
     """A config's options against the method's table (by attribute), then its cross-checks."""
     method = method_named(command, config.method)
     own = own_params(command, config.method)
+    empty = unset(config)
     for param in own:
         value = getattr(config, param.field)
-        if value is not param.default and value != param.default:
+        if value is not None and value != empty[param.field]:
             param.typed(value, param.flag)
     taken = {p.field for p in own}
     for field in dict.fromkeys(p.field for p in declared(command).values()):
@@ -135,8 +146,8 @@ def check_config(config: Any, command: str) -> None:
             continue
         others = [p for p in declared(command).values() if p.field == field]
         value = getattr(config, field)
-        if value is not None and value != others[0].default:
-            raise not_applicable(command, config.method, others, flag)
+        if value is not None and value != empty[field]:
+            raise refusal(command, config.method, others, flag)
     if config.unit_column and method.row_level_only:
         raise InputError(
             f"--method {config.method} is row-level only ({method.row_level_only}): "
@@ -153,7 +164,7 @@ def add_arguments(
     """One CLI flag per declared parameter (default None: "not given")."""
     group = parser.add_argument_group(title)
     for param in declared(command).values():
-        text = f"{param.help} [--method {'/'.join(users(command, param))}]"
+        text = f"{param.described} [--method {'/'.join(users(command, param))}]"
         if param.kind is bool:
             action = argparse.BooleanOptionalAction  # --center / --no-center
             group.add_argument(param.flag, action=action, default=None, help=text)

@@ -20,10 +20,11 @@ BOOST = Param(
 BOOST_ALPHA = Param(
     "boost_alpha",
     float,
-    f"with --boost: groups agree within 2α (default {boost.DEFAULT_BOOST_ALPHA})",
+    "with --boost: groups agree within 2α",
     need="in (0, 0.5)",
     fix="estimates agree within 2α in operator norm, and any two are within 1",
     valid=lambda value: 0 < value < 0.5,
+    default=boost.DEFAULT_BOOST_ALPHA,
     example=0.2,
 )
 

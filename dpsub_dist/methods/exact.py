@@ -7,19 +7,21 @@ from dpsub_dist.methods.spec import Method, Param
 OUTLIERS = Param(
     "outliers",
     int,
-    "ℓ, outliers the NULL score tolerates (default 0)",
+    "ℓ, outliers the NULL score tolerates",
     need="an integer ≥ 0",
     fix="e.g. 2",
     valid=lambda value: value >= 0,
+    default=0,
     example=2,
 )
 TOLERANCE = Param(
     "tolerance",
     float,
-    f"relative membership tolerance (default {exact.DEFAULT_TOLERANCE})",
+    "relative membership tolerance",
     need="a relative distance in [1e-12, 0.1]",
     fix=f"the default is {exact.DEFAULT_TOLERANCE}",
     valid=lambda value: 1e-12 <= value <= 0.1,
+    default=exact.DEFAULT_TOLERANCE,
     example=1e-6,
 )
 

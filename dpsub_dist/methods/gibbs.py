@@ -9,9 +9,10 @@ from dpsub_dist.methods.sulq import ROW_LEVEL, UNIT_ROW_NORM
 SWEEPS = Param(
     "sweeps",
     int,
-    f"sampler sweeps (default {clustering.DEFAULT_SWEEPS})",
+    "sampler sweeps",
     need="a positive integer",
     valid=positive,
+    default=clustering.DEFAULT_SWEEPS,
     example=20,
 )
 

@@ -5,22 +5,25 @@ from dpsub_dist.estimators import power
 from dpsub_dist.methods._centring import CENTRING_PARAMS
 from dpsub_dist.methods.gauss import check_covariance
 from dpsub_dist.methods.spec import Method, Param
+from dpsub_dist.privacy.power import DEFAULT_ITERATIONS, DEFAULT_OVERSAMPLE
 
 ITERATIONS = Param(
     "iterations",
     int,
-    "power-iteration passes over the rows, one noisy release each (default 6)",
+    "power-iteration passes over the rows, one noisy release each",
     need="an integer ≥ 1",
     valid=lambda t: t >= 1,
+    default=DEFAULT_ITERATIONS,
     example=3,
     metavar="PASSES",
 )
 OVERSAMPLE = Param(
     "oversample",
     int,
-    "k′ − k, extra columns of the iterate (default 8)",
+    "k′ − k, extra columns of the iterate",
     need="an integer ≥ 0",
     valid=lambda extra: extra >= 0,
+    default=DEFAULT_OVERSAMPLE,
     example=4,
 )
 

@@ -1,84 +1,34 @@
-"""How a method is declared: its parameter table (:class:`Param`) and its :class:`Method`.
+"""How a method is declared: its parameter table (:class:`~dpsub_dist.params.Param`, which
+extends its command's run-level table) and its :class:`Method`.
 
 One table per method is the only description of its options: the CLI flags of ``dpsub
-estimate``/``cluster``, the ``parameters:`` of a job file and the checks of
-``EstimateConfig``/``ClusterConfig`` are generated from it (:mod:`dpsub_dist.methods`), so an
-option is accepted, typed, range-checked and refused for other methods the same way
-everywhere. All checks need no data: they run before any footer is read, and a refusal is
-exit 2 with nothing spent.
+estimate``/``cluster``, the ``parameters:`` of a job file, the estimators' parameters and the
+checks of the configs are generated from it (:mod:`dpsub_dist.methods`), so an option is
+accepted, typed, range-checked and refused for other methods the same way everywhere. All
+checks need no data: they run before any footer is read, and a refusal is exit 2 with nothing
+spent.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from dpsub_dist.errors import InputError
+from dpsub_dist.params import Param, positive
+
+__all__ = ["Method", "Modifier", "Param", "not_applicable", "positive"]
 
 
-@dataclass(frozen=True)
-class Param:
-    """One public parameter of a method (as scikit-learn's ``_parameter_constraints``).
-
-    ``name`` is the job-file key (``parameters.name``) and, with dashes, the CLI flag;
-    ``attr`` the config attribute it sets (``radius`` and ``cell_side`` both set ``scale``).
-    ``default`` is the config's value when it is not given; ``valid`` checks the typed value
-    and ``need`` says in words what it accepts (``fix``: how to choose); ``example`` is a
-    value it accepts.
-    """
-
-    name: str
-    kind: type
-    help: str
-    example: Any
-    need: str = ""
-    fix: str = ""
-    valid: Callable[[Any], bool] = lambda value: True
-    attr: str = ""
-    default: Any = None
-    choices: tuple[str, ...] = ()
-    metavar: str | None = None
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    @property
-    def field(self) -> str:
-        return self.attr or self.name
-
-    def typed(self, value: Any, label: str) -> Any:
-        """``value`` checked against the type, choices and range; InputError naming ``label``."""
-        if self.choices:
-            if value not in self.choices:
-                raise InputError(
-                    f"unknown {label.lstrip('-')} {value!r}: use one of {', '.join(self.choices)}"
-                )
-            return value
-        if self.kind is bool:
-            ok = isinstance(value, bool | np.bool_)
-        elif self.kind is int:
-            ok = isinstance(value, int | np.integer) and not isinstance(value, bool)
-        else:
-            ok = _is_number(value)
-        if not ok or not self.valid(value):
-            fix = f": {self.fix}" if self.fix else ""
-            raise InputError(f"{label} must be {self.need} (got {value!r}){fix}")
-        return value
-
-
-def _is_number(value: Any) -> bool:
-    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-        return False
-    return math.isfinite(float(value))
-
-
-def positive(value: Any) -> bool:
-    return value > 0
+def not_applicable(method: str, names: list[str], takers: list[str]) -> InputError:
+    """The one refusal of options (``names``, as the door names them) given to a method they
+    do not apply to (exit 2); ``takers``: the methods that take them."""
+    listed = "/".join(dict.fromkeys(names))
+    return InputError(
+        f"{listed} does not apply to --method {method}: drop it for --method {method} "
+        f"(it applies to --method {'/'.join(dict.fromkeys(takers))})"
+    )
 
 
 @dataclass(frozen=True)
@@ -102,6 +52,15 @@ class Method:
     plan: Callable[[Any], dict[str, tuple[float, float]]]
     check: Callable[[Any], None] | None = None
     row_level_only: str = ""
+
+    def defaults(self, config: Any) -> dict[str, Any]:
+        """Its table's defaults for the options ``config`` leaves unset, by config attribute:
+        the values the run uses (help texts print the same table)."""
+        return {
+            p.field: p.default
+            for p in self.params
+            if p.default is not None and getattr(config, p.field) is None
+        }
 
 
 @dataclass(frozen=True)

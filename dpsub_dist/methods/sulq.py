@@ -10,9 +10,10 @@ from dpsub_dist.methods.spec import Method, Param, positive
 ITERATIONS = Param(
     "iterations",
     int,
-    f"k-plane iterations, each a Gaussian release (default {clustering.DEFAULT_ITERATIONS})",
+    "k-plane iterations, each a Gaussian release",
     need="a positive integer",
     valid=positive,
+    default=clustering.DEFAULT_ITERATIONS,
     example=4,
 )
 UNIT_ROW_NORM = Param(

@@ -273,56 +273,71 @@ def gaussian_sigma(grant: Budget, sensitivity: float) -> float:
     raise TypeError(f"expected ApproxDP or ZCDP, got {type(grant).__name__}")
 
 
-def parse_budget(epsilon: float | None, delta: float | None, rho: float | None) -> Budget:
-    """Build a run's total budget from CLI/job values (ALGORITHMS.md §0).
+FLAGS = {"epsilon": "--epsilon", "delta": "--delta", "rho": "--rho"}
+"""How the CLI names the budget's values (a job file names them ``budget.epsilon``, …)."""
+
+
+def parse_budget(
+    epsilon: float | None,
+    delta: float | None,
+    rho: float | None,
+    names: dict[str, str] = FLAGS,
+) -> Budget:
+    """Build a run's total budget from CLI/job/API values (ALGORITHMS.md §0): the one check
+    of a budget, whatever door it came through (``names``: how that door names the values).
 
     (ε, δ) → ApproxDP(ε, δ). (ρ, δ) → ZCDP(ρ, δ₀ = δ/2): half of δ is the failure
     probability available to steps such as propose-test-release, the other half
     is the δ′ of the reported (ε, δ)-DP conversion (so the reported δ is δ).
     """
+    e_name, d_name, r_name = names["epsilon"], names["delta"], names["rho"]
     if epsilon is not None and rho is not None:
         raise InvalidBudget(
-            "pass exactly one of --epsilon (for (epsilon, delta)-DP) or --rho (for zCDP), not both"
+            f"pass exactly one of {e_name} (for (epsilon, delta)-DP) or {r_name} (for zCDP), "
+            "not both"
         )
     if epsilon is None and rho is None:
         raise InvalidBudget(
-            "no privacy budget given: pass --epsilon with a positive number "
-            "(or --rho for a zCDP budget), together with --delta"
+            f"no privacy budget given: pass {e_name} with a positive number "
+            f"(or {r_name} for a zCDP budget), together with {d_name}"
         )
     if delta is None:
-        raise InvalidBudget("delta is required: pass --delta with a number in (0, 1), e.g. 1e-6")
-    d = _parse_number("delta", delta, "--delta")
+        raise InvalidBudget(
+            f"{d_name} is required: pass {d_name} with a number in (0, 1), e.g. 1e-6"
+        )
+    d = _parse_number(delta, d_name)
     if not (0.0 < d < 1.0):
         raise InvalidBudget(
-            f"delta must be in (0, 1) (got {d}): pass --delta with a number such as 1e-6"
+            f"{d_name} must be in (0, 1) (got {d}): pass {d_name} with a number such as 1e-6"
         )
     if epsilon is not None:
-        e = _parse_number("epsilon", epsilon, "--epsilon")
+        e = _parse_number(epsilon, e_name)
         if not (math.isfinite(e) and e > 0):
             raise InvalidBudget(
-                f"epsilon must be > 0 and finite (got {e}): pass --epsilon with a positive number"
+                f"{e_name} must be > 0 and finite (got {e}): pass {e_name} with a positive number"
             )
         return ApproxDP(e, d)
-    r = _parse_number("rho", rho, "--rho")
+    r = _parse_number(rho, r_name)
     if not (math.isfinite(r) and r > 0):
         raise InvalidBudget(
-            f"rho must be > 0 and finite (got {r}): pass --rho with a positive number"
+            f"{r_name} must be > 0 and finite (got {r}): pass {r_name} with a positive number"
         )
     return ZCDP(r, d / 2.0)
 
 
-def _parse_number(name: str, value: object, flag: str) -> float:
-    """float(value) for parse_budget, with an actionable error for non-numbers."""
+def _parse_number(value: object, flag: str) -> float:
+    """float(value) for parse_budget, with an actionable error for non-numbers (YAML reads
+    1e-6 as a string: numeric strings are numbers)."""
     if isinstance(value, bool):
-        raise InvalidBudget(f"{name} must be a number (got {value!r}): pass {flag} with a number")
+        raise InvalidBudget(f"{flag} must be a number (got {value!r}): pass {flag} with a number")
     try:
         x = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise InvalidBudget(
-            f"{name} must be a number (got {value!r}): pass {flag} with a number"
+            f"{flag} must be a number (got {value!r}): pass {flag} with a number"
         ) from None
     if math.isnan(x):
-        raise InvalidBudget(f"{name} must be a number (got nan): pass {flag} with a number")
+        raise InvalidBudget(f"{flag} must be a number (got nan): pass {flag} with a number")
     return x
 
 
