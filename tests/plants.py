@@ -75,13 +75,13 @@ PLANTS = [
         "        whole, frac = _acceptance_exponent(y, sigma // 2)",
     ),
     Plant(
-        "GAP-MAX truncated Laplace drawn at 10× the charged δ",
+        "GAP-MAX truncated Laplace calibrated at 10× the grant's δ",
         "δ",
         "dpsub_dist/privacy/gap_max.py",
         "    decision = mechanism.truncated_laplace(GAP_SENSITIVITY, epsilon, delta_gap)\n"
-        "    scale, bound",
+        "    snap = ",
         "    decision = mechanism.truncated_laplace(GAP_SENSITIVITY, epsilon, 10 * delta_gap)\n"
-        "    scale, bound",
+        "    snap = ",
     ),
     Plant(
         "boosting groups by row position at user level (a user in two groups)",
