@@ -40,12 +40,14 @@ SHUFFLE_BUCKET_BYTES = 256 * 2**20
 
 @dataclass
 class EstimateResult:
-    """What a run produced: the basis (None for ⊥), the manifest describing it (published)
-    and the wall-clock timings of its steps (operator-only: they depend on the data)."""
+    """What a run produced: the basis (None for ⊥), the manifest describing it (published),
+    the wall-clock timings of its steps (operator-only: they depend on the data) and the
+    mechanism each step was charged with (not published: boosting composes its groups')."""
 
     basis: np.ndarray | None
     manifest: dict[str, Any]
     timings: dict[str, Any] = field(default_factory=dict)
+    mechanisms: dict[str, Mechanism] = field(default_factory=dict)
 
     @property
     def outcome(self) -> str:
@@ -90,6 +92,7 @@ class RunContext:
         self.timings: dict[str, Any] = {}
         self.shares: dict[str, tuple[float, float]] = {}
         self.grants: dict[str, Budget] = {}
+        self.mechanisms: dict[str, Mechanism] = {}  # each charged step's, in charge order
         self.accountant: Accountant | None = None
         self._rng = noise_rng(noise_seed)
         self._forgone: list[str] = []
@@ -125,7 +128,7 @@ class RunContext:
     def release(self, step: str, mechanism: M, draw: Callable[[M, np.random.Generator], T]) -> T:
         """Charge ``step`` with ``mechanism`` (refused if undeclared, charged twice or above its
         grant), then return ``draw(mechanism, rng)``: the noise of the object just charged."""
-        self._accountant.charge(step, mechanism)
+        self._charge(step, mechanism)
         token = _ACTIVE.set((step, mechanism))
         try:
             return draw(mechanism, self._rng)
@@ -135,8 +138,12 @@ class RunContext:
     def forgo(self, step: str, mechanism: Mechanism) -> None:
         """Charge ``step`` and draw nothing: a released value (a failed test) made it
         unnecessary, and its grant stays spent, as the declared plan reserved it."""
-        self._accountant.charge(step, mechanism)
+        self._charge(step, mechanism)
         self._forgone.append(step)
+
+    def _charge(self, step: str, mechanism: Mechanism) -> None:
+        self._accountant.charge(step, mechanism)
+        self.mechanisms[step] = mechanism
 
     @property
     def _accountant(self) -> Accountant:
@@ -182,7 +189,7 @@ class RunContext:
             release,
             gathered_bytes,
         )
-        return EstimateResult(basis, manifest, self.timings)
+        return EstimateResult(basis, manifest, self.timings, dict(self.mechanisms))
 
 
 def plan(
