@@ -106,7 +106,10 @@ def test_every_draw_is_the_noise_of_the_mechanism_its_release_charged(name, guar
 
 
 def _charged_are_declared(basis: np.ndarray | None, manifest: dict[str, Any]) -> None:
-    declared = list(manifest["parameters"]["budget_shares"])
+    parameters = manifest["parameters"]
+    if "group_runs" in parameters:  # boosted: the plan every group declared is the run's
+        parameters = parameters["group_runs"][0]["parameters"]
+    declared = list(parameters["budget_shares"])
     charged = [s["step"] for s in manifest["privacy"]["budget"]["steps"]]
     if basis is not None:
         assert sorted(charged) == sorted(declared)

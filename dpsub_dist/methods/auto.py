@@ -7,10 +7,10 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from dpsub_dist.context import EstimateResult, open_checked
 from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.estimators import auto as rule
-from dpsub_dist.context import EstimateResult, open_checked
 from dpsub_dist.methods._centring import CENTRING_PARAMS
 from dpsub_dist.methods._sample_aggregate import PLAN_PARAMS
 from dpsub_dist.methods.friendly import METHOD as FRIENDLY
