@@ -48,9 +48,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from dpsub_dist.context import plan
 from dpsub_dist.estimators import covariance as cov
 from dpsub_dist.estimators import power as runner
-from dpsub_dist.context import plan
 from dpsub_dist.job import EstimateConfig
 from dpsub_dist.privacy import power
 from dpsub_dist.privacy.accountant import Budget, gaussian_sigma, laplace_epsilon
@@ -167,9 +167,7 @@ def simulate(
         multiply,
         power.start_basis(len(lam), width, seed),
         rank,
-        iterations,
-        grants["power"],
-        "replace",
+        power.power_mechanism(grants["power"], iterations, "replace"),
         rng,
     )
     basis = release.basis
@@ -247,8 +245,9 @@ def main(argv: list[str] | None = None) -> int:
                 if q == "rule":
                     step = "centred_norm_bound" if args.center else "norm_bound"
                     epsilon = laplace_epsilon(grants[step])
+                    steps_mechanism = power.power_mechanism(grants["power"], steps, "replace")
                     quantile = runner.bound_quantile(
-                        grants, steps, "replace", args.rows, dim, epsilon
+                        steps_mechanism, "replace", args.rows, dim, epsilon
                     )
                 else:
                     quantile = float(q)

@@ -209,9 +209,9 @@ MUTATIONS = [
     Plant(
         "boost: each step charged at its smallest cost over the groups",
         "mutation",
-        "dpsub_dist/estimators/boost.py",
-        "                best[key] = max(best[key], value)",
-        "                best[key] = min(best[key], value)",
+        "dpsub_dist/privacy/mechanism.py",
+        "                max(c.epsilon for c in costs),",
+        "                min(c.epsilon for c in costs),",
         "boost",
         "tests/test_boost.py::test_parallel_composition_covers_every_group_s_total",
     ),
@@ -277,8 +277,8 @@ MUTATIONS = [
         "estimators/power: the passes run without per-user scaling",
         "mutation",
         "dpsub_dist/estimators/power.py",
-        "RowPasses(dataset, loader, row_norm, executor, progress, user_level)",
-        "RowPasses(dataset, loader, row_norm, executor, progress, False)",
+        "RowPasses(dataset, loader, row_norm, ctx.executor, ctx.progress, user_level)",
+        "RowPasses(dataset, loader, row_norm, ctx.executor, ctx.progress, False)",
         "power",
     ),
     Plant(
