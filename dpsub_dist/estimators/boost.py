@@ -8,11 +8,12 @@
 2. **Runs**: the method runs on each group with the **full budget**. The groups are
    disjoint, so one unit changes one group's output only and the B outputs together are
    as private as one run (parallel composition, McSherry 2009); the manifest lists the
-   budget once. Every group runs one plan (the same steps at the same charges), so listing
-   each step at its largest charge over the groups charges exactly one group's total: the
-   one plan-changing route, gauss's sampled centre, is decided per group from its public
-   row count, so where the groups would not all take it none does
-   (:func:`one_centre_route`).
+   budget once: the boosted run declares the groups' one plan and charges each step with
+   the :class:`~dpsub_dist.privacy.mechanism.Parallel` of the mechanisms the groups charged
+   it with (its largest cost; :func:`charge_parallel`), which covers every group's total.
+   Every group runs one plan (the same steps at the same charges): the one plan-changing
+   route, gauss's sampled centre, is decided per group from its public row count, so where
+   the groups would not all take it none does (:func:`one_centre_route`).
 3. **Selection** (post-processing): the first estimate ``Π̂_i`` within operator-norm
    ``2α`` of at least ``⌈0.6B − 1⌉`` other estimates, else ⊥.
 
