@@ -413,7 +413,9 @@ def run_power(
                     lambda users, eps: bound_quantile(steps, relation, users, dataset.dim, eps),
                 )
             except TooFewForBound as err:  # a function of the released ñ: ⊥, charged
-                return cov.too_few_users(ctx, str(err))
+                return cov.too_few_users(
+                    config, dataset, ctx.accountant, str(err), ctx.timings, ctx.started, ctx.shares
+                )
             row_norm, norm_source = released.bound, USER_BOUND_SOURCE.format(q=released.quantile)
         elif config.row_norm is None:
             norm_source = BOUND_SOURCE.format(q=quantile, step=step)
