@@ -19,8 +19,12 @@ import argparse
 
 import numpy as np
 
+from dpsub_dist.context import RunContext
+from dpsub_dist.engine.compute import IN_PROCESS
 from dpsub_dist.engine.gram import GramSummary, clip_rows, gram_of
+from dpsub_dist.engine.sources import array_dataset
 from dpsub_dist.estimators.covariance import bound_quantile, budget_plan, release_basis
+from dpsub_dist.job import EstimateConfig
 from dpsub_dist.linalg import subspace_error, top_eigenvectors
 from dpsub_dist.privacy.accountant import Accountant, ApproxDP
 from dpsub_dist.privacy.norm_bound import (
@@ -69,13 +73,13 @@ def _error(
     private_norm: bool = False,
 ) -> float:  # fmt: skip
     """One gauss release at bound ``bound`` (without its norm_bound step when private)."""
-    accountant = Accountant(ApproxDP(epsilon, DELTA))
-    grants = accountant.split(budget_plan("gauss", center, False, private_norm))
+    config = EstimateConfig(rank=truth.shape[1], method="gauss", epsilon=epsilon, delta=DELTA)
+    seed = int(rng.integers(2**63))  # the run's private seed, from the bench's generator
+    ctx = RunContext(config, array_dataset(rows), IN_PROCESS, False, seed)
+    ctx.plan(budget_plan("gauss", center, False, private_norm))
     clipped = clip_rows(rows, bound)
     summary = GramSummary(gram_of(clipped), clipped.sum(axis=0) if center else None)
-    basis, _ = release_basis(
-        summary, "gauss", truth.shape[1], len(rows), "replace", accountant, grants, rng, bound
-    )
+    basis, _ = release_basis(ctx, summary, bound)
     return subspace_error(basis, truth)
 
 

@@ -389,8 +389,10 @@ MUTATIONS = [
         "covariance: row-level Gram drawn at add/remove's sensitivity, charged at replace's",
         "mutation",
         "dpsub_dist/estimators/covariance.py",
-        'analyze_gauss(summary.gram, grants["gram_noise"], sens.gram, rng)',
-        'analyze_gauss(summary.gram, grants["gram_noise"], 1.0, rng)',
+        "lambda mech, rng: analyze_gauss(summary.gram, mech, rng),",
+        "lambda mech, rng: analyze_gauss(\n"
+        '                summary.gram, mechanism.gaussian(ctx.grant("gram_noise"), 1.0), rng\n'
+        "            ),",
         "gauss or auto",
     ),
     Plant(

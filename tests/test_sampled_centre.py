@@ -19,17 +19,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from contexts import planned
 from privacy_audit import audit, scale_samplers
 from test_row_cache import CountingLoader
 
-from dpsub_dist.context import RunContext
 from dpsub_dist.engine import row_cache, sources
-from dpsub_dist.engine.compute import IN_PROCESS
 from dpsub_dist.engine.gram import clip_rows, gram_of
 from dpsub_dist.engine.sources import array_dataset
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators import covariance as cov
-from dpsub_dist.job import EstimateConfig, run_estimate, with_defaults
+from dpsub_dist.job import EstimateConfig, plan_budget, run_estimate, with_defaults
 from dpsub_dist.privacy import mechanism, norm_bound
 from dpsub_dist.privacy.accountant import ApproxDP, gaussian_sigma, laplace_epsilon
 
@@ -42,19 +41,6 @@ PART_ROWS = 5_000
 def _config(**options: Any) -> EstimateConfig:
     settings = {"rank": 2, "epsilon": 2.0, "delta": 1e-6, "seed": 5, **options}
     return with_defaults(EstimateConfig(**settings))
-
-
-def _context(
-    shares: dict[str, tuple[float, float]],
-    noise_seed: int,
-    epsilon: float = 1.0,
-    delta: float = 1e-6,
-) -> RunContext:
-    """A run context (no rows) whose plan is ``shares`` of (ε, δ)."""
-    config = EstimateConfig(rank=1, epsilon=epsilon, delta=delta, method="gauss")
-    ctx = RunContext(config, array_dataset(np.zeros((2, 2))), IN_PROCESS, False, noise_seed)
-    ctx.plan(shares)
-    return ctx
 
 
 def _drift_rows(n: int = 160_000, sort: bool = True, seed: int = 0) -> tuple[np.ndarray, Any]:
@@ -123,6 +109,22 @@ def test_the_rule_refuses_a_sample_over_an_eighth_of_the_rows(small_route, monke
     assert cov.centre_sample(_config(method="gauss"), data) is None
 
 
+def test_the_plan_declared_for_the_dataset_is_the_plan_the_sampled_route_charges(
+    small_route,
+) -> None:
+    """``job.plan_budget`` on the opened dataset (its footers decide the route) declares the
+    steps the run charges, ``centred_sum`` included, and the manifest publishes that plan."""
+    data = array_dataset(_drift_rows(100_000)[0])
+    config = _config(method="gauss")
+    _, grants = plan_budget(config, data)
+    result = run_estimate(config, lambda _e: data, None, noise_seed=NOISE_SEED)
+    manifest = result.manifest
+    assert manifest["parameters"]["centre_sample"]["rows"] < data.n_rows  # the sampled route
+    charged = [step["step"] for step in manifest["privacy"]["budget"]["steps"]]
+    assert "centred_sum" in grants
+    assert sorted(grants) == sorted(charged) == sorted(manifest["parameters"]["budget_shares"])
+
+
 def test_the_bound_is_a_function_of_the_samples_rows_at_the_capped_quantile(
     small_route, monkeypatch
 ) -> None:
@@ -148,7 +150,7 @@ def test_the_bound_is_a_function_of_the_samples_rows_at_the_capped_quantile(
     parameters = first.manifest["parameters"]
     n_sample = parameters["centre_sample"]["rows"]
     gauss = _config(method="gauss")
-    grants = cov.plan(gauss, cov.plan_shares(gauss, sampled=True))[1]
+    grants = cov.plan(gauss, cov.route_shares(gauss, sampled=True))[1]
     full_quantile = cov.bound_quantile(
         "gauss", grants, "replace", len(rows), rows.shape[1],
         laplace_epsilon(grants["centred_norm_bound"]),
@@ -262,7 +264,7 @@ def test_the_correction_removes_the_bias_of_a_sample_of_sorted_partitions(
 
 def test_the_correction_step_is_calibrated_and_charged_at_its_grant() -> None:
     grant = ApproxDP(0.3, 1e-7)
-    ctx = _context({"centred_sum": (0.3, 0.1), "rest": (0.7, 0.9)}, noise_seed=2)
+    ctx = planned({"centred_sum": (0.3, 0.1), "rest": (0.7, 0.9)}, 2, epsilon=1.0, delta=1e-6)
     assert ctx.grant("centred_sum") == grant
     n, dim = 1000, 20_000
     release = cov.release_centred_mean(ctx, np.zeros(dim), n)
@@ -289,7 +291,7 @@ def test_centred_sum_audit_catches_an_under_noised_twin(monkeypatch) -> None:
 
     def step(row_sum: np.ndarray, rng: np.random.Generator) -> float:
         seed = int(rng.integers(2**63))  # the audit's generator seeds the run's private one
-        ctx = _context({"centred_sum": (1.0, 1.0)}, seed, epsilon=epsilon, delta=delta)
+        ctx = planned({"centred_sum": (1.0, 1.0)}, seed, epsilon=epsilon, delta=delta)
         return float(cov.release_centred_mean(ctx, row_sum, 1).mean[0])
 
     def run(factor: float):

@@ -4,7 +4,7 @@
 from dpsub_dist.estimators import power
 from dpsub_dist.methods._centring import CENTRING_PARAMS
 from dpsub_dist.methods.gauss import check_covariance
-from dpsub_dist.methods.spec import Method, Param
+from dpsub_dist.methods.spec import Method, Param, from_options
 
 ITERATIONS = Param(
     "iterations",
@@ -30,6 +30,6 @@ METHOD = Method(
     summary="noisy power method on the workers (wide data without a gap, nothing D×D)",
     params=(ITERATIONS, OVERSAMPLE, *CENTRING_PARAMS),
     run=power.run_power,
-    plan=power.plan_shares,
+    plan=from_options(power.plan_shares),
     check=check_covariance,
 )
