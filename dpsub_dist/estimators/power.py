@@ -413,9 +413,8 @@ def run_power(
                     lambda users, eps: bound_quantile(steps, relation, users, dataset.dim, eps),
                 )
             except TooFewForBound as err:  # a function of the released ñ: ⊥, charged
-                return cov.too_few_users(
-                    config, dataset, ctx.accountant, str(err), ctx.timings, ctx.started, ctx.shares
-                )
+                parameters, release = cov.too_few_users_bottom(dataset, str(err))
+                return cov.without_assignment(ctx.result(None, parameters, release, 0))
             row_norm, norm_source = released.bound, USER_BOUND_SOURCE.format(q=released.quantile)
         elif config.row_norm is None:
             norm_source = BOUND_SOURCE.format(q=quantile, step=step)
@@ -471,6 +470,4 @@ def run_power(
         "partitions": len(dataset.parts),
     }
     gathered = dataset.dim * k_prime * steps.iterations * 8
-    result = ctx.result(release.basis, parameters, details, gathered)
-    result.manifest["privacy"].pop("assignment", None)  # no subsets in this method
-    return result
+    return cov.without_assignment(ctx.result(release.basis, parameters, details, gathered))
