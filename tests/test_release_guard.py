@@ -129,6 +129,7 @@ def test_the_guard_sees_a_draw_at_another_scale(guard) -> None:
     ctx = context.RunContext.__new__(context.RunContext)
     ctx._rng = noise.noise_rng(1)  # type: ignore[attr-defined]
     ctx.accountant = _Free()  # type: ignore[assignment]
+    ctx.mechanisms = {}
     half: Callable = lambda m, rng: noise.add_gaussian(rng, np.zeros(3), m.sigma / 2, 1.0)  # noqa: E731
     ctx.release("gram_noise", mechanism.Gaussian(1.0, 2.0, 1.0), half)
     assert guard["unmatched"] and guard["outside"] == []
