@@ -19,11 +19,20 @@ import argparse
 
 import numpy as np
 
+from dpsub_dist.context import RunContext
+from dpsub_dist.engine.compute import IN_PROCESS
 from dpsub_dist.engine.gram import GramSummary, clip_rows, gram_of
+from dpsub_dist.engine.sources import array_dataset
 from dpsub_dist.estimators.covariance import bound_quantile, budget_plan, release_basis
+from dpsub_dist.job import EstimateConfig
 from dpsub_dist.linalg import subspace_error, top_eigenvectors
 from dpsub_dist.privacy.accountant import Accountant, ApproxDP
-from dpsub_dist.privacy.norm_bound import NORM_QUANTILE, norm_counts, private_norm_bound
+from dpsub_dist.privacy.norm_bound import (
+    NORM_QUANTILE,
+    norm_bound_mechanism,
+    norm_counts,
+    private_norm_bound,
+)
 
 DELTA = 1e-6
 EPSILONS = (1.0, 3.0, 10.0)
@@ -64,13 +73,13 @@ def _error(
     private_norm: bool = False,
 ) -> float:  # fmt: skip
     """One gauss release at bound ``bound`` (without its norm_bound step when private)."""
-    accountant = Accountant(ApproxDP(epsilon, DELTA))
-    grants = accountant.split(budget_plan("gauss", center, False, private_norm))
+    config = EstimateConfig(rank=truth.shape[1], method="gauss", epsilon=epsilon, delta=DELTA)
+    seed = int(rng.integers(2**63))  # the run's private seed, from the bench's generator
+    ctx = RunContext(config, array_dataset(rows), IN_PROCESS, False, seed)
+    ctx.plan(budget_plan("gauss", center, False, private_norm))
     clipped = clip_rows(rows, bound)
     summary = GramSummary(gram_of(clipped), clipped.sum(axis=0) if center else None)
-    basis, _ = release_basis(
-        summary, "gauss", truth.shape[1], len(rows), "replace", accountant, grants, rng, bound
-    )
+    basis, _ = release_basis(ctx, summary, bound)
     return subspace_error(basis, truth)
 
 
@@ -103,7 +112,8 @@ def measure(
                      (f"private, rule q = {rule:.5f}", rule)):  # fmt: skip
         bounds, errors = [], []
         for _ in range(reps):
-            bound = private_norm_bound(counts, len(rows), grants["norm_bound"], rng, q).bound
+            mech = norm_bound_mechanism(grants["norm_bound"])
+            bound = private_norm_bound(counts, len(rows), mech, rng, q).bound
             bounds.append(bound)
             errors.append(_error(rows, truth, bound, rng, epsilon, center, private_norm=True))
         out.append((label, float(np.median(bounds)), float(np.median(errors))))

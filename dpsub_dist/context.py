@@ -40,12 +40,14 @@ SHUFFLE_BUCKET_BYTES = 256 * 2**20
 
 @dataclass
 class EstimateResult:
-    """What a run produced: the basis (None for ⊥), the manifest describing it (published)
-    and the wall-clock timings of its steps (operator-only: they depend on the data)."""
+    """What a run produced: the basis (None for ⊥), the manifest describing it (published),
+    the wall-clock timings of its steps (operator-only: they depend on the data) and the
+    mechanism each step was charged with (not published: boosting composes its groups')."""
 
     basis: np.ndarray | None
     manifest: dict[str, Any]
     timings: dict[str, Any] = field(default_factory=dict)
+    mechanisms: dict[str, Mechanism] = field(default_factory=dict)
 
     @property
     def outcome(self) -> str:
@@ -90,9 +92,11 @@ class RunContext:
         self.timings: dict[str, Any] = {}
         self.shares: dict[str, tuple[float, float]] = {}
         self.grants: dict[str, Budget] = {}
+        self.mechanisms: dict[str, Mechanism] = {}  # each charged step's, in charge order
         self.accountant: Accountant | None = None
         self._rng = noise_rng(noise_seed)
         self._forgone: list[str] = []
+        self._skipped: list[str] = []
 
     @classmethod
     def open(
@@ -111,6 +115,24 @@ class RunContext:
         ctx.timings["inspect_s"] = time.monotonic() - started
         return ctx
 
+    @classmethod
+    def adopt(
+        cls,
+        config: Any,
+        dataset: Dataset,
+        executor: Executor,
+        progress: bool,
+        accountant: Accountant,
+        grants: dict[str, Budget],
+        rng: np.random.Generator,
+    ) -> RunContext:
+        """Transitional (issue #28): a context over a runner's own accountant, grants and
+        private generator, so a runner not yet opened on a context calls the shared steps
+        (:mod:`dpsub_dist.estimators.centring`) with the same draws; goes once none is left."""
+        ctx = cls(config, dataset, executor, progress, None)
+        ctx.accountant, ctx.grants, ctx._rng = accountant, grants, rng
+        return ctx
+
     def plan(self, shares: dict[str, tuple[float, float]]) -> dict[str, Budget]:
         """Declare the run's plan (public facts only, before any row is read): each step's
         (share of ε or ρ, share of δ). Returns the grants; every later charge is held to them."""
@@ -125,7 +147,7 @@ class RunContext:
     def release(self, step: str, mechanism: M, draw: Callable[[M, np.random.Generator], T]) -> T:
         """Charge ``step`` with ``mechanism`` (refused if undeclared, charged twice or above its
         grant), then return ``draw(mechanism, rng)``: the noise of the object just charged."""
-        self._accountant.charge(step, mechanism)
+        self._charge(step, mechanism)
         token = _ACTIVE.set((step, mechanism))
         try:
             return draw(mechanism, self._rng)
@@ -135,8 +157,19 @@ class RunContext:
     def forgo(self, step: str, mechanism: Mechanism) -> None:
         """Charge ``step`` and draw nothing: a released value (a failed test) made it
         unnecessary, and its grant stays spent, as the declared plan reserved it."""
-        self._accountant.charge(step, mechanism)
+        self._charge(step, mechanism)
         self._forgone.append(step)
+
+    def skip(self, step: str) -> None:
+        """Leave the declared ``step`` uncharged, nothing drawn: a decision from public facts
+        (n and ε too small for its bound's margin) dropped it; :meth:`result` counts it."""
+        if step not in self.grants:
+            raise PlanMismatch(f"step {step!r} is skipped but was not declared")
+        self._skipped.append(step)
+
+    def _charge(self, step: str, mechanism: Mechanism) -> None:
+        self._accountant.charge(step, mechanism)
+        self.mechanisms[step] = mechanism
 
     @property
     def _accountant(self) -> Accountant:
@@ -166,11 +199,15 @@ class RunContext:
         gathered_bytes: int,
     ) -> EstimateResult:
         """The run's result: its manifest (:func:`build_manifest`, with the declared plan as
-        ``budget_shares``) and timings. A released basis needs every declared step charged;
-        a ⊥ may stop early (its later steps' grants are reserved, not drawn)."""
+        ``budget_shares``) and timings. A released basis needs every declared step charged or
+        skipped (:meth:`skip`); a ⊥ may stop early (its later steps' grants are reserved, not
+        drawn)."""
         charged = self.charged
-        if basis is not None and sorted(charged) != sorted(self.shares):
-            raise PlanMismatch(f"declared steps {list(self.shares)} but charged {charged}")
+        if basis is not None and sorted(charged + self._skipped) != sorted(self.shares):
+            raise PlanMismatch(
+                f"declared steps {list(self.shares)} but charged {charged}"
+                + (f" and skipped {self._skipped}" if self._skipped else "")
+            )
         self.timings["total_s"] = time.monotonic() - self.started
         parameters = {**parameters, "budget_shares": self.shares}
         manifest = build_manifest(
@@ -182,7 +219,7 @@ class RunContext:
             release,
             gathered_bytes,
         )
-        return EstimateResult(basis, manifest, self.timings)
+        return EstimateResult(basis, manifest, self.timings, dict(self.mechanisms))
 
 
 def plan(

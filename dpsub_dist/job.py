@@ -50,12 +50,16 @@ def validate(config: RunConfig) -> None:
     config.budget()
 
 
-def plan_budget(config: EstimateConfig | ClusterConfig) -> tuple[Accountant, dict[str, Budget]]:
-    """The run's accountant and each step's grant, from its method's declared plan."""
+def plan_budget(
+    config: EstimateConfig | ClusterConfig, dataset: Dataset | None = None
+) -> tuple[Accountant, dict[str, Budget]]:
+    """The run's accountant and each step's grant, from its method's declared plan: the plan
+    its run declares on ``dataset`` (opened: its footers; None: before any is open, for a plan
+    the footers do not change)."""
     if isinstance(config, ClusterConfig):
-        return plan(config, method_named("cluster", config.method).plan(config))
+        return plan(config, method_named("cluster", config.method).plan(config, dataset))
     config = with_defaults(config)
-    return plan(config, method_named("estimate", config.method).plan(config))
+    return plan(config, method_named("estimate", config.method).plan(config, dataset))
 
 
 def with_defaults(config: EstimateConfig) -> EstimateConfig:
@@ -97,7 +101,7 @@ def run_cluster(
     validate(config)
     method = method_named("cluster", config.method)
     config = replace(config, **method.defaults(config))
-    shares = method.plan(config)
+    shares = method.plan(config, None)
     return run_clustering(config, method.run, shares, open_dataset, client, progress, noise_seed)
 
 

@@ -75,13 +75,13 @@ PLANTS = [
         "        whole, frac = _acceptance_exponent(y, sigma // 2)",
     ),
     Plant(
-        "GAP-MAX truncated Laplace drawn at 10× the charged δ",
+        "GAP-MAX truncated Laplace calibrated at 10× the grant's δ",
         "δ",
         "dpsub_dist/privacy/gap_max.py",
         "    decision = mechanism.truncated_laplace(GAP_SENSITIVITY, epsilon, delta_gap)\n"
-        "    scale, bound",
+        "    snap = ",
         "    decision = mechanism.truncated_laplace(GAP_SENSITIVITY, epsilon, 10 * delta_gap)\n"
-        "    scale, bound",
+        "    snap = ",
     ),
     Plant(
         "boosting groups by row position at user level (a user in two groups)",
@@ -122,11 +122,11 @@ PLANTS = [
         "explained variance's norm bound drawn but not charged (a step missing from the plan)",
         "plan ≠ steps drawn",
         "dpsub_dist/estimators/centring.py",
-        "    accountant.charge(step, norm_bound_mechanism(grants[step]))\n"
-        "    return private_norm_bound(",
-        '    if step != "variance_norm_bound":\n'
-        "        accountant.charge(step, norm_bound_mechanism(grants[step]))\n"
-        "    return private_norm_bound(",
+        "    return ctx.release(\n        step,\n",
+        '    if step == "variance_norm_bound":\n'
+        "        mech = norm_bound_mechanism(ctx.grant(step))\n"
+        "        return private_norm_bound(counts, n_rows, mech, ctx._rng, quantile).bound\n"
+        "    return ctx.release(\n        step,\n",
     ),
 ]
 
@@ -160,9 +160,9 @@ MUTATIONS = [
         "covariance: the mean scaled by unit/n for its value, unit²/n for its σ",
         "mutation",
         "dpsub_dist/privacy/covariance.py",
-        "        release, sensitivity=sensitivity * factor, sigma=release.sigma * factor\n    )\n"
+        "        mech, sensitivity=mech.sensitivity * factor, sigma=mech.sigma * factor\n    )\n"
         "    return MeanRelease(",
-        "        release, sensitivity=sensitivity * factor, sigma=release.sigma * factor / unit\n"
+        "        mech, sensitivity=mech.sensitivity * factor, sigma=mech.sigma * factor / unit\n"
         "    )\n    return MeanRelease(",
         "gauss",
     ),
@@ -209,9 +209,9 @@ MUTATIONS = [
     Plant(
         "boost: each step charged at its smallest cost over the groups",
         "mutation",
-        "dpsub_dist/estimators/boost.py",
-        "                best[key] = max(best[key], value)",
-        "                best[key] = min(best[key], value)",
+        "dpsub_dist/privacy/mechanism.py",
+        "                max(c.epsilon for c in costs),",
+        "                min(c.epsilon for c in costs),",
         "boost",
         "tests/test_boost.py::test_parallel_composition_covers_every_group_s_total",
     ),
@@ -277,8 +277,8 @@ MUTATIONS = [
         "estimators/power: the passes run without per-user scaling",
         "mutation",
         "dpsub_dist/estimators/power.py",
-        "RowPasses(dataset, loader, row_norm, executor, progress, user_level)",
-        "RowPasses(dataset, loader, row_norm, executor, progress, False)",
+        "RowPasses(dataset, loader, row_norm, ctx.executor, ctx.progress, user_level)",
+        "RowPasses(dataset, loader, row_norm, ctx.executor, ctx.progress, False)",
         "power",
     ),
     Plant(
@@ -326,8 +326,8 @@ MUTATIONS = [
         "norm_bound: user-level search at the whole ε (the count's share not taken off)",
         "mutation",
         "dpsub_dist/privacy/norm_bound.py",
-        "    search = ApproxDP(epsilon - count.cost().epsilon)",
-        "    search = ApproxDP(epsilon)",
+        "    search_epsilon = epsilon - count.cost().epsilon",
+        "    search_epsilon = epsilon",
         "test_user_level",
     ),
     Plant(
@@ -389,16 +389,18 @@ MUTATIONS = [
         "covariance: row-level Gram drawn at add/remove's sensitivity, charged at replace's",
         "mutation",
         "dpsub_dist/estimators/covariance.py",
-        'analyze_gauss(summary.gram, grants["gram_noise"], sens.gram, rng)',
-        'analyze_gauss(summary.gram, grants["gram_noise"], 1.0, rng)',
+        "lambda mech, rng: analyze_gauss(summary.gram, mech, rng),",
+        "lambda mech, rng: analyze_gauss(\n"
+        '                summary.gram, mechanism.gaussian(ctx.grant("gram_noise"), 1.0), rng\n'
+        "            ),",
         "gauss or auto",
     ),
     Plant(
         "centring: the mean drawn in unit-norm units, not the clip bound's",
         "mutation",
         "dpsub_dist/estimators/centring.py",
-        'grants["mean"], sens, rng, unit=bound)',
-        'grants["mean"], sens, rng, unit=1.0)',
+        "gaussian_mean(row_sum, dataset.n_rows, mech, rng, unit=bound)",
+        "gaussian_mean(row_sum, dataset.n_rows, mech, rng, unit=1.0)",
         "centred or auto",
     ),
     Plant(

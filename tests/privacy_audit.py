@@ -76,7 +76,12 @@ def audit(
     return AuditResult(bound, hits_a / runs, hits_b / runs, runs)
 
 
-SCALE_ARGUMENT = {"add_gaussian": 2, "add_laplace": 2, "laplace_noise": 1}
+SCALE_ARGUMENT = {
+    "add_gaussian": 2,
+    "add_symmetric_gaussian": 2,
+    "add_laplace": 2,
+    "laplace_noise": 1,
+}
 """Position of the noise scale (σ or b) in each sampler of ``dpsub_dist.privacy.noise``."""
 
 

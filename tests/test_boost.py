@@ -9,13 +9,16 @@ import numpy as np
 import pytest
 
 from dpsub_dist.cli import main
+from dpsub_dist.context import EstimateResult, RunContext
 from dpsub_dist.engine.assign import random_row_subsets
+from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.sources import array_dataset
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import boost
 from dpsub_dist.job import EstimateConfig, run_estimate, validate
 from dpsub_dist.linalg import subspace_error
-from dpsub_dist.privacy.accountant import Accountant, ApproxDP
+from dpsub_dist.privacy import mechanism, noise
+from dpsub_dist.privacy.accountant import ApproxDP, BudgetExceeded
 
 
 def _rotated(basis: np.ndarray, angle: float, towards: np.ndarray) -> np.ndarray:
@@ -106,32 +109,42 @@ def test_group_seed_decorrelates_groups_from_subsets():
     assert len(np.unique(random_row_subsets(positions[mine], seed, 100))) == 100
 
 
-def test_parallel_composition_charges_each_step_once_at_its_largest():
-    accountant = Accountant(ApproxDP(1.0, 1e-6))
-    reports = [
-        {"steps": [{"step": "search", "epsilon": 0.2, "delta": 0.0}]},  # stopped early
-        {
-            "steps": [
-                {"step": "search", "epsilon": 0.2, "delta": 0.0},
-                {"step": "release", "epsilon": 0.8, "delta": 1e-6},
-            ]
-        },
-    ]
-    boost.charge_parallel(accountant, reports)
-    assert accountant.spent == ApproxDP(1.0, 1e-6)
-    assert [s["step"] for s in accountant.report()["steps"]] == ["search", "release"]
+def _planned(shares: dict[str, tuple[float, float]]) -> RunContext:
+    """A boosted run's context with its plan declared, at (ε, δ) = (1, 1e-6)."""
+    config = EstimateConfig(rank=1, epsilon=1.0, delta=1e-6)
+    ctx = RunContext(config, array_dataset(np.eye(3)), Executor(None), False, None)
+    ctx.plan(shares)
+    return ctx
+
+
+def _group(**charged: mechanism.Mechanism) -> EstimateResult:
+    """A group's result that charged ``charged`` (step → mechanism), in that order."""
+    return EstimateResult(None, {}, {}, charged)
+
+
+def test_parallel_composition_charges_each_step_once_and_draws_nothing():
+    """Each step once, in the groups' order, by the groups' mechanisms composed in parallel;
+    the groups drew their noise, the boosted run draws none."""
+    ctx = _planned({"search": (0.2, 0.0), "release": (0.8, 1.0)})
+    search = mechanism.laplace(ApproxDP(0.2, 0.0), 1.0)
+    gauss = mechanism.gaussian(ApproxDP(0.8, 1e-6), 1.0)
+    groups = [_group(search=search), _group(search=search, release=gauss)]  # one stopped early
+    with noise.draw_log() as log:
+        boost.charge_parallel(ctx, groups)
+    assert log == []
+    assert ctx.charged == ["search", "release"]
+    assert ctx.accountant.spent == ApproxDP(1.0, 1e-6)
+    assert ctx.mechanisms["release"] == mechanism.Parallel((gauss,))
 
 
 def test_parallel_composition_covers_every_group_s_total():
-    """Groups whose steps cost differently (a search that stopped early in one group): each
-    step is charged at its largest cost, so every group's own total is covered."""
-    accountant = Accountant(ApproxDP(1.0, 1e-6))
-    reports = [
-        {"steps": [{"step": "search", "epsilon": 0.1, "delta": 0.0}]},
-        {"steps": [{"step": "search", "epsilon": 0.3, "delta": 0.0}]},
-    ]
-    boost.charge_parallel(accountant, reports)
-    assert accountant.spent.epsilon == pytest.approx(0.3)
+    """Groups whose steps cost differently: the step's cost is its largest over the groups,
+    so a group that spent more than the step's grant is refused, not hidden by the others."""
+    cheap, dear = (mechanism.laplace(ApproxDP(eps, 0.0), 1.0) for eps in (0.1, 0.3))
+    assert mechanism.Parallel((cheap, dear)).cost().epsilon == pytest.approx(0.3)
+    ctx = _planned({"search": (0.2, 0.0), "release": (0.8, 1.0)})
+    with pytest.raises(BudgetExceeded):
+        boost.charge_parallel(ctx, [_group(search=cheap), _group(search=dear)])
 
 
 @pytest.mark.parametrize(

@@ -153,7 +153,8 @@ def test_analyze_gauss_and_mean_draw_the_formula_sigma() -> None:
     with noise.draw_log() as draws:
         cov.analyze_gauss(np.eye(3), mechanism.gaussian(ApproxDP(2.0, 1e-6), math.sqrt(2)), rng)
         cov.analyze_gauss(np.eye(3), mechanism.gaussian(ZCDP(0.125), 1.0), rng)
-        cov.gaussian_mean(np.ones(4), 100, ApproxDP(0.5, 1e-5), 2.0, rng, unit=3.0)
+        mean_mechanism = mechanism.gaussian(ApproxDP(0.5, 1e-5), 2.0)
+        cov.gaussian_mean(np.ones(4), 100, mean_mechanism, rng, unit=3.0)
     gauss, zcdp, mean = draws
     assert (gauss.kind, gauss.size, gauss.sensitivity) == ("symmetric_gaussian", 6, math.sqrt(2))
     assert gauss.scale == pytest.approx(_textbook_analytic_sigma(math.sqrt(2), 2.0, 1e-6), rel=1e-8)
@@ -170,19 +171,21 @@ def test_analyze_gauss_and_mean_draw_the_formula_sigma() -> None:
 
 def test_gap_test_and_projector_draw_the_formula_scales() -> None:
     import numpy as np
+    from contexts import planned
 
-    from dpsub_dist.privacy import covariance as cov
-    from dpsub_dist.privacy import mechanism, noise
-    from dpsub_dist.privacy.accountant import ZCDP, ApproxDP
+    from dpsub_dist.estimators.covariance import perturb_subspace
+    from dpsub_dist.privacy import noise
 
     gram = np.diag([1000.0, 10.0, 1.0])
+    approx = planned(  # gap test ApproxDP(0.2, 1e-6), projector ApproxDP(1.0, 1e-6)
+        {"gap_test": (0.2, 0.5), "projector_noise": (1.0, 0.5)}, 1, epsilon=1.2, delta=2e-6
+    )
+    zcdp = planned(  # gap test ZCDP(0.02, δ₀ = 1e-6), projector ZCDP(0.5)
+        {"gap_test": (0.02, 1.0), "projector_noise": (0.5, 0.0)}, 2, rho=0.52, delta=2e-6
+    )
     with noise.draw_log() as draws:
-        release = cov.gap_perturbation(
-            gram, 1, ApproxDP(0.2, 1e-6), ApproxDP(1.0, 1e-6), "replace", np.random.default_rng(1)
-        )
-        zc = cov.gap_perturbation(
-            gram, 1, ZCDP(0.02, 1e-6), ZCDP(0.5), "add_remove", np.random.default_rng(2)
-        )
+        release = perturb_subspace(approx, gram, 1, "replace")
+        zc = perturb_subspace(zcdp, gram, 1, "add_remove")
     gap, projector, zgap, zprojector = draws
     assert (gap.kind, gap.scale, gap.sensitivity) == ("laplace", 2.0 / 0.2, 2.0)  # Δ/ε
     assert release.gap_lower_bound == pytest.approx(release.noisy_gap - 10 * math.log(1e6), 1e-6)

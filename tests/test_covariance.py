@@ -16,21 +16,25 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from contexts import planned
 
 from dpsub_dist.cli import main
-from dpsub_dist.engine.compute import Executor
+from dpsub_dist.context import RunContext
+from dpsub_dist.engine.compute import IN_PROCESS, Executor
 from dpsub_dist.engine.gram import GramSummary, clip_rows, compute_gram
 from dpsub_dist.engine.sources import array_dataset, parquet_dataset
 from dpsub_dist.errors import InputError
+from dpsub_dist.estimators.covariance import budget_plan, perturb_subspace
 from dpsub_dist.job import EstimateConfig, run_estimate
 from dpsub_dist.linalg import subspace_error
-from dpsub_dist.privacy.accountant import ZCDP, ApproxDP
 from dpsub_dist.privacy import mechanism
+from dpsub_dist.privacy.accountant import ZCDP, ApproxDP
 from dpsub_dist.privacy.calibration import classic_gaussian_sigma, gaussian_delta
 from dpsub_dist.privacy.covariance import (
     SENSITIVITY,
     analyze_gauss,
-    gap_perturbation,
+    gap_failure,
+    gap_test_mechanism,
     gaussian_mean,
     noisy_gap_lower_bound,
 )
@@ -133,7 +137,9 @@ def test_projector_sensitivity_is_none_without_room() -> None:
 def test_analyze_gauss_sigma_for_approx_dp(relation, delta_g, epsilon, delta) -> None:
     sens = SENSITIVITY[relation].gram
     assert sens == pytest.approx(delta_g)
-    release = analyze_gauss(np.eye(3), mechanism.gaussian(ApproxDP(epsilon, delta), sens), np.random.default_rng(0))
+    release = analyze_gauss(
+        np.eye(3), mechanism.gaussian(ApproxDP(epsilon, delta), sens), np.random.default_rng(0)
+    )
     # the achieved δ at the target ε never exceeds the target (Balle & Wang 2018, Thm 8)
     assert gaussian_delta(sens, release.sigma, epsilon) <= delta * (1 + 1e-9)
     if epsilon < 1:  # never more noise than the classic formula
@@ -147,14 +153,18 @@ def test_analyze_gauss_sigma_for_approx_dp(relation, delta_g, epsilon, delta) ->
 @pytest.mark.parametrize("rho", [0.01, 0.5, 3.0])
 def test_analyze_gauss_sigma_for_zcdp(relation, rho) -> None:
     sens = SENSITIVITY[relation].gram
-    release = analyze_gauss(np.zeros((2, 2)), mechanism.gaussian(ZCDP(rho, 0.0), sens), np.random.default_rng(0))
+    release = analyze_gauss(
+        np.zeros((2, 2)), mechanism.gaussian(ZCDP(rho, 0.0), sens), np.random.default_rng(0)
+    )
     assert release.sigma == pytest.approx(sens / math.sqrt(2 * rho), rel=1e-12)
 
 
 def test_analyze_gauss_noise_is_symmetric_with_the_calibrated_spread() -> None:
     dim = 60
     gram = np.diag(np.arange(dim, dtype=float))
-    release = analyze_gauss(gram, mechanism.gaussian(ApproxDP(1.0, 1e-6), math.sqrt(2)), np.random.default_rng(3))
+    release = analyze_gauss(
+        gram, mechanism.gaussian(ApproxDP(1.0, 1e-6), math.sqrt(2)), np.random.default_rng(3)
+    )
     noise = release.matrix - gram
     assert np.array_equal(noise, noise.T)
     upper = noise[np.triu_indices(dim)]  # 1830 i.i.d. draws
@@ -165,7 +175,8 @@ def test_analyze_gauss_noise_is_symmetric_with_the_calibrated_spread() -> None:
 def test_gap_lower_bound_laplace_margin_and_scale() -> None:
     grant = ApproxDP(0.5, 1e-4)
     rng = np.random.default_rng(4)
-    draws = [noisy_gap_lower_bound(10.0, 2.0, grant, rng) for _ in range(4000)]
+    test, failure = gap_test_mechanism(grant, 2.0), gap_failure(grant)
+    draws = [noisy_gap_lower_bound(10.0, test, failure, rng) for _ in range(4000)]
     noisy = np.array([d[0] for d in draws])
     lower = np.array([d[1] for d in draws])
     assert {d[2] for d in draws} == {"laplace"} and draws[0][3] == pytest.approx(4.0)
@@ -176,7 +187,8 @@ def test_gap_lower_bound_laplace_margin_and_scale() -> None:
 def test_gap_lower_bound_zcdp_is_gaussian_and_fails_with_probability_delta0() -> None:
     grant = ZCDP(0.08, 0.05)
     rng = np.random.default_rng(5)
-    draws = np.array([noisy_gap_lower_bound(0.0, 2.0, grant, rng)[:2] for _ in range(20000)])
+    test, failure = gap_test_mechanism(grant, 2.0), gap_failure(grant)
+    draws = np.array([noisy_gap_lower_bound(0.0, test, failure, rng)[:2] for _ in range(20000)])
     scale = 2.0 / math.sqrt(2 * 0.08)
     assert np.std(draws[:, 0]) == pytest.approx(scale, rel=0.03)
     # Gaussian, not Laplace: the excess kurtosis is ≈ 0 (a Laplace's is 3)
@@ -190,18 +202,23 @@ def test_gap_perturbation_calibrates_to_the_noisy_gap() -> None:
     rng = np.random.default_rng(6)
     rows = rng.standard_normal((500, 4)) * np.array([3.0, 2.0, 0.1, 0.1])
     gram = rows.T @ rows
-    for grant_gap, grant_noise, relation in (
-        (ApproxDP(0.2, 5e-7), ApproxDP(0.8, 5e-7), "replace"),
-        (ApproxDP(0.2, 5e-7), ApproxDP(0.8, 5e-7), "add_remove"),
-        (ZCDP(0.02, 1e-6), ZCDP(0.08, 0.0), "replace"),
+    for seed, (budget, relation) in enumerate(
+        (
+            ({"epsilon": 1.0, "delta": 1e-6}, "replace"),
+            ({"epsilon": 1.0, "delta": 1e-6}, "add_remove"),
+            ({"rho": 0.1, "delta": 2e-6}, "replace"),
+        )
     ):
-        release = gap_perturbation(gram, 2, grant_gap, grant_noise, relation, rng)
+        shares = budget_plan("gap-perturb", False, "rho" in budget)
+        ctx = planned(shares, seed, **budget)
+        release = perturb_subspace(ctx, gram, 2, relation)
         sens = SENSITIVITY[relation]
         expected = sens.projector_scale / (release.gap_lower_bound - sens.projector_shift)
         assert release.projector_sensitivity == pytest.approx(expected)
         from dpsub_dist.privacy.accountant import gaussian_sigma
 
-        assert release.sigma == pytest.approx(gaussian_sigma(grant_noise, expected))
+        noise_grant = ctx.grant("projector_noise")
+        assert release.sigma == pytest.approx(gaussian_sigma(noise_grant, expected))
         assert release.basis.shape == (4, 2)
         assert np.allclose(release.basis.T @ release.basis, np.eye(2))
         noise = release.noisy_projector - _top_projector(gram, 2)
@@ -209,15 +226,16 @@ def test_gap_perturbation_calibrates_to_the_noisy_gap() -> None:
 
 
 def test_gap_perturbation_returns_bottom_and_never_divides_by_a_non_positive_number() -> None:
-    rng = np.random.default_rng(7)
-    grants = (ApproxDP(0.5, 1e-6), ApproxDP(0.5, 1e-6))
+    halves = {"gap_test": (0.5, 0.5), "projector_noise": (0.5, 0.5)}
+    budget = {"epsilon": 1.0, "delta": 2e-6}
     seen_bottom = seen_basis = 0
     with warnings.catch_warnings(), np.errstate(all="raise"):
         warnings.simplefilter("error")
         for gap in np.linspace(0.0, 120.0, 241):
             gram = np.diag([gap + 1.0, 1.0, 0.5])
             for relation in ("replace", "add_remove"):
-                release = gap_perturbation(gram, 1, *grants, relation, rng)
+                ctx = planned(halves, seen_bottom + seen_basis, **budget)
+                release = perturb_subspace(ctx, gram, 1, relation)
                 if release.basis is None:
                     seen_bottom += 1
                     shift = SENSITIVITY[relation].projector_shift
@@ -229,19 +247,20 @@ def test_gap_perturbation_returns_bottom_and_never_divides_by_a_non_positive_num
                     assert np.isfinite(release.basis).all() and release.sigma > 0
     assert seen_bottom > 50 and seen_basis > 50
     with pytest.raises(ValueError, match="k must be"):
-        gap_perturbation(np.eye(3), 3, *grants, "replace", rng)
+        perturb_subspace(planned(halves, 0, **budget), np.eye(3), 3, "replace")
 
 
 def test_gaussian_mean_calibration() -> None:
     rng = np.random.default_rng(8)
-    release = gaussian_mean(np.full(2000, 50.0), 100, ApproxDP(0.5, 1e-6), 2.0, rng)
+    approx, zcdp = mechanism.gaussian(ApproxDP(0.5, 1e-6), 2.0), mechanism.gaussian(ZCDP(0.5), 2.0)
+    release = gaussian_mean(np.full(2000, 50.0), 100, approx, rng)
     assert gaussian_delta(2.0, release.sigma, 0.5) <= 1e-6 * (1 + 1e-9)
     assert np.std(release.mean * 100) == pytest.approx(release.sigma, rel=0.05)
     assert np.mean(release.mean) == pytest.approx(0.5, abs=4 * release.sigma / 100 / 40)
-    zc = gaussian_mean(np.zeros(3), 10, ZCDP(0.5, 0.0), 2.0, rng)
+    zc = gaussian_mean(np.zeros(3), 10, zcdp, rng)
     assert zc.sigma == pytest.approx(2.0)
     with pytest.raises(ValueError, match="n_rows"):
-        gaussian_mean(np.zeros(3), 0, ZCDP(0.5, 0.0), 2.0, rng)
+        gaussian_mean(np.zeros(3), 0, zcdp, rng)
 
 
 # --- Gram engine ------------------------------------------------------------------------------
@@ -547,8 +566,8 @@ def test_cli_bad_input_exits_2_and_writes_nothing(
 
 def _utility_errors(data, scheduler: str, tmp_path: Path, runs: int, row_norm: float) -> list:
     """One end-to-end CLI run, then more noise draws on the same Gram (what re-runs would see)."""
-    from dpsub_dist.estimators.covariance import release_basis
-    from dpsub_dist.job import plan_budget
+    from dpsub_dist.estimators.covariance import plan_shares, release_basis
+    from dpsub_dist.job import with_defaults
 
     truth = np.load(data.truth_dir / "basis.npy")
     rank = truth.shape[1]
@@ -559,12 +578,11 @@ def _utility_errors(data, scheduler: str, tmp_path: Path, runs: int, row_norm: f
     dataset = parquet_dataset(str(data.path), None, None, None, None)
     summary = compute_gram(dataset.parts, dataset.loader, row_norm)
     config = EstimateConfig(rank=rank, method="gauss", epsilon=1, delta=1e-6, row_norm=row_norm)
-    for seed in range(runs - 1):
-        accountant, grants = plan_budget(config)
-        noise = np.random.default_rng(seed)  # a test's draws; the runner uses OS entropy
-        basis, _ = release_basis(
-            summary, "gauss", rank, dataset.n_rows, "replace", accountant, grants, noise
-        )
+    config = with_defaults(config)
+    for seed in range(runs - 1):  # a test's private seeds; the runner uses OS entropy
+        ctx = RunContext(config, dataset, IN_PROCESS, False, seed)
+        ctx.plan(plan_shares(config, dataset))
+        basis, _ = release_basis(ctx, summary)
         errors.append(subspace_error(basis, truth))
     return errors
 

@@ -18,8 +18,10 @@ import math
 
 import numpy as np
 import pytest
+from contexts import planned
 from privacy_audit import audit, scale_samplers
 
+from dpsub_dist.estimators.covariance import perturb_subspace
 from dpsub_dist.privacy import covariance as cov
 from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import ApproxDP, gaussian_sigma
@@ -76,13 +78,21 @@ def test_analyze_gauss_audit_catches_half_noise(cached_sigma) -> None:
     _assert_audit(run, EPSILON)
 
 
-def test_gap_perturbation_projector_audit_catches_half_noise(cached_sigma) -> None:
+def _seed(rng: np.random.Generator) -> int:
+    """A run's private seed from the audit's generator (one context per run)."""
+    return int(rng.integers(2**63))
+
+
+def test_gap_perturbation_projector_audit_catches_half_noise(cached_sigma, monkeypatch) -> None:
     """Top eigenvector (e₁+e₂)/√2 with a huge gap g; replacing e₂ by e₁ turns it by ≈ 1/g.
 
     The projector moves along diag(1, −1): its upper triangle has the full Frobenius norm
-    √2/g, within 0.1% of the √2/(L − 3) bound the noise is calibrated for.
+    √2/g, within 0.1% of the √2/(L − 3) bound the noise is calibrated for. The twin's noise
+    is halved below the accountant (which refuses an under-calibrated projector mechanism,
+    the one it charges being the one that draws).
     """
-    gap_grant, noise_grant = ApproxDP(0.01, DELTA / 2), ApproxDP(EPSILON, DELTA / 2)
+    set_factor = scale_samplers(monkeypatch, "add_symmetric_gaussian")
+    noise_grant = ApproxDP(EPSILON, DELTA / 2)
     claimed = 0.01 + EPSILON
     g = 1e6
     u = np.array([1.0, 1.0]) / math.sqrt(2)
@@ -94,15 +104,18 @@ def test_gap_perturbation_projector_audit_catches_half_noise(cached_sigma) -> No
     top = np.linalg.eigh(after)[1][:, -1]
     shift = top[0] ** 2 - top[1] ** 2  # E[W₁₁ − W₂₂]: +shift after, −shift before
 
+    shares = {"gap_test": (0.01, 0.5), "projector_noise": (EPSILON, 0.5)}
+
     def mechanism(gram, rng):
-        return cov.gap_perturbation(gram, 1, gap_grant, noise_grant, "replace", rng)
+        ctx = planned(shares, _seed(rng), epsilon=claimed, delta=DELTA)
+        return perturb_subspace(ctx, gram, 1, "replace")
 
     def event(release) -> bool:
         w = release.noisy_projector
         return w is not None and w[0, 0] - w[1, 1] > -shift + 3.0 * twin_spread
 
     def run(factor: float):
-        cached_sigma(factor)
+        set_factor(factor)
         return audit(mechanism, after, before, event, 50_000, DELTA)
 
     assert mechanism(after, np.random.default_rng(0)).basis is not None
@@ -111,7 +124,7 @@ def test_gap_perturbation_projector_audit_catches_half_noise(cached_sigma) -> No
 
 def test_gap_perturbation_gap_test_audit_catches_half_laplace(cached_sigma, monkeypatch) -> None:
     """Replace e₂ by e₁ in diag(g, 1): the gap moves from g − 1 to g + 1 (Δ = 2)."""
-    gap_grant, noise_grant = ApproxDP(1.0, DELTA / 2), ApproxDP(0.2, DELTA / 2)
+    shares = {"gap_test": (1.0, 0.5), "projector_noise": (0.2, 0.5)}
     claimed = 1.2
     g = 50.0
     before, after = np.diag([g, 1.0]), np.diag([g + 1.0, 0.0])
@@ -120,7 +133,9 @@ def test_gap_perturbation_gap_test_audit_catches_half_laplace(cached_sigma, monk
     def run(value: float):
         set_factor(value)
         return audit(
-            lambda gram, rng: cov.gap_perturbation(gram, 1, gap_grant, noise_grant, "replace", rng),
+            lambda gram, rng: perturb_subspace(
+                planned(shares, _seed(rng), epsilon=claimed, delta=DELTA), gram, 1, "replace"
+            ),
             after,
             before,
             lambda release: release.noisy_gap > g + 1.0 + 2.0,
@@ -139,7 +154,9 @@ def test_gaussian_mean_audit_catches_half_noise(cached_sigma) -> None:
     def run(factor: float):
         cached_sigma(factor)
         return audit(
-            lambda row_sum, rng: cov.gaussian_mean(row_sum, 1, grant, 2.0, rng).mean[0],
+            lambda row_sum, rng: cov.gaussian_mean(
+                row_sum, 1, mechanism.gaussian(grant, 2.0), rng
+            ).mean[0],
             np.array([1.0]),
             np.array([-1.0]),
             lambda mean: mean > -1.0 + 3.0 * twin_spread,

@@ -152,6 +152,15 @@ def test_null_score_formula():
     assert gm.null_score(2, 2.0, 1e-6) == pytest.approx(2 + 4 * math.log(1e6) / 2 + 1)
 
 
+def _release(
+    spans: gm.SpanScores, epsilon: float, delta: float, outliers: int, rng: np.random.Generator
+) -> gm.GapMaxRelease:
+    """GAP-MAX's release of ``spans`` by the mechanism an (ε, δ) grant calibrates."""
+    grant = ApproxDP(epsilon, delta)
+    steps = gm.gap_max_mechanism(grant, spans.tolerance, spans.n_rows, spans.dim, outliers)
+    return gm.gap_max_release(spans, steps, rng)
+
+
 def _scored(scores: list[int], basis: np.ndarray, conditioning: float = 50.0) -> gm.SpanScores:
     """Scores as score_spans would hand them over, for 60 rows at the default tolerance."""
     dim = basis.shape[0]
@@ -161,11 +170,11 @@ def _scored(scores: list[int], basis: np.ndarray, conditioning: float = 50.0) ->
 def test_clear_winner_is_released_and_null_wins_otherwise():
     rng = np.random.default_rng(6)
     spans = _scored([56, 1, 1], np.eye(10)[:, :3])
-    releases = [gm.gap_max_release(spans, 2.0, 1e-6, 2, rng) for _ in range(200)]
+    releases = [_release(spans, 2.0, 1e-6, 2, rng) for _ in range(200)]
     assert all(r.reason == "released" for r in releases)
     assert all(subspace_error(r.basis, np.eye(10)[:, :3]) < 10 * r.snap_side for r in releases)
     weak = _scored([3, 1], np.eye(10)[:, :3])  # NULL (32) wins clearly
-    releases = [gm.gap_max_release(weak, 2.0, 1e-6, 2, rng) for _ in range(200)]
+    releases = [_release(weak, 2.0, 1e-6, 2, rng) for _ in range(200)]
     assert all(r.basis is None for r in releases)
     assert {r.reason for r in releases} == {"null"}
 
@@ -174,7 +183,7 @@ def test_tied_top_is_never_released():
     # f = 0 must never release whatever the noise: that is why the threshold is A.
     rng = np.random.default_rng(7)
     tied = _scored([40, 40], np.eye(4)[:, :1])
-    releases = [gm.gap_max_release(tied, 5.0, 0.1, 0, rng) for _ in range(5000)]
+    releases = [_release(tied, 5.0, 0.1, 0, rng) for _ in range(5000)]
     assert all(r.basis is None and r.noisy_gap <= r.threshold for r in releases)
 
 
@@ -183,7 +192,7 @@ def test_loosely_determined_span_is_never_released():
     rng = np.random.default_rng(8)
     floor = gm.conditioning_floor(gm.DEFAULT_TOLERANCE, 60)
     loose = _scored([56, 1], np.eye(10)[:, :3], conditioning=floor)
-    releases = [gm.gap_max_release(loose, 2.0, 1e-6, 2, rng) for _ in range(2000)]
+    releases = [_release(loose, 2.0, 1e-6, 2, rng) for _ in range(2000)]
     assert all(r.basis is None and r.reason == "gap" for r in releases)
 
 
@@ -217,7 +226,7 @@ def _neighbours(gap: int) -> tuple[gm.SpanScores, gm.SpanScores]:
 
 
 def _released(spans: gm.SpanScores, rng: np.random.Generator) -> bool:
-    return gm.gap_max_release(spans, AUDIT_EPSILON, AUDIT_DELTA, 0, rng).basis is not None
+    return _release(spans, AUDIT_EPSILON, AUDIT_DELTA, 0, rng).basis is not None
 
 
 @pytest.mark.parametrize("gap", [14, 6])  # 14 ≈ A − 1 (worst pair for TLap(2)), 6 for TLap(1)
@@ -271,7 +280,7 @@ def _closer_to(reference: np.ndarray, other: np.ndarray):
 
 
 def _snapped_release(spans: gm.SpanScores, rng: np.random.Generator) -> gm.GapMaxRelease:
-    return gm.gap_max_release(spans, AUDIT_EPSILON, AUDIT_DELTA, 0, rng)
+    return _release(spans, AUDIT_EPSILON, AUDIT_DELTA, 0, rng)
 
 
 def test_snapped_release_audit_stays_below_epsilon():

@@ -50,23 +50,15 @@ def test_each_iteration_draws_sigma_t_for_its_share_of_rho(relation, delta_y) ->
     ρ_t = ρ·g^(t−1)/Σ_s g^(s−1) (g = SPLIT_GROWTH > 1: later iterations less noise), Σ ρ_t = ρ."""
     dim, width, steps, rho = 30, 4, 5, 0.2
     start = power.start_basis(dim, width, seed=1)
-    charged: list[int] = []
+    mechanism = power.power_mechanism(ZCDP(rho), steps, relation)
     with noise.draw_log() as log:
         release = power.noisy_power_method(
-            _zero_product(dim, width),
-            start,
-            2,
-            steps,
-            ZCDP(rho),
-            relation,
-            np.random.default_rng(0),
-            charged.append,
+            _zero_product(dim, width), start, 2, mechanism, np.random.default_rng(0)
         )
     growth = power.SPLIT_GROWTH
     assert growth > 1
     rhos = [rho * growth**t / sum(growth**s for s in range(steps)) for t in range(steps)]
     sigmas = [delta_y / math.sqrt(2 * r) for r in rhos]
-    assert charged == [1, 2, 3, 4, 5]
     assert [(d.kind, d.size, d.sensitivity) for d in log] == [
         ("gaussian", dim * width, delta_y)
     ] * 5
@@ -74,7 +66,6 @@ def test_each_iteration_draws_sigma_t_for_its_share_of_rho(relation, delta_y) ->
     assert release.sigmas == pytest.approx(sigmas, rel=1e-12)
     assert release.rho_per_iteration == pytest.approx(rhos, rel=1e-12)
     assert math.fsum(release.rho_per_iteration) == pytest.approx(rho, rel=1e-12)
-    mechanism = power.power_mechanism(ZCDP(rho), steps, relation)
     assert mechanism.cost().rho == pytest.approx(rho, rel=1e-12)
     assert mechanism.sigma == pytest.approx(delta_y / math.sqrt(2 * rho / steps), rel=1e-12)
     assert release.basis.shape == (dim, 2)
@@ -97,7 +88,9 @@ def test_each_iterate_is_the_orthonormalised_release_not_the_exact_product() -> 
 
     start = power.start_basis(dim, width, seed=2)
     with noise.draw_log() as log:
-        power.noisy_power_method(multiply, start, 2, steps, ZCDP(0.5), "replace", rng)
+        power.noisy_power_method(
+            multiply, start, 2, power.power_mechanism(ZCDP(0.5), steps, "replace"), rng
+        )
     released = [d.value + d.grid * d.integers.reshape(d.shape) for d in log]
     assert len(released) == steps and np.array_equal(multiplied[0], start)
     for t in range(1, steps):
@@ -134,8 +127,8 @@ def test_plan_gives_the_private_bound_powers_own_share(zcdp) -> None:
 
 def test_one_iteration_noise_has_the_calibrated_spread() -> None:
     """The released noise (on the grid) has standard deviation σ, mean 0."""
-    grant = ZCDP(0.05)
-    released = power.noisy_product(np.zeros((400, 50)), grant, SQRT2, np.random.default_rng(2))
+    one = power.power_mechanism(ZCDP(0.05), 1, "replace")
+    released = one.release(np.random.default_rng(2), np.zeros((400, 50)), 1)
     sigma = SQRT2 / math.sqrt(0.1)
     assert abs(released.mean()) < 5 * sigma / math.sqrt(released.size)
     assert released.std() == pytest.approx(sigma, rel=0.01)
@@ -190,7 +183,8 @@ def test_one_iteration_audit_catches_half_noise(monkeypatch) -> None:
     def hits(rows: np.ndarray, threshold: float) -> int:
         product = runner._product(clip_rows(rows, 1.0), basis)
         stack = np.broadcast_to(product, (AUDIT_RUNS, 2, 2))
-        released = power.noisy_product(stack, grant, power.product_sensitivity("replace"), rng)
+        one = power.power_mechanism(ApproxDP(AUDIT_EPSILON, AUDIT_DELTA), 1, "replace")
+        released = one.release(rng, stack, 1)
         return int(np.count_nonzero(released[:, 0, 0] - released[:, 1, 1] > threshold))
 
     def bound(value: float) -> float:
@@ -331,7 +325,8 @@ def _user_audit(runs: int) -> tuple[float, float]:
     def hits(data: tuple[np.ndarray, list[int]], scaled: bool) -> int:
         product = runner._product(_user_rows(*data, bound=1.0, scaled=scaled), basis)
         stack = np.broadcast_to(product, (runs, 2, 2))
-        released = power.noisy_product(stack, grant, sensitivity, rng)
+        one = power.power_mechanism(ApproxDP(AUDIT_EPSILON, AUDIT_DELTA), 1, "add_remove")
+        released = one.release(rng, stack, 1)
         return int(np.count_nonzero(released[:, 0, 0] > threshold))
 
     def bound(scaled: bool) -> float:

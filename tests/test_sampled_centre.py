@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from contexts import planned
 from privacy_audit import audit, scale_samplers
 from test_row_cache import CountingLoader
 
@@ -27,9 +28,9 @@ from dpsub_dist.engine.gram import clip_rows, gram_of
 from dpsub_dist.engine.sources import array_dataset
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators import covariance as cov
-from dpsub_dist.job import EstimateConfig, run_estimate, with_defaults
+from dpsub_dist.job import EstimateConfig, plan_budget, run_estimate, with_defaults
 from dpsub_dist.privacy import mechanism, norm_bound
-from dpsub_dist.privacy.accountant import Accountant, ApproxDP, gaussian_sigma, laplace_epsilon
+from dpsub_dist.privacy.accountant import ApproxDP, gaussian_sigma, laplace_epsilon
 
 NOISE_SEED = 0x5A3C
 """Private noise seed planted for these tests only, so that their outcome is fixed."""
@@ -108,6 +109,22 @@ def test_the_rule_refuses_a_sample_over_an_eighth_of_the_rows(small_route, monke
     assert cov.centre_sample(_config(method="gauss"), data) is None
 
 
+def test_the_plan_declared_for_the_dataset_is_the_plan_the_sampled_route_charges(
+    small_route,
+) -> None:
+    """``job.plan_budget`` on the opened dataset (its footers decide the route) declares the
+    steps the run charges, ``centred_sum`` included, and the manifest publishes that plan."""
+    data = array_dataset(_drift_rows(100_000)[0])
+    config = _config(method="gauss")
+    _, grants = plan_budget(config, data)
+    result = run_estimate(config, lambda _e: data, None, noise_seed=NOISE_SEED)
+    manifest = result.manifest
+    assert manifest["parameters"]["centre_sample"]["rows"] < data.n_rows  # the sampled route
+    charged = [step["step"] for step in manifest["privacy"]["budget"]["steps"]]
+    assert "centred_sum" in grants
+    assert sorted(grants) == sorted(charged) == sorted(manifest["parameters"]["budget_shares"])
+
+
 def test_the_bound_is_a_function_of_the_samples_rows_at_the_capped_quantile(
     small_route, monkeypatch
 ) -> None:
@@ -119,10 +136,10 @@ def test_the_bound_is_a_function_of_the_samples_rows_at_the_capped_quantile(
     thresholds: list[tuple[int, float, int]] = []
     real_release = centring.release_bound
 
-    def spy(step, counts, n_rows, accountant, grants, rng, quantile=norm_bound.NORM_QUANTILE):
+    def spy(ctx, step, counts, n_rows, quantile=norm_bound.NORM_QUANTILE):
         if step == "centred_norm_bound":
             thresholds.append((n_rows, quantile, int(counts.sum())))
-        return real_release(step, counts, n_rows, accountant, grants, rng, quantile)
+        return real_release(ctx, step, counts, n_rows, quantile)
 
     monkeypatch.setattr(centring, "release_bound", spy)
 
@@ -133,7 +150,7 @@ def test_the_bound_is_a_function_of_the_samples_rows_at_the_capped_quantile(
     parameters = first.manifest["parameters"]
     n_sample = parameters["centre_sample"]["rows"]
     gauss = _config(method="gauss")
-    grants = cov.plan(gauss, cov.plan_shares(gauss, sampled=True))[1]
+    grants = cov.plan(gauss, cov.route_shares(gauss, sampled=True))[1]
     full_quantile = cov.bound_quantile(
         "gauss", grants, "replace", len(rows), rows.shape[1],
         laplace_epsilon(grants["centred_norm_bound"]),
@@ -202,9 +219,9 @@ def test_the_full_pass_releases_the_gram_and_sum_of_the_separate_passes(
         seen["gram"] = gram
         return real_gauss(gram, *args)
 
-    def spy_mean(clipped_sum, *args):
+    def spy_mean(ctx, clipped_sum, *args):
         seen["sum"] = clipped_sum
-        return real_mean(clipped_sum, *args)
+        return real_mean(ctx, clipped_sum, *args)
 
     monkeypatch.setattr(cov, "analyze_gauss", spy_gauss)
     monkeypatch.setattr(cov, "release_centred_mean", spy_mean)
@@ -247,13 +264,11 @@ def test_the_correction_removes_the_bias_of_a_sample_of_sorted_partitions(
 
 def test_the_correction_step_is_calibrated_and_charged_at_its_grant() -> None:
     grant = ApproxDP(0.3, 1e-7)
-    accountant = Accountant(ApproxDP(1.0, 1e-6))
-    grants = accountant.split({"centred_sum": (0.3, 0.1), "rest": (0.7, 0.9)})
-    assert grants["centred_sum"] == grant
+    ctx = planned({"centred_sum": (0.3, 0.1), "rest": (0.7, 0.9)}, 2, epsilon=1.0, delta=1e-6)
+    assert ctx.grant("centred_sum") == grant
     n, dim = 1000, 20_000
-    release = cov.release_centred_mean(
-        np.zeros(dim), n, accountant, grants, np.random.default_rng(2)
-    )
+    release = cov.release_centred_mean(ctx, np.zeros(dim), n)
+    accountant = ctx.accountant
     sigma = gaussian_sigma(grant, 2.0)
     assert release.sensitivity == 2.0 and release.sigma == pytest.approx(sigma)
     # the noise on the mean of the scaled rows: σ/n per coordinate, centred
@@ -275,9 +290,9 @@ def test_centred_sum_audit_catches_an_under_noised_twin(monkeypatch) -> None:
     spread = gaussian_sigma(ApproxDP(epsilon, delta), 2.0) / 2
 
     def step(row_sum: np.ndarray, rng: np.random.Generator) -> float:
-        accountant = Accountant(ApproxDP(epsilon, delta))
-        grants = accountant.split({"centred_sum": (1.0, 1.0)})
-        return float(cov.release_centred_mean(row_sum, 1, accountant, grants, rng).mean[0])
+        seed = int(rng.integers(2**63))  # the audit's generator seeds the run's private one
+        ctx = planned({"centred_sum": (1.0, 1.0)}, seed, epsilon=epsilon, delta=delta)
+        return float(cov.release_centred_mean(ctx, row_sum, 1).mean[0])
 
     def run(factor: float):
         set_factor(factor)

@@ -8,11 +8,12 @@
 2. **Runs**: the method runs on each group with the **full budget**. The groups are
    disjoint, so one unit changes one group's output only and the B outputs together are
    as private as one run (parallel composition, McSherry 2009); the manifest lists the
-   budget once. Every group runs one plan (the same steps at the same charges), so listing
-   each step at its largest charge over the groups charges exactly one group's total: the
-   one plan-changing route, gauss's sampled centre, is decided per group from its public
-   row count, so where the groups would not all take it none does
-   (:func:`one_centre_route`).
+   budget once: the boosted run declares the groups' one plan and charges each step with
+   the :class:`~dpsub_dist.privacy.mechanism.Parallel` of the mechanisms the groups charged
+   it with (its largest cost; :func:`charge_parallel`), which covers every group's total.
+   Every group runs one plan (the same steps at the same charges): the one plan-changing
+   route, gauss's sampled centre, is decided per group from its public row count, so where
+   the groups would not all take it none does (:func:`one_centre_route`).
 3. **Selection** (post-processing): the first estimate ``Π̂_i`` within operator-norm
    ``2α`` of at least ``⌈0.6B − 1⌉`` other estimates, else ⊥.
 
@@ -28,25 +29,18 @@ Cost: every group reads every partition once (B passes over the data).
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dpsub_dist.context import EstimateResult, PlanMismatch, RunContext, public_seed
 from dpsub_dist.engine.assign import random_row_subsets, unit_subsets
-from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.sources import Dataset
-from dpsub_dist.context import (
-    EstimateResult,
-    build_manifest,
-    open_checked,
-    public_seed,
-)
 from dpsub_dist.estimators.covariance import centre_sample
 from dpsub_dist.linalg import subspace_error
-from dpsub_dist.privacy.accountant import ZCDP, Accountant, ApproxDP, Budget
+from dpsub_dist.privacy.mechanism import Mechanism, Parallel
 
 if TYPE_CHECKING:
     from dpsub_dist.params import EstimateConfig
@@ -163,12 +157,6 @@ def _child_noise_seed(noise_seed: int | None, group: int) -> int | None:
     return int.from_bytes(state.tobytes(), "little")
 
 
-def _budget(fields: dict[str, float]) -> Budget:
-    if "epsilon" in fields:
-        return ApproxDP(fields["epsilon"], fields["delta"])
-    return ZCDP(fields["rho"], fields["delta0"])
-
-
 def one_centre_route(config: EstimateConfig, parts: list[Dataset]) -> list[Dataset]:
     """The groups, without gauss's sampled-centre route unless every one takes it (public:
     the groups' row counts at row level; asked as gauss, which auto may choose and which
@@ -182,17 +170,27 @@ def one_centre_route(config: EstimateConfig, parts: list[Dataset]) -> list[Datas
     return [dataclasses.replace(part, sampled_centre=False) for part in parts]
 
 
-def charge_parallel(accountant: Accountant, group_reports: Sequence[dict[str, Any]]) -> None:
-    """Charge disjoint groups once: each step at its largest cost over the groups."""
-    largest: dict[str, dict[str, float]] = {}
-    for report in group_reports:
-        for step in report["steps"]:
-            fields = {k: v for k, v in step.items() if k != "step"}
-            best = largest.setdefault(step["step"], fields)
-            for key, value in fields.items():
-                best[key] = max(best[key], value)
-    for name, fields in largest.items():
-        accountant.charge(name, _budget(fields))
+def one_plan(results: Sequence[EstimateResult]) -> dict[str, tuple[float, float]]:
+    """The plan every group declared (each from public facts, before its rows were read):
+    the boosted run's declared plan. Groups on different plans are an internal error
+    (:func:`one_centre_route` puts them on one)."""
+    plans = [dict(r.manifest["parameters"]["budget_shares"]) for r in results]
+    if any(other != plans[0] for other in plans[1:]):
+        raise PlanMismatch(f"the boosted groups declared different plans: {plans}")
+    return plans[0]
+
+
+def charge_parallel(ctx: RunContext, results: Sequence[EstimateResult]) -> None:
+    """Charge disjoint groups once: each step by the parallel composition of the mechanisms
+    the groups charged it with (:class:`~dpsub_dist.privacy.mechanism.Parallel`, in the
+    order the groups charged them); their noise was drawn by each group's own release, so
+    this one draws nothing."""
+    steps: dict[str, list[Mechanism]] = {}
+    for result in results:
+        for step, charged in result.mechanisms.items():
+            steps.setdefault(step, []).append(charged)
+    for step, parts in steps.items():
+        ctx.release(step, Parallel(tuple(parts)), lambda _groups, _rng: None)
 
 
 def run_boosted(
@@ -204,11 +202,10 @@ def run_boosted(
     noise_seed: int | None,
 ) -> EstimateResult:
     """``--boost B`` around ``config.method``, whose runner is ``runner`` (SS21 Alg. 3)."""
-    started = time.monotonic()
+    ctx = RunContext.open(config, open_dataset, client, progress, noise_seed)
     groups = int(config.boost)
     alpha = config.boost_alpha or DEFAULT_BOOST_ALPHA
-    accountant = Accountant(config.budget())
-    dataset = open_checked(config, open_dataset, Executor(client))
+    dataset = ctx.dataset
     seed = public_seed(config)
     seed_of_groups = group_seed(seed)
     user_level = config.unit_column is not None
@@ -225,7 +222,8 @@ def run_boosted(
                 inner, lambda _client, d=part: d, client, progress, _child_noise_seed(noise_seed, g)
             )
         )
-    charge_parallel(accountant, [r.manifest["privacy"]["budget"] for r in results])
+    ctx.plan(one_plan(results))
+    charge_parallel(ctx, results)
     chosen, counts = select_stable([r.basis for r in results], alpha)
 
     parameters = {
@@ -254,15 +252,12 @@ def run_boosted(
         release["failure_reason"] = (
             f"no group's estimate is within 2α = {2 * alpha:g} of {agreement_needed(groups)} others"
         )
-    timings = {
-        "group_total_s": [r.timings.get("total_s") for r in results],
-        "total_s": time.monotonic() - started,
-    }
+    ctx.timings["group_total_s"] = [r.timings.get("total_s") for r in results]
     gathered = sum(int(r.manifest["summary_bytes_gathered"]) for r in results)
     basis = None if chosen is None else results[chosen].basis
-    manifest = build_manifest(
-        config, dataset, accountant, basis is not None, parameters, release, gathered
-    )
+    result = ctx.result(basis, parameters, release, gathered)
+    manifest = result.manifest
+    del manifest["parameters"]["budget_shares"]  # every group run publishes the one plan
     how = "unit id" if user_level else "global row position"
     manifest["privacy"]["groups"] = f"keyed hash of (group seed, {how}) mod {groups}"
     manifest["privacy"]["composition"] = (
@@ -270,7 +265,7 @@ def run_boosted(
         "so one unit affects one group's output; the budget is listed once (each step at its "
         "largest charge over the groups); the selection is post-processing"
     )
-    return EstimateResult(basis, manifest, timings)
+    return result
 
 
 def chosen_view(manifest: dict[str, Any]) -> dict[str, Any]:

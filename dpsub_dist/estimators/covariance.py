@@ -33,19 +33,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpsub_dist.engine.compute import Executor
+from dpsub_dist.context import (
+    EstimateResult,
+    RunContext,
+    build_manifest,
+    plan,
+    public_seed,
+)
 from dpsub_dist.engine.gram import GramSummary, compute_gram
 from dpsub_dist.engine.row_cache import cache_rows
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators.centring import MEAN_SHARE
-from dpsub_dist.context import (
-    EstimateResult,
-    build_manifest,
-    open_checked,
-    plan,
-    public_seed,
-)
 from dpsub_dist.estimators.norm_pass import (
     NORM_SOURCE,
     USER_NORM_SOURCE,
@@ -59,13 +58,12 @@ from dpsub_dist.privacy import mechanism, norm_bound
 from dpsub_dist.privacy.accountant import Accountant, Budget, gaussian_sigma, laplace_epsilon
 from dpsub_dist.privacy.covariance import (
     SENSITIVITY,
+    GapRelease,
     MeanRelease,
     Neighbours,
     analyze_gauss,
-    gap_perturbation,
     gaussian_mean,
 )
-from dpsub_dist.privacy.noise import noise_rng
 from dpsub_dist.privacy.norm_bound import noise_matched_quantile
 from dpsub_dist.privacy.variance import EXPLAINED_VARIANCE_NOTE, psd_total, released_variance
 
@@ -159,10 +157,18 @@ def norm_bound_first(
     return {"norm_bound": (norm_share, 0.0)} | {n: (p * rest, q) for n, (p, q) in steps.items()}
 
 
-def plan_shares(config: EstimateConfig, sampled: bool = False) -> dict[str, tuple[float, float]]:
-    """:func:`budget_plan` for this run (``sampled``: the sampled-centre route's); gap-perturb
-    also pays for its explained variance (row level; gauss gets it free from its noisy
-    matrix)."""
+def plan_shares(config: EstimateConfig, dataset: Dataset | None) -> dict[str, tuple[float, float]]:
+    """The method's declared plan: :func:`route_shares` of the route :func:`centre_sample`
+    picks from public facts (the options and ``dataset``'s footers). The runner declares this
+    very plan, so ``job.plan_budget`` and the run's manifest show the same steps. Without a
+    dataset only a plan the footers cannot change is known (ValueError otherwise)."""
+    return route_shares(config, sampled=centre_sample(config, dataset) is not None)
+
+
+def route_shares(config: EstimateConfig, sampled: bool) -> dict[str, tuple[float, float]]:
+    """:func:`budget_plan` for this run on a route (``sampled``: the sampled centre's);
+    gap-perturb also pays for its explained variance (row level; gauss gets it free from its
+    noisy matrix)."""
     zcdp = config.rho is not None
     private = config.row_norm is None
     shares = budget_plan(config.method, config.center, zcdp, private, sampled=sampled)
@@ -172,37 +178,27 @@ def plan_shares(config: EstimateConfig, sampled: bool = False) -> dict[str, tupl
 
 
 def release_basis(
-    summary: GramSummary,
-    method: str,
-    rank: int,
-    n_rows: int,
-    relation: Neighbours,
-    accountant: Accountant,
-    grants: dict[str, Budget],
-    rng: np.random.Generator,
-    row_norm: float = 1.0,
-    shift: np.ndarray | None = None,
+    ctx: RunContext, summary: GramSummary, row_norm: float = 1.0, shift: np.ndarray | None = None
 ) -> tuple[np.ndarray | None, dict[str, Any]]:
     """Driver half: Alg. 1 or Alg. 2 and the top-k eigenvectors. When centring, the rows were
     centred by the released mean before the Gram (:func:`run_covariance`); ``shift`` (gauss,
     sampled centre: a released value) is subtracted from the noisy Gram (post-processing)."""
+    config, relation = ctx.config, neighbours(ctx.config)
     sens = SENSITIVITY[relation]
     details: dict[str, Any] = {"neighbours": relation}
-    if method == "gauss":
-        gaussian = mechanism.gaussian(grants["gram_noise"], sens.gram)
-        accountant.charge("gram_noise", gaussian)
-        noisy = analyze_gauss(summary.gram, gaussian, rng)
+    if config.method == "gauss":
+        noisy = ctx.release(
+            "gram_noise",
+            mechanism.gaussian(ctx.grant("gram_noise"), sens.gram),
+            lambda mech, rng: analyze_gauss(summary.gram, mech, rng),
+        )
         details.update(gram_sensitivity=noisy.sensitivity, gram_noise_sigma=noisy.sigma)
         matrix = noisy.matrix if shift is None else noisy.matrix - shift
-        values, basis = top_eigenvectors(matrix, rank)
+        values, basis = top_eigenvectors(matrix, config.rank)
         total = psd_total(matrix)
-        details.update(released_variance(values, total, row_norm, n_rows, relation))
+        details.update(released_variance(values, total, row_norm, ctx.dataset.n_rows, relation))
         return basis, details
-    accountant.charge("gap_test", cov_steps.gap_test_mechanism(grants["gap_test"], sens.gap))
-    accountant.charge("projector_noise", cov_steps.projector_mechanism(grants["projector_noise"]))
-    release = gap_perturbation(
-        summary.gram, rank, grants["gap_test"], grants["projector_noise"], relation, rng
-    )
+    release = perturb_subspace(ctx, summary.gram, config.rank, relation)
     details.update(
         noisy_gap=release.noisy_gap,
         gap_lower_bound=release.gap_lower_bound,
@@ -218,6 +214,39 @@ def release_basis(
     if release.basis is None:
         details.update(failed_step="gap_test", failure_reason=NO_GAP_REASON)
     return release.basis, details
+
+
+def perturb_subspace(
+    ctx: RunContext, gram: np.ndarray, rank: int, relation: Neighbours
+) -> GapRelease:
+    """DTTZ14 Alg. 2 as two releases (:mod:`dpsub_dist.privacy.covariance`): step ``gap_test``
+    (the noisy eigengap and its lower bound L), then step ``projector_noise`` with the
+    Gaussian calibrated for the projector's sensitivity c/(L − s), known once L is released;
+    where L ≤ s the release is ⊥ and ``projector_noise`` is forgone (charged at Δ = 1, the
+    same privacy map, nothing drawn: the plan reserved it)."""
+    sens = SENSITIVITY[relation]
+    gap_grant = ctx.grant("gap_test")
+    gap, top = cov_steps.eigengap(gram, rank)
+    noisy_gap, lower, noise_name, noise_scale = ctx.release(
+        "gap_test",
+        cov_steps.gap_test_mechanism(gap_grant, sens.gap),
+        lambda mech, rng: cov_steps.noisy_gap_lower_bound(
+            gap, mech, cov_steps.gap_failure(gap_grant), rng
+        ),
+    )
+    test = (noisy_gap, lower, noise_name, noise_scale)
+    projector_sens = sens.projector(lower)
+    noise_grant = ctx.grant("projector_noise")
+    if projector_sens is None:
+        ctx.forgo("projector_noise", cov_steps.projector_mechanism(noise_grant))
+        return GapRelease(None, None, *test, None, None)
+    projector = cov_steps.projector_mechanism(noise_grant, projector_sens)
+    basis, noisy = ctx.release(
+        "projector_noise",
+        projector,
+        lambda mech, rng: cov_steps.perturb_projector(top, mech, rng),
+    )
+    return GapRelease(basis, noisy, *test, projector_sens, projector.sigma)
 
 
 def bound_quantile(
@@ -256,15 +285,7 @@ def fused_gram(dataset: Dataset) -> bool:
 
 
 def bound_and_gram(
-    step: str,
-    quantile: float,
-    dataset: Dataset,
-    loader: Any,
-    accountant: Accountant,
-    grants: dict[str, Budget],
-    rng: np.random.Generator,
-    executor: Executor,
-    progress: bool,
+    ctx: RunContext, step: str, quantile: float, loader: Any
 ) -> tuple[float, GramSummary]:
     """The private row-norm bound ``B`` (charged as ``step``) and the Gram of the rows clipped
     to it, in one read (issue #16), instead of a counting pass then a Gram pass.
@@ -283,9 +304,10 @@ def bound_and_gram(
     within rounding of a grid midpoint). The per-bin sums, which may hold a single row, are
     never published and never leave the workers.
     """
-    counts, held = compute_level_grams(dataset.parts, loader, executor, progress)
-    bound = centring.release_bound(step, counts, dataset.n_rows, accountant, grants, rng, quantile)
-    return bound, GramSummary(gather_clipped_gram(held, bound, executor))
+    dataset = ctx.dataset
+    counts, held = compute_level_grams(dataset.parts, loader, ctx.executor, ctx.progress)
+    bound = centring.release_bound(ctx, step, counts, dataset.n_rows, quantile)
+    return bound, GramSummary(gather_clipped_gram(held, bound, ctx.executor))
 
 
 SAMPLE_MIN_PARTITIONS = 8
@@ -342,7 +364,7 @@ class CentreSample:
         }
 
 
-def centre_sample(config: EstimateConfig, dataset: Dataset) -> CentreSample | None:
+def centre_sample(config: EstimateConfig, dataset: Dataset | None) -> CentreSample | None:
     """The sample S whose private mean centres the rows on the sampled-centre route, or None
     for today's route (public facts only: the options, n, D, the partitions' row counts, ε,
     δ and the public seed; :data:`SAMPLE_RULE`).
@@ -356,14 +378,16 @@ def centre_sample(config: EstimateConfig, dataset: Dataset) -> CentreSample | No
     Without s, a centre off by e = μ − c would add the rank-one n·eeᵀ (docs/scale.md)."""
     if (
         config.method != "gauss"
-        or not dataset.sampled_centre
         or not config.center
         or config.row_norm is not None
         or config.unit_column is not None
-        or len(dataset.parts) < SAMPLE_MIN_PARTITIONS
     ):
         return None
-    _, grants = plan(config, plan_shares(config, sampled=True))
+    if dataset is None:
+        raise ValueError("gauss's route depends on the dataset's partitions: pass the dataset")
+    if not dataset.sampled_centre or len(dataset.parts) < SAMPLE_MIN_PARTITIONS:
+        return None
+    _, grants = plan(config, route_shares(config, sampled=True))
     sigma = gaussian_sigma(grants["mean"], SENSITIVITY["replace"].row_sum)
     target = max(
         SAMPLE_MIN_ROWS,
@@ -383,24 +407,20 @@ def centre_sample(config: EstimateConfig, dataset: Dataset) -> CentreSample | No
     return CentreSample(sample, seed, len(dataset.parts))
 
 
-def release_centred_mean(
-    clipped_sum: np.ndarray,
-    n_rows: int,
-    accountant: Accountant,
-    grants: dict[str, Budget],
-    rng: np.random.Generator,
-) -> MeanRelease:
+def release_centred_mean(ctx: RunContext, clipped_sum: np.ndarray, n_rows: int) -> MeanRelease:
     """Step ``centred_sum``: the mean z̄ = s/n of the centred rows clipped to the released B₂
     and scaled by 1/B₂ (each of norm ≤ 1), by the Gaussian mechanism.
 
     Privacy: replacing one row moves s by ≤ 2 (L2; Δ = ``row_sum`` of
     :data:`SENSITIVITY`), c and B₂ being released values fixed before this step; n is
-    public. Cost: the Gaussian's privacy map at σ for Δ = 2 and this step's grant, charged
-    here as the mechanism that draws the noise (:func:`gaussian_mean`, the ``mean`` step's
+    public. Cost: the Gaussian's privacy map at σ for Δ = 2 and this step's grant, released
+    as the mechanism that draws the noise (:func:`gaussian_mean`, the ``mean`` step's
     mechanism, divided by the public n)."""
-    sens = SENSITIVITY["replace"].row_sum
-    accountant.charge("centred_sum", mechanism.gaussian(grants["centred_sum"], sens))
-    return gaussian_mean(clipped_sum, n_rows, grants["centred_sum"], sens, rng)
+    return ctx.release(
+        "centred_sum",
+        mechanism.gaussian(ctx.grant("centred_sum"), SENSITIVITY["replace"].row_sum),
+        lambda mech, rng: gaussian_mean(clipped_sum, n_rows, mech, rng),
+    )
 
 
 @dataclass(frozen=True)
@@ -426,15 +446,7 @@ class CentredMean:
 
 
 def bound_gram_and_correction(
-    quantile: float,
-    sample: CentreSample,
-    dataset: Dataset,
-    loader: Any,
-    accountant: Accountant,
-    grants: dict[str, Budget],
-    rng: np.random.Generator,
-    executor: Executor,
-    progress: bool,
+    ctx: RunContext, quantile: float, sample: CentreSample, loader: Any
 ) -> tuple[float, float, GramSummary, np.ndarray, CentredMean]:
     """The sampled route after its centre c (:func:`centre_sample`): the centred rows' bound
     B₂ from S's rows, then one full read for the Gram and the correction.
@@ -455,16 +467,14 @@ def bound_gram_and_correction(
     the quantile aims at, which biases the covariance towards the sample's scale but
     releases nothing more (docs/scale.md). Returns B₂, the quantile searched for on S, the
     Gram, the shift n·z̄̃z̄̃ᵀ = s̃s̃ᵀ/n (released) and the released z̄̃."""
-    step = "centred_norm_bound"
+    step, dataset = "centred_norm_bound", ctx.dataset
     on_sample = norm_bound.margined_quantile(
-        quantile, sample.dataset.n_rows, laplace_epsilon(grants[step]), "rows"
+        quantile, sample.dataset.n_rows, laplace_epsilon(ctx.grant(step)), "rows"
     )
-    bound = centring.private_bound(
-        step, sample.dataset, loader, accountant, grants, rng, executor, progress, on_sample
-    )
-    summary = compute_gram(dataset.parts, loader, bound, True, False, executor, progress)
+    bound = centring.private_bound(ctx, step, sample.dataset, loader, on_sample)
+    summary = compute_gram(dataset.parts, loader, bound, True, False, ctx.executor, ctx.progress)
     assert summary.row_sum is not None
-    centred = release_centred_mean(summary.row_sum, dataset.n_rows, accountant, grants, rng)
+    centred = release_centred_mean(ctx, summary.row_sum, dataset.n_rows)
     shift = dataset.n_rows * np.outer(centred.mean, centred.mean)
     return bound, on_sample, GramSummary(summary.gram), shift, CentredMean(centred)
 
@@ -476,24 +486,36 @@ def too_few_users(
     reason: str,
     timings: dict[str, float],
     started: float,
-    shares: dict[str, float] | None = None,
+    shares: dict[str, tuple[float, float]],
 ) -> EstimateResult:
+    """:func:`too_few_users_bottom` for a runner not yet on a :class:`RunContext` (power)."""
+    timings["total_s"] = time.monotonic() - started
+    parameters, release = too_few_users_bottom(dataset, reason)
+    parameters["budget_shares"] = shares
+    manifest = build_manifest(config, dataset, accountant, False, parameters, release, 0)
+    manifest["privacy"].pop("assignment", None)
+    return EstimateResult(None, manifest, timings)
+
+
+def too_few_users_bottom(dataset: Dataset, reason: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """⊥ at user level when the released ñ is too small for the private bound
     (:func:`norm_bound.margined_quantile`): the ``norm_bound`` step was read and charged; no
     Gram pass (nor power iteration), no basis, the reason names ñ (released) and the fix.
-    ``shares``: the method's plan (default: this family's)."""
-    timings["total_s"] = time.monotonic() - started
+    The manifest's parameters and release."""
     parameters = {
         "row_norm": None,
         "row_norm_source": "private (not released: too few users)",
         "row_scaling": ROW_SCALING["add_remove"],
-        "budget_shares": plan_shares(config) if shares is None else shares,
         "partitions": len(dataset.parts),
     }
     release = {"neighbours": "add_remove", "failed_step": "norm_bound", "failure_reason": reason}
-    manifest = build_manifest(config, dataset, accountant, False, parameters, release, 0)
-    manifest["privacy"].pop("assignment", None)
-    return EstimateResult(None, manifest, timings)
+    return parameters, release
+
+
+def without_assignment(result: EstimateResult) -> EstimateResult:
+    """``result`` without a subset assignment in its privacy unit (no subsets here)."""
+    result.manifest["privacy"].pop("assignment", None)
+    return result
 
 
 def run_covariance(
@@ -504,13 +526,10 @@ def run_covariance(
     noise_seed: int | None,
 ) -> EstimateResult:
     """``gauss`` (DTTZ14 Alg. 1) or ``gap-perturb`` (Alg. 2) end to end (ALGORITHMS.md §7)."""
-    started = time.monotonic()
-    executor = Executor(client)
-    timings: dict[str, float] = {}
-    dataset = open_checked(config, open_dataset, executor)
-    sample = centre_sample(config, dataset)  # public facts only: before any read or charge
-    shares = plan_shares(config, sampled=sample is not None)
-    accountant, grants = plan(config, shares)
+    ctx = RunContext.open(config, open_dataset, client, progress, noise_seed)
+    dataset = ctx.dataset
+    grants = ctx.plan(plan_shares(config, dataset))  # public facts only: before any read
+    sample = centre_sample(config, dataset)  # the route that plan declared
     relation = neighbours(config)
     # No rows is bad input at row level (n is public); at user level n is private, so an
     # empty input is summarised as the zero matrix and released with noise like any other.
@@ -533,107 +552,77 @@ def run_covariance(
         centring.check_bounds(config, grants, dataset.n_rows)  # the private mean's bound
         # Up to four passes follow: each partition is read once and held when the rows fit
         # (row level; engine/row_cache.py), which changes no released value.
-        dataset = cache_rows(dataset, executor, user_level=relation == "add_remove")
+        dataset = ctx.dataset = cache_rows(
+            dataset, ctx.executor, user_level=relation == "add_remove"
+        )
     # else: the sample's reads, then one full read: held rows would save nothing
-    timings["inspect_s"] = time.monotonic() - started
-    rng = noise_rng(noise_seed)
-    mark = time.monotonic()
+    ctx.timings["inspect_s"] = time.monotonic() - ctx.started
     # Centred: the private mean first, subtracted from every row on the workers; the Gram
     # then sums the centred rows, clipped to their own bound (docs/centring.md).
     summary: GramSummary | None = None  # the Gram, where the bound's pass also summed it
     shift: np.ndarray | None = None  # sampled centre: the released n·z̄z̄ᵀ, subtracted
-    loader, centred, mean_release = centring.centre(
-        config,
-        dataset if sample is None else sample.dataset,
-        accountant,
-        grants,
-        rng,
-        executor,
-        progress,
-    )
-    if config.row_norm is None and relation == "add_remove":
-        try:
-            released = centring.private_user_bound(
-                dataset,
-                accountant,
-                grants,
-                rng,
-                executor,
-                progress,
-                lambda users, eps: bound_quantile(
-                    config.method, grants, relation, users, dataset.dim, eps
-                ),
-            )
-        except norm_bound.TooFewForBound as err:  # a function of the released ñ: ⊥, charged
-            return too_few_users(config, dataset, accountant, str(err), timings, started)
-        row_norm, norm_source = released.bound, USER_NORM_SOURCE.format(q=released.quantile)
-    elif config.row_norm is None:
-        args = (dataset, loader, accountant, grants, rng, executor, progress)
-        if sample is not None:  # S's bound, then the one full pass: Gram and correction
-            row_norm, quantile, summary, shift, correction = bound_gram_and_correction(
-                quantile, sample, *args
-            )
-            centred.update(sample.parameters())
-            mean_release.update(correction.published(mean_release["mean"], row_norm))
-        elif fused_gram(dataset):  # the bound's counts and the Gram in one pass
-            row_norm, summary = bound_and_gram(step, quantile, *args)
+    with ctx.timed("norm_bound_s"):
+        loader, centred, mean_release = centring.centre(
+            ctx, dataset if sample is None else sample.dataset
+        )
+        if config.row_norm is None and relation == "add_remove":
+            try:
+                released = centring.private_user_bound(
+                    ctx,
+                    lambda users, eps: bound_quantile(
+                        config.method, grants, relation, users, dataset.dim, eps
+                    ),
+                )
+            except norm_bound.TooFewForBound as err:  # a function of the released ñ: ⊥
+                parameters, release = too_few_users_bottom(dataset, str(err))
+                return without_assignment(ctx.result(None, parameters, release, 0))
+            row_norm, norm_source = released.bound, USER_NORM_SOURCE.format(q=released.quantile)
+        elif config.row_norm is None:
+            if sample is not None:  # S's bound, then the one full pass: Gram and correction
+                row_norm, quantile, summary, shift, correction = bound_gram_and_correction(
+                    ctx, quantile, sample, loader
+                )
+                centred.update(sample.parameters())
+                mean_release.update(correction.published(mean_release["mean"], row_norm))
+            elif fused_gram(dataset):  # the bound's counts and the Gram in one pass
+                row_norm, summary = bound_and_gram(ctx, step, quantile, loader)
+            else:
+                row_norm = centring.private_bound(ctx, step, dataset, loader, quantile)
+            norm_source = NORM_SOURCE.format(q=quantile, step=step)
+            norm_source += " of the centred rows" if config.center else ""
+            norm_source += SAMPLE_BOUND_SOURCE if sample is not None else ""
         else:
-            row_norm = centring.private_bound(step, *args, quantile=quantile)
-        norm_source = NORM_SOURCE.format(q=quantile, step=step)
-        norm_source += " of the centred rows" if config.center else ""
-        norm_source += SAMPLE_BOUND_SOURCE if sample is not None else ""
-    else:
-        row_norm, norm_source = float(config.row_norm), "public (--row-norm)"
-    timings["norm_bound_s"] = time.monotonic() - mark
-    timings["fused_gram"] = summary is not None and sample is None  # operator-only: passes
-    timings["sampled_centre"] = sample is not None
-    mark = time.monotonic()
-    if summary is None and dataset.parts:
-        summary = compute_gram(
-            dataset.parts, loader, row_norm, False, relation == "add_remove", executor, progress
-        )
-    elif summary is None:
-        summary = GramSummary(np.zeros((dataset.dim, dataset.dim)))
-    timings["gram_s"] = time.monotonic() - mark
-    mark = time.monotonic()
-    basis, release = release_basis(
-        summary,
-        config.method,
-        config.rank,
-        dataset.n_rows,
-        relation,
-        accountant,
-        grants,
-        rng,
-        row_norm,
-        shift,
-    )
-    timings["aggregate_s"] = time.monotonic() - mark
+            row_norm, norm_source = float(config.row_norm), "public (--row-norm)"
+    ctx.timings["fused_gram"] = summary is not None and sample is None  # operator-only
+    ctx.timings["sampled_centre"] = sample is not None
+    with ctx.timed("gram_s"):
+        if summary is None and dataset.parts:
+            summary = compute_gram(
+                dataset.parts,
+                loader,
+                row_norm,
+                False,
+                relation == "add_remove",
+                ctx.executor,
+                ctx.progress,
+            )
+        elif summary is None:
+            summary = GramSummary(np.zeros((dataset.dim, dataset.dim)))
+    with ctx.timed("aggregate_s"):
+        basis, release = release_basis(ctx, summary, row_norm, shift)
     if config.method == "gap-perturb":  # a projector has no variances: pay for them
-        mark = time.monotonic()
-        basis, variance = centring.explain(
-            config, basis, dataset, loader, accountant, grants, rng, executor, progress
-        )
+        with ctx.timed("explained_variance_s"):
+            basis, variance = centring.explain(ctx, basis, loader)
         release.update(variance)
-        timings["explained_variance_s"] = time.monotonic() - mark
-    timings["total_s"] = time.monotonic() - started
     parameters = {
         "row_norm": row_norm,
         "row_norm_source": norm_source,
         "row_scaling": ROW_SCALING[relation],
         "clipped_rows": "not counted (a count would need its own privacy budget)",
         **centred,
-        "budget_shares": shares,
         "partitions": len(dataset.parts),
     }
-    manifest = build_manifest(
-        config,
-        dataset,
-        accountant,
-        basis is not None,
-        parameters,
-        {**mean_release, **release},
-        summary.nbytes + (8 * dataset.dim if config.center else 0) * (1 + (shift is not None)),
+    gathered = summary.nbytes + (8 * dataset.dim if config.center else 0) * (
+        1 + (shift is not None)
     )
-    manifest["privacy"].pop("assignment", None)  # no subsets in this family
-    return EstimateResult(basis, manifest, timings)
+    return without_assignment(ctx.result(basis, parameters, {**mean_release, **release}, gathered))

@@ -22,20 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpsub_dist.engine.compute import Executor
+from dpsub_dist.context import EstimateResult, RunContext
 from dpsub_dist.errors import InputError
-from dpsub_dist.context import (
-    EstimateResult,
-    build_manifest,
-    open_checked,
-    plan,
-)
 from dpsub_dist.privacy.gap_max import (
     DEFAULT_TOLERANCE,
     SNAP_DELTA_SHARE,
@@ -43,12 +37,10 @@ from dpsub_dist.privacy.gap_max import (
     SpanScores,
     conditioning_floor,
     gap_max_mechanism,
-    gap_max_parameters,
     gap_max_release,
     projector_shift,
     score_spans,
 )
-from dpsub_dist.privacy.noise import noise_rng
 
 if TYPE_CHECKING:
     from dpsub_dist.engine.sources import Dataset
@@ -117,27 +109,21 @@ def run_exact(
     """``--method exact``: SS21 Algorithm 1 as a single worker task, whole budget to GAP-MAX."""
     import dask
 
-    started = time.monotonic()
-    accountant, grants = plan(config, BUDGET_SHARES)
-    epsilon, delta = gap_max_parameters(grants["gap_max"])
+    ctx = RunContext.open(config, open_dataset, client, progress, noise_seed)
+    ctx.plan(BUDGET_SHARES)
     outliers = config.outliers or 0
     tolerance = config.tolerance or DEFAULT_TOLERANCE
-    executor = Executor(client)
-    dataset = open_checked(config, open_dataset, executor)
+    dataset = ctx.dataset
     candidates = check_size(dataset.n_rows, config.rank)
-    timings = {"inspect_s": time.monotonic() - started}
-
-    accountant.charge(
-        "gap_max", gap_max_mechanism(grants["gap_max"], tolerance, dataset.n_rows, dataset.dim)
+    steps = gap_max_mechanism(
+        ctx.grant("gap_max"), tolerance, dataset.n_rows, dataset.dim, outliers
     )
     task = dask.delayed(score_on_worker, pure=False)(
         dataset.parts, dataset.loader, config.rank, tolerance
     )
-    mark = time.monotonic()
-    spans: SpanScores = executor.gather([task], "GAP-MAX scores")[0]
-    release: GapMaxRelease = gap_max_release(spans, epsilon, delta, outliers, noise_rng(noise_seed))
-    timings["gap_max_s"] = time.monotonic() - mark
-    timings["total_s"] = time.monotonic() - started
+    with ctx.timed("gap_max_s"):
+        spans: SpanScores = ctx.executor.gather([task], "GAP-MAX scores")[0]
+        release: GapMaxRelease = ctx.release("gap_max", steps, partial(gap_max_release, spans))
 
     parameters = {
         "outliers": outliers,
@@ -151,7 +137,6 @@ def run_exact(
         "delta_split": {"gap": 1 - SNAP_DELTA_SHARE, "snap": SNAP_DELTA_SHARE},
         "candidate_subsets": candidates,
         "limits": {"max_rows": MAX_ROWS, "max_candidates": MAX_CANDIDATES},
-        "budget_shares": BUDGET_SHARES,
         "partitions": len(dataset.parts),
     }
     details: dict[str, Any] = {
@@ -168,13 +153,4 @@ def run_exact(
     # At most two scores and a d×k fit; stated from public shapes, as the presence of a fit
     # (is any k-subset independent?) depends on the data and is not released.
     gathered = 2 * 8 + dataset.dim * config.rank * 8
-    manifest = build_manifest(
-        config,
-        dataset,
-        accountant,
-        release.basis is not None,
-        parameters,
-        details,
-        gathered,
-    )
-    return EstimateResult(release.basis, manifest, timings)
+    return ctx.result(release.basis, parameters, details, gathered)

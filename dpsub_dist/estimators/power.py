@@ -43,7 +43,6 @@ it (no eigenvalue estimates, no refusal of an empty input) — privacy argument 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +50,7 @@ import dask
 import numpy as np
 import pandas as pd
 
+from dpsub_dist.context import EstimateResult, RunContext, public_seed
 from dpsub_dist.engine.compute import Executor, tree_sum
 from dpsub_dist.engine.gram import (
     add_user_norms,
@@ -65,13 +65,6 @@ from dpsub_dist.engine.sources import Loader, load_native
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators import covariance as cov
-from dpsub_dist.context import (
-    EstimateResult,
-    build_manifest,
-    open_checked,
-    plan,
-    public_seed,
-)
 from dpsub_dist.estimators.norm_pass import (
     LevelProducts,
     fuse_level_products,
@@ -82,7 +75,6 @@ from dpsub_dist.estimators.norm_pass import (
 from dpsub_dist.linalg import row_norms
 from dpsub_dist.privacy import power
 from dpsub_dist.privacy.accountant import laplace_epsilon
-from dpsub_dist.privacy.noise import noise_rng
 from dpsub_dist.privacy.norm_bound import (
     TooFewForBound,
     margined_quantile,
@@ -126,14 +118,14 @@ measured at D = 10³ and 10⁴ and on the flights table too (docs/power.md "The 
 
 
 def bound_quantile(
-    grants: dict[str, Any], steps: int, relation: str, count: float, dim: int, epsilon: float
+    steps: power.PowerIterations, relation: str, count: float, dim: int, epsilon: float
 ) -> float:
     """The private bound's quantile, from public values only: n at row level (the released ñ
     at user level), D, the iterations' σ (:attr:`~dpsub_dist.privacy.power.PowerIterations.sigma`,
     the even split's σ for their ρ) times :data:`NOISE_FACTOR` and the sparse vector's ε, with
     the margins of :func:`~dpsub_dist.privacy.norm_bound.margined_quantile` (raises
     :class:`~dpsub_dist.privacy.norm_bound.TooFewForBound`)."""
-    sigma = NOISE_FACTOR * power.power_mechanism(grants["power"], steps, relation).sigma
+    sigma = NOISE_FACTOR * steps.sigma
     quantile = noise_matched_quantile(int(max(count, 1)), dim, sigma, epsilon, MAX_CLIPPED)
     unit = "users" if relation == "add_remove" else "rows"
     return margined_quantile(quantile, count, epsilon, unit)
@@ -390,14 +382,13 @@ def run_power(
     noise_seed: int | None,
 ) -> EstimateResult:
     """``--method power`` end to end (module doc; mechanism in :mod:`privacy.power`)."""
-    started = time.monotonic()
-    timings: dict[str, Any] = {}
-    accountant, grants = plan(config, plan_shares(config))
-    steps = iterations(config)
-    power.iteration_grants(grants["power"], steps)  # a grant no ρ fits: refused before any read
-    executor = Executor(client)
-    dataset = open_checked(config, open_dataset, executor)
+    ctx = RunContext.open(config, open_dataset, client, progress, noise_seed)
+    ctx.plan(plan_shares(config))
     relation = cov.neighbours(config)
+    # The T iterations' one mechanism (a grant no ρ fits: refused before any read): the bound's
+    # quantile reads its σ, and it is charged and draws every iteration below.
+    steps = power.power_mechanism(ctx.grant("power"), iterations(config), relation)
+    dataset = ctx.dataset
     user_level = relation == "add_remove"
     # n is public at row level only: there no rows is bad input; at user level an empty input
     # is released like any other (C = 0 plus noise).
@@ -406,74 +397,52 @@ def run_power(
     step = "centred_norm_bound" if config.center else "norm_bound"
     if config.row_norm is None and not user_level:  # public n: refused before any read
         try:
-            norm_epsilon = laplace_epsilon(grants[step])
-            quantile = bound_quantile(
-                grants, steps, relation, dataset.n_rows, dataset.dim, norm_epsilon
-            )
+            norm_epsilon = laplace_epsilon(ctx.grant(step))
+            quantile = bound_quantile(steps, relation, dataset.n_rows, dataset.dim, norm_epsilon)
         except TooFewForBound as err:
             raise InputError(str(err)) from None
     k_prime, seed = width(config, dataset.dim), public_seed(config)
-    rng = noise_rng(noise_seed)
-    mark = time.monotonic()
-    # Centred as gauss is: the private mean first, subtracted from every row on the workers.
-    loader, centred, mean_release = centring.centre(
-        config, dataset, accountant, grants, rng, executor, progress
-    )
-    if config.row_norm is None and user_level:
-        args = (dataset, accountant, grants, rng, executor, progress)
-        try:
-            released = centring.private_user_bound(
-                *args,
-                lambda users, eps: bound_quantile(grants, steps, relation, users, dataset.dim, eps),
-            )
-        except TooFewForBound as err:  # a function of the released ñ: ⊥, charged
-            shares = plan_shares(config)
-            return cov.too_few_users(
-                config, dataset, accountant, str(err), timings, started, shares
-            )
-        row_norm, norm_source = released.bound, USER_BOUND_SOURCE.format(q=released.quantile)
-    elif config.row_norm is None:
-        norm_source = BOUND_SOURCE.format(q=quantile, step=step)
-        row_norm = None  # released below: by its own pass, or with the first iteration's
-    else:
-        row_norm, norm_source = float(config.row_norm), "public (--row-norm)"
     start = power.start_basis(dataset.dim, k_prime, seed)
-    passes = RowPasses(dataset, loader, row_norm, executor, progress, user_level)
-    fused = row_norm is None and fuse_bound(passes, k_prime)
-    timings["fused_bound"] = fused  # operator-only: which passes ran
-    if row_norm is None:
-
-        def release_bound(counts: np.ndarray) -> float:
-            n_rows = dataset.n_rows
-            return centring.release_bound(step, counts, n_rows, accountant, grants, rng, quantile)
-
-        if fused:
-            row_norm = passes.fused_first(start, release_bound)
+    with ctx.timed("norm_bound_s"):  # fused: the first iteration's pass too
+        # Centred as gauss is: the private mean first, subtracted from every row on the workers.
+        loader, centred, mean_release = centring.centre(ctx)
+        if config.row_norm is None and user_level:
+            try:
+                released = centring.private_user_bound(
+                    ctx,
+                    lambda users, eps: bound_quantile(steps, relation, users, dataset.dim, eps),
+                )
+            except TooFewForBound as err:  # a function of the released ñ: ⊥, charged
+                parameters, release = cov.too_few_users_bottom(dataset, str(err))
+                return cov.without_assignment(ctx.result(None, parameters, release, 0))
+            row_norm, norm_source = released.bound, USER_BOUND_SOURCE.format(q=released.quantile)
+        elif config.row_norm is None:
+            norm_source = BOUND_SOURCE.format(q=quantile, step=step)
+            row_norm = None  # released below: by its own pass, or with the first iteration's
         else:
-            args = (dataset, loader, accountant, grants, rng, executor, progress)
-            row_norm = centring.private_bound(step, *args, quantile=quantile)
+            row_norm, norm_source = float(config.row_norm), "public (--row-norm)"
+        passes = RowPasses(dataset, loader, row_norm, ctx.executor, ctx.progress, user_level)
+        fused = row_norm is None and fuse_bound(passes, k_prime)
+        ctx.timings["fused_bound"] = fused  # operator-only: which passes ran
+        if fused:
+            row_norm = passes.fused_first(
+                start,
+                lambda counts: centring.release_bound(ctx, step, counts, dataset.n_rows, quantile),
+            )
+        elif row_norm is None:
+            row_norm = centring.private_bound(ctx, step, dataset, loader, quantile=quantile)
             passes.bound = row_norm
-    timings["norm_bound_s"] = time.monotonic() - mark  # fused: the first iteration's pass too
 
     def multiply(basis: np.ndarray, t: int) -> np.ndarray:
-        mark = time.monotonic()
-        product = passes(basis)
-        timings[f"pass_{t}_s"] = time.monotonic() - mark
-        return product
+        with ctx.timed(f"pass_{t}_s"):
+            return passes(basis)
 
-    def charge(t: int) -> None:
-        if t == 1:  # the T iterations' composed cost, stated by their mechanism
-            accountant.charge("power", power.power_mechanism(grants["power"], steps, relation))
-
-    release = power.noisy_power_method(
-        multiply,
-        start,
-        config.rank,
+    release = ctx.release(
+        "power",
         steps,
-        grants["power"],
-        relation,
-        rng,
-        charge,
+        lambda iterations, rng: power.noisy_power_method(
+            multiply, start, config.rank, iterations, rng
+        ),
     )
     top = np.maximum(release.values, 0.0)
     details: dict[str, Any] = {
@@ -486,23 +455,19 @@ def run_power(
         "explained_variance_ratio": None,
         "explained_variance_note": USER_VARIANCE_NOTE if user_level else EXPLAINED_VARIANCE_NOTE,
     }
-    timings["cached_rows"] = passes.cached  # operator-only: where the rows were kept
-    timings["total_s"] = time.monotonic() - started
+    ctx.timings["cached_rows"] = passes.cached  # operator-only: where the rows were kept
     parameters = {
         "row_norm": row_norm,
         "row_norm_source": norm_source,
         "row_scaling": cov.ROW_SCALING[relation],
         "clipped_rows": "not counted (a count would need its own privacy budget)",
         **centred,
-        "iterations": steps,
+        "iterations": steps.iterations,
         "width": k_prime,
         "passes": passes.passes,
         "public_seed": seed,
         "start": "Haar-random orthonormal D×width from the public seed",
-        "budget_shares": plan_shares(config),
         "partitions": len(dataset.parts),
     }
-    gathered = dataset.dim * k_prime * steps * 8
-    manifest = build_manifest(config, dataset, accountant, True, parameters, details, gathered)
-    manifest["privacy"].pop("assignment", None)  # no subsets in this method
-    return EstimateResult(release.basis, manifest, timings)
+    gathered = dataset.dim * k_prime * steps.iterations * 8
+    return cov.without_assignment(ctx.result(release.basis, parameters, details, gathered))

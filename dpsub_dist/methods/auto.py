@@ -67,5 +67,5 @@ METHOD = Method(
     summary="the default: gauss, power or friendly, chosen from public facts (docs/auto.md)",
     params=(*PLAN_PARAMS, RADIUS, *CENTRING_PARAMS),
     run=run_auto,
-    plan=lambda config: {},  # spends nothing itself: the chosen method's plan applies
+    plan=lambda config, dataset: {},  # spends nothing itself: the chosen method's plan applies
 )

@@ -5,7 +5,7 @@ from typing import Any
 
 from dpsub_dist.estimators import clustering
 from dpsub_dist.methods._sample_aggregate import PLAN_PARAMS, check_plan
-from dpsub_dist.methods.spec import Method, Param, positive
+from dpsub_dist.methods.spec import Method, Param, from_options, positive
 
 AGGREGATOR = Param(
     "aggregator",
@@ -36,6 +36,6 @@ METHOD = Method(
     summary="sample and aggregate of local k-plane clusterings (default)",
     params=(AGGREGATOR, *PLAN_PARAMS, SCALE),
     run=clustering.run_sample_aggregate,
-    plan=clustering.budget_shares,
+    plan=from_options(clustering.budget_shares),
     check=check,
 )

@@ -31,6 +31,6 @@ METHOD = Method(
     summary="SS21 GAP-MAX, small inputs only",
     params=(OUTLIERS, TOLERANCE),
     run=exact.run_exact,
-    plan=lambda config: exact.BUDGET_SHARES,
+    plan=lambda config, dataset: exact.BUDGET_SHARES,
     row_level_only=f"it needs a public row count; at scale use {exact.SCALE_ROUTE}",
 )

@@ -1,5 +1,5 @@
 """``--method gap-perturb``: subspace perturbation with a noisy eigengap (DTTZ14 Alg. 2;
-ALGORITHMS.md §7). Budget plan: :func:`dpsub_dist.estimators.covariance.budget_plan`."""
+ALGORITHMS.md §7). Budget plan: :func:`dpsub_dist.estimators.covariance.plan_shares`."""
 
 from dpsub_dist.estimators import covariance as cov
 from dpsub_dist.methods.gauss import COVARIANCE_PARAMS, check_covariance

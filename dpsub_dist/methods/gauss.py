@@ -1,5 +1,6 @@
 """``--method gauss``: Analyze Gauss, covariance perturbation (DTTZ14 Alg. 1; ALGORITHMS.md §7).
-Budget plan: :func:`dpsub_dist.estimators.covariance.budget_plan`."""
+Budget plan: :func:`dpsub_dist.estimators.covariance.plan_shares` (the options and the dataset's
+footers pick the route; the run declares that plan)."""
 
 from typing import Any
 

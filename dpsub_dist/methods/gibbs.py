@@ -3,7 +3,7 @@
 """
 
 from dpsub_dist.estimators import clustering
-from dpsub_dist.methods.spec import Method, Param, positive
+from dpsub_dist.methods.spec import Method, Param, from_options, positive
 from dpsub_dist.methods.sulq import ROW_LEVEL, UNIT_ROW_NORM
 
 SWEEPS = Param(
@@ -22,6 +22,6 @@ METHOD = Method(
     summary="Gibbs sampler of the exponential mechanism (small inputs, no DP guarantee)",
     params=(SWEEPS, UNIT_ROW_NORM),
     run=clustering.run_gibbs,
-    plan=clustering.budget_shares,
+    plan=from_options(clustering.budget_shares),
     row_level_only=ROW_LEVEL,
 )

@@ -8,7 +8,7 @@ from dpsub_dist.methods._sample_aggregate import (
     estimate_plan,
     run_sample_aggregate,
 )
-from dpsub_dist.methods.spec import Method, Param, positive
+from dpsub_dist.methods.spec import Method, Param, from_options, positive
 
 CELL_SIDE = Param(
     "cell_side",
@@ -27,6 +27,6 @@ METHOD = Method(
     summary="sample and aggregate, histogram aggregator",
     params=(*PLAN_PARAMS, CELL_SIDE, *CENTRING_PARAMS),
     run=run_sample_aggregate,
-    plan=estimate_plan,
+    plan=from_options(estimate_plan),
     check=check_estimate,
 )

@@ -4,7 +4,7 @@
 from dpsub_dist.estimators import power
 from dpsub_dist.methods._centring import CENTRING_PARAMS
 from dpsub_dist.methods.gauss import check_covariance
-from dpsub_dist.methods.spec import Method, Param
+from dpsub_dist.methods.spec import Method, Param, from_options
 from dpsub_dist.privacy.power import DEFAULT_ITERATIONS, DEFAULT_OVERSAMPLE
 
 ITERATIONS = Param(
@@ -33,6 +33,6 @@ METHOD = Method(
     summary="noisy power method on the workers (wide data without a gap, nothing D×D)",
     params=(ITERATIONS, OVERSAMPLE, *CENTRING_PARAMS),
     run=power.run_power,
-    plan=power.plan_shares,
+    plan=from_options(power.plan_shares),
     check=check_covariance,
 )

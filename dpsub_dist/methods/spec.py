@@ -13,12 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpsub_dist.errors import InputError
 from dpsub_dist.params import Param, positive
 
 __all__ = ["Method", "Modifier", "Param", "not_applicable", "positive"]
+
+if TYPE_CHECKING:
+    from dpsub_dist.engine.sources import Dataset
+
+Shares = dict[str, tuple[float, float]]
+"""A budget plan: each step's (share of ε or ρ, share of δ)."""
 
 
 def not_applicable(method: str, names: list[str], takers: list[str]) -> InputError:
@@ -37,8 +43,11 @@ class Method:
 
     ``run(config, open_dataset, client, progress, noise_seed)`` runs it end to end (the worker
     and driver halves live in :mod:`dpsub_dist.estimators`); a stream's ``run(path, config)``
-    creates the stream, whose appends then run its plan. ``plan(config)`` is its budget
-    plan: each named private step's (share of ε or ρ, share of δ), fixed before data is read.
+    creates the stream, whose appends then run its plan. ``plan(config, dataset)`` is its
+    budget plan: each named private step's (share of ε or ρ, share of δ), from public facts
+    only (the options and the opened dataset's footers; None where no dataset is open yet),
+    fixed before any row is read; the runner declares this very plan (:func:`from_options`
+    for a plan the footers do not change).
     ``check(config)`` raises InputError for combinations that need no data (e.g. user level
     without a public bound).
     ``row_level_only`` is the reason a method refuses ``--unit-column`` (empty: it takes it).
@@ -49,7 +58,7 @@ class Method:
     summary: str
     params: tuple[Param, ...]
     run: Callable[..., Any]
-    plan: Callable[[Any], dict[str, tuple[float, float]]]
+    plan: Callable[[Any, Dataset | None], Shares]
     check: Callable[[Any], None] | None = None
     row_level_only: str = ""
 
@@ -61,6 +70,11 @@ class Method:
             for p in self.params
             if p.default is not None and getattr(config, p.field) is None
         }
+
+
+def from_options(plan: Callable[[Any], Shares]) -> Callable[[Any, Dataset | None], Shares]:
+    """A :attr:`Method.plan` fixed by the options alone: the dataset's footers change nothing."""
+    return lambda config, dataset: plan(config)
 
 
 @dataclass(frozen=True)

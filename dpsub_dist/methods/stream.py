@@ -13,7 +13,7 @@ from typing import Any
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import online
 from dpsub_dist.methods._centring import CENTER
-from dpsub_dist.methods.spec import Method, Param, positive
+from dpsub_dist.methods.spec import Method, Param, from_options, positive
 
 HORIZON = Param(
     "horizon",
@@ -53,7 +53,7 @@ METHOD = Method(
     summary="online PCA by tree aggregation of Σ aaᵀ (DTTZ14 §4)",
     params=(HORIZON, CLIP_NORM, CENTER),
     run=online.init_stream,
-    plan=online.plan_shares,
+    plan=from_options(online.plan_shares),
     check=check_stream,
     row_level_only="a user's rows in different batches could not be scaled jointly without "
     "per-user state",

@@ -5,7 +5,7 @@ from typing import Any
 
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import clustering
-from dpsub_dist.methods.spec import Method, Param, positive
+from dpsub_dist.methods.spec import Method, Param, from_options, positive
 
 ITERATIONS = Param(
     "iterations",
@@ -51,7 +51,8 @@ METHOD = Method(
     summary="Gaussian (SuLQ) k-plane iterations",
     params=(ITERATIONS, UNIT_ROW_NORM, PRIVATE_NORM),
     run=clustering.run_sulq,
-    plan=clustering.budget_shares,  # its sulq branch: iteration_i, and norm_bound first if private
+    # its sulq branch: iteration_i, and norm_bound first if private
+    plan=from_options(clustering.budget_shares),
     check=check_sulq,
     row_level_only=ROW_LEVEL,
 )

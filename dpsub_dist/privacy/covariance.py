@@ -119,26 +119,36 @@ class GapRelease:
 
 
 def noisy_gap_lower_bound(
-    gap: float, sensitivity: float, grant: Budget, rng: np.random.Generator
+    gap: float,
+    test: mechanism.Laplace | mechanism.Gaussian,
+    failure: float,
+    rng: np.random.Generator,
 ) -> tuple[float, float, str, float]:
-    """Private eigengap and a lower bound on the true gap that fails with probability ≤ δ.
+    """Private eigengap and a lower bound on the true gap that fails with probability
+    ≤ ``failure`` (:func:`gap_failure`), drawn with the ``test`` mechanism
+    (:func:`gap_test_mechanism`).
 
-    (ε, δ) grant (DTTZ14 Alg. 2 step 1–2): ``d̂ = gap + Lap(Δ/ε)`` on the noise grid
-    (:func:`noise.add_laplace`, ε = Δ/scale), bound ``d̂ − x`` with ``x`` the grid point that
-    the noise exceeds with probability ≤ δ/2 (:func:`noise.laplace_tail`; ≈ (Δ/ε) ln(1/δ)).
-    ρ-zCDP grant (T24 §3.8.4): ``d̂ = gap + N_Z(0, σ²)``, ``σ = Δ/√(2ρ)``
+    Laplace (an (ε, δ) grant, DTTZ14 Alg. 2 step 1–2): ``d̂ = gap + Lap(Δ/ε)`` on the noise
+    grid (:func:`noise.add_laplace`), bound ``d̂ − x`` with ``x`` the grid point that the noise
+    exceeds with probability ≤ δ/2 (:func:`noise.laplace_tail`; ≈ (Δ/ε) ln(1/δ)).
+    Gaussian (a ρ-zCDP grant, T24 §3.8.4): ``d̂ = gap + N_Z(0, σ²)``, ``σ = Δ/√(2ρ)``
     (:func:`noise.add_gaussian`), bound ``d̂ − x`` with P(noise ≥ x) ≤ δ₀
     (:func:`noise.gaussian_tail`, subgaussian tail). Both ``d̂`` and ``x`` lie on the same
     power-of-two grid, so the bound is exact: it is a function of released values only.
     Returns ``(d̂, lower bound, noise name, noise scale)``.
     """
-    test = gap_test_mechanism(grant, sensitivity)
     noisy = test.release(rng, gap)
     if isinstance(test, mechanism.Gaussian):
-        tail = noise.gaussian_tail(test.sigma, sensitivity, grant.delta0)  # type: ignore[union-attr]
+        tail = noise.gaussian_tail(test.sigma, test.sensitivity, failure)
         return noisy, noisy - tail, "gaussian", test.sigma
-    tail = noise.laplace_tail(test.scale, sensitivity, grant.delta / 2)  # type: ignore[union-attr]
+    tail = noise.laplace_tail(test.scale, test.sensitivity, failure)
     return noisy, noisy - tail, "laplace", test.scale
+
+
+def gap_failure(grant: Budget) -> float:
+    """The probability that the gap test's lower bound exceeds the true gap: δ₀ of a zCDP
+    grant, δ/2 of an (ε, δ) grant (the Gaussian release behind it takes the other half)."""
+    return grant.delta0 if isinstance(grant, ZCDP) else grant.delta / 2  # type: ignore[union-attr]
 
 
 def gap_test_mechanism(grant: Budget, sensitivity: float) -> mechanism.Laplace | mechanism.Gaussian:
@@ -154,54 +164,36 @@ def gap_test_mechanism(grant: Budget, sensitivity: float) -> mechanism.Laplace |
 
 
 def projector_mechanism(noise_grant: Budget, sensitivity: float = 1.0) -> mechanism.Gaussian:
-    """Step ``projector_noise``: V_kV_kᵀ + symmetric Gaussian for sensitivity c/(L − s).
-
-    The sensitivity is known once the gap test passed; charged per unit of it (the privacy
-    map of a Gaussian depends on σ/Δ only)."""
+    """Step ``projector_noise``: V_kV_kᵀ + symmetric Gaussian for sensitivity c/(L − s), known
+    once the gap test released L (at Δ = 1: the same privacy map, which depends on σ/Δ only;
+    what a ⊥ forgoes)."""
     return mechanism.gaussian(noise_grant, sensitivity)
 
 
-def gap_perturbation(
-    gram: np.ndarray,
-    k: int,
-    gap_grant: Budget,
-    noise_grant: Budget,
-    neighbours: Neighbours,
-    rng: np.random.Generator,
-) -> GapRelease:
-    """DTTZ14 Alg. 2 (subspace perturbation with a noisy eigengap), or ⊥.
-
-    1. ``d = λ_k − λ_{k+1}`` of ``gram``; private lower bound ``L`` on it
-       (:func:`noisy_gap_lower_bound`; Laplace for (ε, δ), Gaussian for zCDP per T24 §3.8.4).
-    2. If ``L − s ≤ 0`` (s = 2 add/remove, 3 replace-one): ⊥. Nothing is ever divided by a
-       non-positive number.
-    3. Else ``Ŵ = V_kV_kᵀ + E``, E symmetric Gaussian calibrated (analytic Gaussian / zCDP) for
-       sensitivity ``c/(L − s)`` (c = 1 add/remove as in DTTZ14, √2 replace-one; module doc);
-       output the top-k eigenvectors of Ŵ.
-
-    Privacy: with probability ≥ 1 − δ₁, ``L ≤ d``, and then the Gaussian step is
-    ``noise_grant``-private given ``d̂``; so (ε₁ + ε₂, δ₁ + δ₂)-DP for (ε, δ) grants (the
-    failure mass is added once, the Gaussian δ₂ is integrated against ``d̂``'s density), or
-    δ₁-approximate (ρ₁ + ρ₂)-zCDP for zCDP grants. Both grants are what the caller charges.
-    """
+def eigengap(gram: np.ndarray, k: int) -> tuple[float, np.ndarray]:
+    """``λ_k − λ_{k+1}`` of ``gram`` and its top-k eigenvectors V_k (the private input of
+    DTTZ14 Alg. 2; nothing here is released)."""
     gram = _square(gram)
     dim = gram.shape[0]
     if not 1 <= k < dim:
         raise ValueError(f"k must be in [1, {dim - 1}] for a {dim}×{dim} matrix (got {k})")
-    sens = SENSITIVITY[neighbours]
     values, vectors = top_eigenvectors(gram, k + 1)
-    gap = float(values[k - 1] - values[k])
-    noisy_gap, lower, noise_name, noise_scale = noisy_gap_lower_bound(gap, sens.gap, gap_grant, rng)
-    projector_sens = sens.projector(lower)
-    if projector_sens is None:
-        return GapRelease(None, None, noisy_gap, lower, noise_name, noise_scale, None, None)
-    top = vectors[:, :k]
-    release = projector_mechanism(noise_grant, projector_sens)
-    noisy = release.release_symmetric(rng, top @ top.T)
-    basis = top_eigenvectors(noisy, k)[1]
-    return GapRelease(
-        basis, noisy, noisy_gap, lower, noise_name, noise_scale, projector_sens, release.sigma
-    )
+    return float(values[k - 1] - values[k]), vectors[:, :k]
+
+
+def perturb_projector(
+    top: np.ndarray, projector: mechanism.Gaussian, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """DTTZ14 Alg. 2 step 3: ``Ŵ = V_kV_kᵀ + E``, E symmetric Gaussian of the ``projector``
+    mechanism (:func:`projector_mechanism` at c/(L − s)); returns the top-k eigenvectors of
+    Ŵ and Ŵ.
+
+    Privacy: with probability ≥ 1 − δ₁ the released L ≤ d, and then ‖P − P′‖_F ≤ c/(L − s)
+    (module docstring), so this step is the projector grant's private given d̂; with the gap
+    test: (ε₁ + ε₂, δ₁ + δ₂)-DP for (ε, δ) grants (the failure mass is added once, the
+    Gaussian δ₂ is integrated against d̂'s density), or δ₁-approximate (ρ₁ + ρ₂)-zCDP."""
+    noisy = projector.release_symmetric(rng, top @ top.T)
+    return top_eigenvectors(noisy, top.shape[1])[1], noisy
 
 
 @dataclass(frozen=True)
@@ -216,29 +208,29 @@ class MeanRelease:
 def gaussian_mean(
     row_sum: np.ndarray,
     n_rows: int,
-    grant: Budget,
-    sensitivity: float,
+    mech: mechanism.Gaussian,
     rng: np.random.Generator,
     unit: float = 1.0,
 ) -> MeanRelease:
-    """Gaussian mechanism on the mean of norm-≤1 rows, in units of ``unit`` (the row-norm bound).
+    """The Gaussian ``mech`` on the mean of norm-≤1 rows, in units of ``unit`` (the row-norm
+    bound).
 
-    σ from :func:`accountant.gaussian_sigma` for the sum's L2 sensitivity (2 replace-one:
-    ``a − b``); the sum is scaled by ``unit/n`` first (``n`` is public under replace-one
-    neighbours), so the released mean ``unit·Σ x_i/n + N_Z(0, (unit·σ/n)²)`` is the same
-    mechanism with Δ and σ both scaled by ``unit/n``, drawn by :func:`noise.add_gaussian`:
-    the published mean lies on its power-of-two grid. Used to centre the covariance
+    ``mech`` is calibrated (:func:`mechanism.gaussian`) for the sum's L2 sensitivity
+    (2 replace-one: ``a − b``; :data:`SENSITIVITY`); the sum is scaled by ``unit/n`` first
+    (``n`` is public under replace-one neighbours), so the released mean
+    ``unit·Σ x_i/n + N_Z(0, (unit·σ/n)²)`` is the same mechanism with Δ and σ both scaled by
+    ``unit/n``, drawn by :func:`noise.add_gaussian`: the published mean lies on its
+    power-of-two grid. Used to centre the covariance
     (ALGORITHMS.md §7); ``sigma`` and ``sensitivity`` are reported for the sum.
     """
     if n_rows < 1:
         raise ValueError(f"n_rows must be ≥ 1 (got {n_rows})")
     factor = unit / n_rows
     row_sum = np.asarray(row_sum, dtype=np.float64)
-    release = mechanism.gaussian(grant, sensitivity)  # step mean
     scaled = dataclasses.replace(  # same σ/Δ, so the same privacy map
-        release, sensitivity=sensitivity * factor, sigma=release.sigma * factor
+        mech, sensitivity=mech.sensitivity * factor, sigma=mech.sigma * factor
     )
-    return MeanRelease(scaled.release(rng, row_sum * factor), release.sigma, sensitivity)
+    return MeanRelease(scaled.release(rng, row_sum * factor), mech.sigma, mech.sensitivity)
 
 
 def _square(matrix: np.ndarray) -> np.ndarray:

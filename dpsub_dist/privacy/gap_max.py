@@ -306,20 +306,49 @@ def score_spans(points: np.ndarray, rank: int, tolerance: float = DEFAULT_TOLERA
     return SpanScores(ranked, basis, conditioning, scored, n, dim, tolerance)
 
 
-def gap_max_release(
-    spans: SpanScores,
-    epsilon: float,
-    delta: float,
-    outliers: int,
-    rng: np.random.Generator,
-) -> GapMaxRelease:
+@dataclass(frozen=True)
+class GapMax(mechanism.Composed):
+    """Step ``gap_max``: the truncated-Laplace decision (ε, δ_gap) and the snapped release
+    (0, δ_snap), composed (basic composition: (ε, δ_gap + δ_snap)); ``null`` is the NULL
+    candidate's score (step 3), public: a function of ℓ, ε and δ_gap only."""
+
+    parts: tuple[mechanism.TruncatedLaplace, mechanism.Snap]
+    null: float
+
+    @property
+    def decision(self) -> mechanism.TruncatedLaplace:
+        return self.parts[0]
+
+    @property
+    def snap(self) -> mechanism.Snap:
+        return self.parts[1]
+
+
+def gap_max_mechanism(
+    grant: Budget, tolerance: float, n_rows: int, dim: int, outliers: int = 0
+) -> GapMax:
+    """:class:`GapMax` calibrated to ``grant`` (ε and δ by :func:`gap_max_parameters`, δ split
+    by :func:`split_delta`) for ``n_rows`` points in R^``dim``, the membership ``tolerance``
+    and ``outliers`` tolerated by the NULL score."""
+    epsilon, delta = gap_max_parameters(grant)
+    delta_gap, delta_snap = split_delta(delta)
+    decision = mechanism.truncated_laplace(GAP_SENSITIVITY, epsilon, delta_gap)
+    snap = mechanism.Snap(
+        dim * (dim + 1) // 2,
+        projector_shift(tolerance, n_rows),
+        snap_side(tolerance, n_rows, dim, delta_snap),
+    )
+    return GapMax((decision, snap), null_score(outliers, epsilon, delta_gap))
+
+
+def gap_max_release(spans: SpanScores, steps: GapMax, rng: np.random.Generator) -> GapMaxRelease:
     """Steps 3–6: NULL, gap and conditioning, truncated Laplace, snapped ``s₁`` or ⊥.
 
-    ``rng`` is the private noise generator: it draws ξ (cost (ε, δ_gap)) and the snap's
-    offsets (cost (0, δ_snap)); δ_gap + δ_snap = ``delta``.
+    ``steps`` is the mechanism the caller charged (calibrated for the spans' n, d and
+    tolerance); ``rng`` the private noise generator: it draws ξ by ``steps.decision`` and the
+    snap's offsets on ``steps.snap``'s grid.
     """
-    delta_gap, delta_snap = split_delta(delta)
-    null = null_score(outliers, epsilon, delta_gap)
+    null = steps.null
     # Two zeros stand for the infinitely many k-dim subspaces no data span reaches.
     ranked = sorted([*spans.scores.tolist(), null, 0, 0], reverse=True)
     gap = max(0.0, ranked[0] - ranked[1] - 1)
@@ -328,11 +357,9 @@ def gap_max_release(
     if data_wins:  # h = min(f, 2(λ − c₀)): a release certifies λ > c₀ (step 4)
         floor = conditioning_floor(spans.tolerance, spans.n_rows)
         statistic = max(0.0, min(gap, 2.0 * (spans.top_conditioning - floor)))
-    decision = mechanism.truncated_laplace(GAP_SENSITIVITY, epsilon, delta_gap)
-    scale, bound = decision.scale, decision.bound
+    decision, side = steps.decision, steps.snap.side
     noisy = decision.release(rng, statistic)
-    side = snap_side(spans.tolerance, spans.n_rows, spans.dim, delta_snap)
-    if noisy <= bound:
+    if noisy <= decision.bound:
         basis, reason = None, "gap"
     elif not data_wins:
         basis, reason = None, "null"
@@ -340,22 +367,7 @@ def gap_max_release(
         top = spans.top_basis
         snapped = snap_symmetric(top @ top.T, side, rng)  # cost (0, δ_snap), step 6
         basis, reason = top_eigenvectors(snapped, top.shape[1])[1], "released"
-    return GapMaxRelease(basis, noisy, bound, null, scale, reason, side)
-
-
-def gap_max_mechanism(grant: Budget, tolerance: float, n_rows: int, dim: int) -> mechanism.Composed:
-    """Step ``gap_max``: the truncated-Laplace decision (ε, δ_gap) and the snapped release
-    (0, δ_snap), composed: (ε, δ) for the grant's (ε, δ) (δ split by :func:`split_delta`)."""
-    epsilon, delta = gap_max_parameters(grant)
-    delta_gap, delta_snap = split_delta(delta)
-    snap = mechanism.Snap(
-        dim * (dim + 1) // 2,
-        projector_shift(tolerance, n_rows),
-        snap_side(tolerance, n_rows, dim, delta_snap),
-    )
-    return mechanism.Composed(
-        (mechanism.truncated_laplace(GAP_SENSITIVITY, epsilon, delta_gap), snap)
-    )
+    return GapMaxRelease(basis, noisy, decision.bound, null, decision.scale, reason, side)
 
 
 def gap_max(
@@ -366,6 +378,8 @@ def gap_max(
     outliers: int = 0,
     tolerance: float = DEFAULT_TOLERANCE,
 ) -> GapMaxRelease:
-    """SS21 Algorithm 1 on ``points`` (n×d): the span of most points, privately, or ⊥."""
-    epsilon, delta = gap_max_parameters(grant)
-    return gap_max_release(score_spans(points, rank, tolerance), epsilon, delta, outliers, rng)
+    """SS21 Algorithm 1 on ``points`` (n×d): the span of most points, privately, or ⊥ (a
+    reference for tests; the runner charges the mechanism it draws with)."""
+    n_rows, dim = np.shape(points)
+    steps = gap_max_mechanism(grant, tolerance, n_rows, dim, outliers)
+    return gap_max_release(score_spans(points, rank, tolerance), steps, rng)

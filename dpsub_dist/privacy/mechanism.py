@@ -24,6 +24,7 @@ Privacy maps (cost of each kind, for the sensitivity Δ its caller certifies):
   ε = Δ′/b_T + 2Δ/b_Q (Dwork & Roth 2014, Thm 3.23, in the discrete form of
   :func:`sparse_vector.above_threshold`).
 - Composed parts: basic composition (ε's and δ's add).
+- Parallel parts (disjoint units): parallel composition (the largest ε, the largest δ).
 
 The grid widening of :mod:`noise` (rounding the value to the grid) is covered inside the
 samplers: a scale calibrated for Δ stays valid for the rounded value, so these maps are
@@ -53,6 +54,7 @@ __all__ = [
     "Gaussian",
     "Laplace",
     "Mechanism",
+    "Parallel",
     "Snap",
     "TruncatedLaplace",
     "above_threshold",
@@ -184,6 +186,28 @@ class Composed(Mechanism):
             return ZCDP(
                 math.fsum(c.rho for c in costs),  # type: ignore[union-attr]
                 math.fsum(c.delta0 for c in costs),  # type: ignore[union-attr]
+            )
+        raise TypeError("compose parts of one mode only")
+
+
+@dataclass(frozen=True)
+class Parallel(Mechanism):
+    """Parts run on disjoint units, so one unit reaches one part only: parallel composition
+    (McSherry 2009), the largest ε and the largest δ (ρ and δ₀ under zCDP) over the parts."""
+
+    parts: tuple[Mechanism, ...]
+
+    def cost(self) -> Budget:
+        costs = [p.cost() for p in self.parts]
+        if all(isinstance(c, ApproxDP) for c in costs):
+            return ApproxDP(
+                max(c.epsilon for c in costs),  # type: ignore[union-attr]
+                max(c.delta for c in costs),  # type: ignore[union-attr]
+            )
+        if all(isinstance(c, ZCDP) for c in costs):
+            return ZCDP(
+                max(c.rho for c in costs),  # type: ignore[union-attr]
+                max(c.delta0 for c in costs),  # type: ignore[union-attr]
             )
         raise TypeError("compose parts of one mode only")
 

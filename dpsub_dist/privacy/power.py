@@ -8,7 +8,7 @@ columns (``k' ≥ k``, the oversampled width); for ``t = 1 … T``
    scaled by ``1/B`` (every row has norm ≤ 1), computed on the workers as ``Xᵀ diag(w) X V``
    with per-row weights ``w = m/max(‖x‖, B)²`` (:func:`dpsub_dist.engine.gram.clip_weights`,
    :mod:`dpsub_dist.estimators.power`): ``D × k'`` numbers, never ``D × D``;
-2. release ``Ŷ_t = Y_t + G_t``, ``G_t`` i.i.d. Gaussian (:func:`noisy_product`);
+2. release ``Ŷ_t = Y_t + G_t``, ``G_t`` i.i.d. Gaussian (:meth:`PowerIterations.release`);
 3. ``V_t = orth(Ŷ_t − n·μ̂(μ̂ᵀV_{t−1}))`` (QR; the centring term uses the released mean μ̂ only).
 
 The output is the top-``k`` left singular vectors of the last release ``Ŷ_T − n·μ̂(μ̂ᵀV_{T−1})``
@@ -69,9 +69,9 @@ zCDP run splits its power share ``ρ_power``; an (ε, δ) run converts its power
 ``(ε_p, δ_p)`` to the largest ``ρ_p`` whose Canonne–Kamath–Steinke conversion at ``δ_p`` is at
 most ``ε_p`` (:func:`rho_for`) and splits that, so the ``T`` iterations together are
 ``(ε_p, δ_p)``-DP. Either way the T iterations are charged once, as one step, by the mechanism
-that holds the σ_t (:class:`PowerIterations`: its cost is ``Σ_t Δ²/(2σ_t²)``). The noise is
-drawn on the power-of-two grid by :func:`dpsub_dist.privacy.noise.add_gaussian`
-(floating-point safe).
+that holds the σ_t (:class:`PowerIterations`: its cost is ``Σ_t Δ²/(2σ_t²)``), and that same
+object draws every iteration's noise (:func:`noisy_power_method`). The noise is drawn on the
+power-of-two grid by :func:`dpsub_dist.privacy.noise.add_gaussian` (floating-point safe).
 
 **Utility** (Hardt & Price 2014, Thm 1.1 and its private-PCA corollary, sharpened by
 Balcan et al. 2016 to the gap between ``λ_k`` and ``λ_{q+1}`` for any ``k ≤ q ≤ k'``).
@@ -168,18 +168,27 @@ def iteration_grants(grant: Budget, iterations: int) -> tuple[ZCDP, ...]:
 
 
 @dataclass(frozen=True)
-class PowerIterations(mechanism.Mechanism):
-    """The T Gaussian releases of ``C V`` (iteration t at σ_t, ℓ2 sensitivity Δ): its privacy
-    map is zCDP composition, ρ = Σ_t Δ²/(2σ_t²) (Bun & Steinke 2016, Prop 1.6 and Lemma 2.3),
-    stated as (ε, δ) by the CKS conversion at ``delta`` when the grant is (ε, δ)."""
+class PowerIterations(mechanism.Composed):
+    """The T Gaussian releases of ``C V``, iteration t by part t (σ_t, ℓ2 sensitivity Δ): its
+    privacy map is zCDP composition, ρ = Σ_t Δ²/(2σ_t²) (Bun & Steinke 2016, Prop 1.6 and
+    Lemma 2.3), stated as (ε, δ) by the CKS conversion at ``delta`` when the grant is (ε, δ).
+    The run charges this object once and draws every iteration's noise with it
+    (:func:`noisy_power_method`)."""
 
-    sensitivity: float
-    sigmas: tuple[float, ...]
+    parts: tuple[mechanism.Gaussian, ...]
     delta: float | None = None
 
     @property
+    def sensitivity(self) -> float:
+        return self.parts[0].sensitivity
+
+    @property
+    def sigmas(self) -> tuple[float, ...]:
+        return tuple(part.sigma for part in self.parts)
+
+    @property
     def iterations(self) -> int:
-        return len(self.sigmas)
+        return len(self.parts)
 
     @property
     def sigma(self) -> float:
@@ -203,11 +212,12 @@ class PowerIterations(mechanism.Mechanism):
 
 
 def power_mechanism(grant: Budget, iterations: int, relation: Neighbours) -> PowerIterations:
-    """Step ``power``: T iterations, iteration t at ``ρ_t`` (:func:`iteration_grants`)."""
+    """Step ``power``: T iterations, iteration t at ``ρ_t`` (:func:`iteration_grants`); raises
+    where no ρ fits ``grant`` (before any read: the runner builds it first)."""
     sensitivity = product_sensitivity(relation)
     sigmas = tuple(gaussian_sigma(g, sensitivity) for g in iteration_grants(grant, iterations))
     delta = None if isinstance(grant, ZCDP) else grant.delta
-    return PowerIterations(sensitivity, sigmas, delta)
+    return PowerIterations(tuple(mechanism.Gaussian(sensitivity, s) for s in sigmas), delta)
 
 
 def start_basis(dim: int, width: int, seed: int) -> np.ndarray:
@@ -222,17 +232,6 @@ def orthonormalise(matrix: np.ndarray) -> np.ndarray:
     signs = np.sign(np.diag(r))
     signs[signs == 0] = 1.0
     return q * signs
-
-
-def noisy_product(
-    product: np.ndarray, grant: ZCDP, sensitivity: float, rng: np.random.Generator
-) -> np.ndarray:
-    """Step 2 of one iteration: ``Y + G``, ``G`` i.i.d. ``N_Z(0, σ²)`` on the grid.
-
-    Cost: ``grant`` (ρ-zCDP) with ``σ = Δ/√(2ρ)`` for ``Δ = sensitivity`` (module doc).
-    """
-    one = PowerIterations(sensitivity, (gaussian_sigma(grant, sensitivity),))  # cost: grant.rho
-    return one.release(rng, np.asarray(product, dtype=np.float64), 1)
 
 
 @dataclass(frozen=True)
@@ -251,40 +250,34 @@ def noisy_power_method(
     multiply: Callable[[np.ndarray, int], np.ndarray],
     start: np.ndarray,
     rank: int,
-    iterations: int,
-    grant: Budget,
-    relation: Neighbours,
+    steps: PowerIterations,
     rng: np.random.Generator,
-    charge: Callable[[int], None] = lambda t: None,
     shift: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> PowerRelease:
-    """Hardt & Price Alg. 1 with private releases (module doc), ``T = iterations``.
+    """Hardt & Price Alg. 1 with private releases (module doc), ``T = steps.iterations``.
 
-    ``multiply(V, t)`` returns ``C V`` (exact, from the workers); ``charge(t)`` is called
-    before iteration ``t``'s noise is drawn (the caller charges its accountant there);
+    ``multiply(V, t)`` returns ``C V`` (exact, from the workers); iteration ``t``'s noise is
+    drawn by ``steps`` (the mechanism its caller charged for all T iterations together);
     ``shift(V)`` (centring) returns ``n·μ̂(μ̂ᵀV)`` from the released mean, subtracted after
-    the noise. ``grant`` covers all iterations together.
+    the noise.
     """
     width = start.shape[1]
     if not 1 <= rank <= width:
         raise ValueError(f"rank must be in [1, {width}] (got {rank})")
-    steps = power_mechanism(grant, iterations, relation)  # its cost: the whole grant
-    sensitivity = steps.sensitivity
     basis = start
     released = start
-    for t in range(1, iterations + 1):
+    for t in range(1, steps.iterations + 1):
         product = multiply(basis, t)
-        charge(t)
         released = steps.release(rng, np.asarray(product, dtype=np.float64), t)
         if shift is not None:
             released = released - shift(basis)
-        if t < iterations:
+        if t < steps.iterations:
             basis = orthonormalise(released)
     left, values, _ = np.linalg.svd(released, full_matrices=False)  # Rayleigh–Ritz in span
     return PowerRelease(
         left[:, :rank],
         values[:rank],
         list(steps.sigmas),
-        sensitivity,
+        steps.sensitivity,
         steps.rhos(),
     )
