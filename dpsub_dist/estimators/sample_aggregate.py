@@ -27,7 +27,7 @@ from dpsub_dist.linalg import (
     top_right_singular_vectors_from_gram,
 )
 from dpsub_dist.privacy import friendly, histogram
-from dpsub_dist.privacy.accountant import ApproxDP, Budget, laplace_epsilon
+from dpsub_dist.privacy.accountant import Budget, laplace_epsilon
 from dpsub_dist.privacy.friendly import pairwise_sq_distances, radius_floor
 from dpsub_dist.privacy.sparse_vector import geometric_grid
 
@@ -115,18 +115,14 @@ def budget_plan(method: Aggregator, scale_given: bool) -> dict[str, tuple[float,
     return BUDGET_SHARES[key if scale_given else method]
 
 
-def _failure_delta(grant: Budget) -> float:
-    return grant.delta if isinstance(grant, ApproxDP) else grant.delta0
-
-
 def minimum_subsets(method: Aggregator, grants: dict[str, Budget]) -> int:
     """Fewest subsets for which the aggregator can succeed on perfectly agreeing points."""
     if method == "friendly":
         grant = grants["core_test"]
-        margin = 4 / laplace_epsilon(grant) * math.log(1 / (2 * _failure_delta(grant))) + 4
+        margin = 4 / laplace_epsilon(grant) * math.log(1 / (2 * friendly.ptr_delta(grant))) + 4
         return math.ceil(3 * margin)  # W ≈ t must clear t/4 + margin with room to spare
     grant = grants["histogram"]
-    threshold = 1 + 2 / laplace_epsilon(grant) * math.log(1 / _failure_delta(grant))
+    threshold = 1 + 2 / laplace_epsilon(grant) * math.log(1 / histogram.stability_delta(grant))
     return max(50, math.ceil(2 * threshold))
 
 
