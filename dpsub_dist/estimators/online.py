@@ -84,7 +84,7 @@ from dpsub_dist.engine.gram import compute_gram
 from dpsub_dist.engine.sources import Dataset, parquet_dataset
 from dpsub_dist.errors import BudgetRefused, DataError, InputError
 from dpsub_dist.estimators import centring
-from dpsub_dist.context import versions, width_failure
+from dpsub_dist.context import RunContext, versions, width_failure
 from dpsub_dist.estimators.covariance import budget_plan
 from dpsub_dist.estimators.norm_pass import NORM_SOURCE
 from dpsub_dist.io.parquet import list_parquet_files
@@ -995,10 +995,10 @@ def first_batch(
     options = SimpleNamespace(
         center=settings.center, row_norm=settings.clip_norm, unit_column=None, method="online"
     )
-    args = (dataset, accountant, grants, rng, executor, progress)
-    loader, centred, mean_release = centring.centre(options, *args)
+    ctx = RunContext.adopt(options, dataset, executor, progress, accountant, grants, rng)
+    loader, centred, mean_release = centring.centre(ctx)
     if private_norm:
-        bound = centring.private_bound(step, dataset, loader, *args[1:], quantile=quantile)
+        bound = centring.private_bound(ctx, step, dataset, loader, quantile)
         source = NORM_SOURCE.format(q=quantile, step=step) + ", n of the first batch"
         source += ", its rows centred at the mean" if settings.center else ""
     else:
