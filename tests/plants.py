@@ -45,8 +45,8 @@ PLANTS = [
         "sulq noise matrix shared across clusters",
         "number/shape of draws",
         "dpsub_dist/privacy/clustering.py",
-        "    return noise.add_symmetric_gaussian(rng, grams, sigma, GRAM_SENSITIVITY)",
-        "    shared = noise.add_symmetric_gaussian(rng, grams[0], sigma, GRAM_SENSITIVITY)\n"
+        "    return iteration.release_symmetric(rng, grams)",
+        "    shared = iteration.release_symmetric(rng, grams[0])\n"
         "    return grams - grams[0] + shared",
     ),
     Plant(
@@ -407,8 +407,8 @@ MUTATIONS = [
         "sample_aggregate: core noise charged with its own grant as the core test's",
         "mutation",
         "dpsub_dist/estimators/sample_aggregate.py",
-        'friendly.core_noise_mechanism(grants["core_noise"], grants["core_test"])',
-        'friendly.core_noise_mechanism(grants["core_noise"], grants["core_noise"])',
+        "friendly.core_noise_mechanism(noise_grant, test_grant, radius, core.lower_bound)",
+        "friendly.core_noise_mechanism(noise_grant, noise_grant, radius, core.lower_bound)",
         "friendly or sample-aggregate",
     ),
     Plant(

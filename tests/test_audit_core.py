@@ -24,6 +24,7 @@ from unittest import mock
 import numpy as np
 import pytest
 from privacy_audit import AuditResult, audit
+from test_friendly_core_test import core_release
 
 from dpsub_dist.privacy import friendly, histogram, mechanism, noise, sparse_vector
 from dpsub_dist.privacy.accountant import ApproxDP
@@ -100,7 +101,8 @@ HIST_GRANT = ApproxDP(1.0, 1e-3)
 
 
 def _histogram(points: np.ndarray, rng: np.random.Generator) -> histogram.HistogramRelease:
-    return histogram.shifted_grid_histogram(points, 1.0, 0.0, HIST_GRANT, rng)
+    counts = histogram.histogram_mechanism(HIST_GRANT)
+    return histogram.shifted_grid_histogram(points, 1.0, 0.0, counts, HIST_GRANT.delta, rng)
 
 
 def _minority_cell_released(release: histogram.HistogramRelease) -> bool:
@@ -162,7 +164,8 @@ CELL_GRANT = ApproxDP(1.0)
 
 
 def _cell_side(points: np.ndarray, rng: np.random.Generator) -> float | None:
-    return histogram.choose_cell_side(points, 0.0, CELL_GRID, CELL_GRANT, rng, 0.5)
+    search = histogram.cell_search_mechanism(CELL_GRANT)
+    return histogram.choose_cell_side(points, 0.0, CELL_GRID, search, rng, 0.5)
 
 
 CELL_SIDE = AuditCase(
@@ -197,7 +200,8 @@ def _far_point(t: int) -> np.ndarray:
 
 
 def _radius(sq_dists: np.ndarray, rng: np.random.Generator) -> float | None:
-    return friendly.choose_radius(sq_dists, RADIUS_GRID, RADIUS_GRANT, rng, 0.9)
+    search = friendly.radius_search_mechanism(RADIUS_GRANT)
+    return friendly.choose_radius(sq_dists, RADIUS_GRID, search, rng, 0.9)
 
 
 RADIUS = AuditCase(
@@ -229,7 +233,7 @@ def _friendly_claim(ptr: ApproxDP, gauss: ApproxDP) -> tuple[float, float]:
 def _friendly(ptr: ApproxDP, gauss: ApproxDP, radius: float) -> Callable:
     def mechanism(data: tuple[np.ndarray, np.ndarray], rng: np.random.Generator):
         points, sq_dists = data
-        return friendly.friendly_core_average(points, radius, ptr, gauss, rng, sq_dists)
+        return core_release(points, radius, ptr, gauss, rng, sq_dists)
 
     return mechanism
 

@@ -204,12 +204,12 @@ def test_sulq_grams_draw_sigma_with_sensitivity_two() -> None:
     from dpsub_dist.privacy import clustering, noise
     from dpsub_dist.privacy.accountant import ApproxDP
 
-    grant = ApproxDP(1.0, 1e-6)
-    sigma = clustering.gram_noise_sigma(grant)
+    iteration = clustering.iteration_mechanism(ApproxDP(1.0, 1e-6))
+    sigma = iteration.sigma
     assert sigma == pytest.approx(_textbook_analytic_sigma(2.0, 1.0, 1e-6), rel=1e-8)
     with noise.draw_log() as draws:
         noisy = clustering.release_cluster_grams(
-            np.zeros((3, 4, 4)), sigma, np.random.default_rng(0)
+            np.zeros((3, 4, 4)), iteration, np.random.default_rng(0)
         )
     assert draws == [noise.Draw("symmetric_gaussian", sigma, 2.0, 30)]  # 3 × 10 entries
     assert np.array_equal(noisy, np.swapaxes(noisy, 1, 2))

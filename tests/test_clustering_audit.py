@@ -32,6 +32,7 @@ from dpsub_dist.privacy.clustering import (
     release_cluster_grams,
     sample_bingham,
 )
+from dpsub_dist.privacy.mechanism import Gaussian
 
 # ----------------------------------------------------------------------------- SuLQ
 
@@ -52,7 +53,8 @@ def test_released_grams_get_symmetric_noise_of_std_sigma() -> None:
     rng = np.random.default_rng(3)
     grams = np.arange(2 * 4 * 4, dtype=float).reshape(2, 4, 4)
     grams = grams + grams.transpose(0, 2, 1)
-    draws = np.stack([release_cluster_grams(grams, 3.0, rng) - grams for _ in range(3000)])
+    noise = Gaussian(GRAM_SENSITIVITY, 3.0)
+    draws = np.stack([release_cluster_grams(grams, noise, rng) - grams for _ in range(3000)])
     assert np.array_equal(draws, draws.transpose(0, 1, 3, 2))
     upper = draws[:, :, *np.triu_indices(4)].ravel()  # 3000 × 2 × 10 independent entries
     assert abs(upper.mean()) < 0.05
@@ -84,7 +86,7 @@ def test_one_sulq_iteration_audit_catches_half_noise() -> None:
 
     def run(noise_sigma: float):
         def mechanism(grams, rng):
-            noisy = release_cluster_grams(grams, noise_sigma, rng)
+            noisy = release_cluster_grams(grams, Gaussian(GRAM_SENSITIVITY, noise_sigma), rng)
             return noisy[0, 0, 0] - noisy[1, 1, 1]
 
         return audit(mechanism, grams_a, grams_b, lambda s: s > threshold, SULQ_RUNS, SULQ_DELTA)

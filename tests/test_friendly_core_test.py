@@ -10,13 +10,46 @@ noise on W is below 1 with probability 1 − e^{−600}, so L = W − 4/ε₁·l
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 
-from dpsub_dist.privacy.accountant import ApproxDP
-from dpsub_dist.privacy.friendly import friendly_core_average
+from dpsub_dist.privacy import friendly
+from dpsub_dist.privacy.accountant import ApproxDP, Budget
 
 T, DIM, DELTA = 400, 3, 1e-6
+
+
+@dataclass(frozen=True)
+class CoreRelease:
+    """What the friendly core publishes: the mean (None for ⊥), Ŵ, L and the mean's σ."""
+
+    point: np.ndarray | None
+    noisy_weight: float
+    weight_lower_bound: float
+    sigma: float | None
+
+
+def core_release(
+    points: np.ndarray,
+    radius: float,
+    ptr_grant: Budget,
+    gaussian_grant: Budget,
+    rng: np.random.Generator,
+    sq_dists: np.ndarray | None = None,
+) -> CoreRelease:
+    """The two friendly-core steps as the aggregator releases them (for tests and audits of
+    the privacy functions): the core test, then, if it passed, the mean with the Gaussian
+    calibrated for the test's L."""
+    sq = friendly.pairwise_sq_distances(points) if sq_dists is None else sq_dists
+    test = friendly.core_test_mechanism(ptr_grant)
+    core = friendly.core_test(sq, radius, test, friendly.ptr_delta(ptr_grant), rng)
+    if not core.passed:
+        return CoreRelease(None, core.noisy_weight, core.lower_bound, None)
+    noise = friendly.core_noise_mechanism(gaussian_grant, ptr_grant, radius, core.lower_bound)
+    point = friendly.core_average(points, core, noise, rng)
+    return CoreRelease(point, core.noisy_weight, core.lower_bound, noise.sigma)
 
 
 def _points(cluster: int) -> np.ndarray:
@@ -26,7 +59,7 @@ def _points(cluster: int) -> np.ndarray:
 
 
 def _release(cluster: int):
-    return friendly_core_average(
+    return core_release(
         _points(cluster),
         radius=1.0,
         ptr_grant=ApproxDP(50.0, DELTA),

@@ -12,6 +12,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
+from test_friendly_core_test import core_release
 
 from dpsub_dist.privacy import friendly, histogram, mechanism, noise, sparse_vector
 from dpsub_dist.privacy.accountant import ZCDP, ApproxDP
@@ -21,13 +22,18 @@ from dpsub_dist.privacy.noise import Draw
 # -- §2 histogram ------------------------------------------------------------------
 
 
+def _histogram(points, side, offset, grant, rng) -> histogram.HistogramRelease:
+    """The stability histogram with the mechanism and δ of ``grant``."""
+    counts = histogram.histogram_mechanism(grant)
+    delta = histogram.stability_delta(grant)
+    return histogram.shifted_grid_histogram(points, side, offset, counts, delta, rng)
+
+
 @pytest.mark.parametrize("epsilon,delta", [(0.5, 1e-6), (1.0, 1e-3), (3.0, 1e-9)])
 def test_histogram_counts_get_laplace_two_over_epsilon_and_threshold(epsilon, delta) -> None:
     points = np.array([[0.1], [0.2], [1.5], [2.5], [2.6], [2.7]])
     with noise.draw_log() as draws:
-        release = histogram.shifted_grid_histogram(
-            points, 1.0, 0.0, ApproxDP(epsilon, delta), np.random.default_rng(0)
-        )
+        release = _histogram(points, 1.0, 0.0, ApproxDP(epsilon, delta), np.random.default_rng(0))
     # one draw per non-empty cell (3 cells), L1 sensitivity 2 of the count vector
     assert draws == [Draw("laplace", 2 / epsilon, 2.0, 3)]
     assert release.threshold == pytest.approx(1 + (2 / epsilon) * math.log(1 / delta), rel=1e-6)
@@ -38,7 +44,7 @@ def test_histogram_counts_get_laplace_two_over_epsilon_and_threshold(epsilon, de
 
 def test_histogram_zcdp_grant_runs_at_epsilon_sqrt_two_rho() -> None:
     with noise.draw_log() as draws:
-        release = histogram.shifted_grid_histogram(
+        release = _histogram(
             np.zeros((5, 2)), 1.0, 0.3, ZCDP(0.125, 1e-5), np.random.default_rng(0)
         )
     assert draws[0].scale == pytest.approx(2 / 0.5)  # ε = √(2·0.125) = 0.5
@@ -49,26 +55,20 @@ def test_histogram_releases_the_centre_of_a_dominant_cell() -> None:
     # 500 points in cell ⌊(y − 0.25·2)/2⌋ = (1, −1): centre (1 + 0.25 + 0.5)·2 = 3.5 and
     # (−1 + 0.75)·2 = −0.5; noisy count 500 ± small ≫ τ ≈ 14.8.
     points = np.tile([[2.6, -1.4]], (500, 1))
-    release = histogram.shifted_grid_histogram(
-        points, 2.0, 0.25, ApproxDP(1.0, 1e-3), np.random.default_rng(1)
-    )
+    release = _histogram(points, 2.0, 0.25, ApproxDP(1.0, 1e-3), np.random.default_rng(1))
     assert release.point is not None
     np.testing.assert_allclose(release.point, [3.5, -0.5])
 
 
 def test_histogram_returns_bottom_when_every_cell_is_small() -> None:
     points = np.arange(40.0)[:, None]  # 40 cells of one point each, τ ≈ 28.6 at ε = 1, δ = 1e-6
-    release = histogram.shifted_grid_histogram(
-        points, 1.0, 0.5, ApproxDP(1.0, 1e-6), np.random.default_rng(2)
-    )
+    release = _histogram(points, 1.0, 0.5, ApproxDP(1.0, 1e-6), np.random.default_rng(2))
     assert release.point is None and release.noisy_count is None
 
 
 def test_histogram_rejects_pure_dp_grant() -> None:
     with pytest.raises(ValueError, match="delta"):
-        histogram.shifted_grid_histogram(
-            np.zeros((3, 1)), 1.0, 0.0, ApproxDP(1.0), np.random.default_rng(0)
-        )
+        _histogram(np.zeros((3, 1)), 1.0, 0.0, ApproxDP(1.0), np.random.default_rng(0))
 
 
 # -- §3 friendly core ------------------------------------------------------------------
@@ -85,9 +85,7 @@ def test_core_weights_formula_by_hand() -> None:
 
 def _friendly_release(ptr, gauss, points, radius=1.0, seed=0):
     with noise.draw_log() as draws:
-        release = friendly.friendly_core_average(
-            points, radius, ptr, gauss, np.random.default_rng(seed)
-        )
+        release = core_release(points, radius, ptr, gauss, np.random.default_rng(seed))
     laplace_calls = [d for d in draws if d.kind == "laplace"]
     return release, laplace_calls, [d for d in draws if d.kind == "gaussian"]
 
@@ -227,7 +225,10 @@ def test_choose_radius_queries_core_weight_with_sensitivity_four() -> None:
     grid = np.array([0.5, 1.0, 2.0])
     sq = friendly.pairwise_sq_distances(points)
     chosen, seen = _searched(
-        friendly, lambda: friendly.choose_radius(sq, grid, ZCDP(0.02), np.random.default_rng(0))
+        friendly,
+        lambda: friendly.choose_radius(
+            sq, grid, friendly.radius_search_mechanism(ZCDP(0.02)), np.random.default_rng(0)
+        ),
     )
     assert chosen == 1.0
     assert seen["sensitivity"] == friendly.WEIGHT_SENSITIVITY == 4.0
@@ -242,7 +243,11 @@ def test_choose_cell_side_queries_largest_count_with_sensitivity_one() -> None:
     chosen, seen = _searched(
         histogram,
         lambda: histogram.choose_cell_side(
-            points, 0.0, grid, ApproxDP(0.7), np.random.default_rng(0)
+            points,
+            0.0,
+            grid,
+            histogram.cell_search_mechanism(ApproxDP(0.7)),
+            np.random.default_rng(0),
         ),
     )
     assert chosen == 10.0
@@ -254,18 +259,15 @@ def test_choose_cell_side_queries_largest_count_with_sensitivity_one() -> None:
 
 def test_histogram_cell_search_stops_at_the_documented_fraction() -> None:
     """The aggregator's cell-side search uses HISTOGRAM_SEARCH_FRACTION of t (finding 12)."""
+    from dpsub_dist.context import RunContext
     from dpsub_dist.estimators import sample_aggregate as sa
-    from dpsub_dist.privacy.accountant import Accountant
+    from dpsub_dist.methods.config import EstimateConfig
 
-    accountant = Accountant(ApproxDP(1.0, 1e-6))
-    grants = accountant.split(sa.budget_plan("histogram", False))
+    config = EstimateConfig(rank=1, epsilon=1.0, delta=1e-6, method="histogram")
+    ctx = RunContext(config, None, None, False, 0)  # type: ignore[arg-type]
+    ctx.plan(sa.budget_plan("histogram", False))
     summaries = np.random.default_rng(5).standard_normal((60, 4))
-    _, seen = _searched(
-        histogram,
-        lambda: sa.aggregate(
-            summaries, "histogram", accountant, grants, np.random.default_rng(0), 1, 2, 2
-        ),
-    )
+    _, seen = _searched(histogram, lambda: sa.aggregate(ctx, summaries, "histogram", 1, 2, 2))
     assert seen["threshold"] == pytest.approx(sa.HISTOGRAM_SEARCH_FRACTION * 60)
 
 
@@ -316,7 +318,8 @@ def test_private_radius_grid_sees_no_friends_below_the_true_distances() -> None:
     sq = friendly.pairwise_sq_distances(points)
     grid = sparse_vector.geometric_grid(1e-12, 1e-8)
     assert not np.any(friendly.grid_core_weights(sq, grid))
-    assert friendly.choose_radius(sq, grid, ApproxDP(50.0), np.random.default_rng(0)) is None
+    search = friendly.radius_search_mechanism(ApproxDP(50.0))
+    assert friendly.choose_radius(sq, grid, search, np.random.default_rng(0)) is None
 
 
 @pytest.mark.parametrize("spread", [1e-9, 1e-4, 1.0])

@@ -94,9 +94,9 @@ def _estimate_capturing_summaries(path, monkeypatch, **config):
     captured = []
     original = sa.aggregate
 
-    def spy(summaries, *args, **kwargs):
+    def spy(ctx, summaries, *args, **kwargs):
         captured.append(np.array(summaries, copy=True))
-        return original(summaries, *args, **kwargs)
+        return original(ctx, summaries, *args, **kwargs)
 
     monkeypatch.setattr(sa, "aggregate", spy)
     cfg = EstimateConfig(**{"epsilon": 1.0, "delta": 1e-6, "seed": 3, **config})

@@ -23,10 +23,11 @@ Three methods behind one runner, :func:`run_cluster` (``dpsub cluster``):
 - ``gibbs`` (§9 c): the exponential-mechanism Gibbs sampler
   (:func:`privacy.clustering.gibbs_subspace_clustering`) for small inputs only
   (:data:`GIBBS_MAX_ROWS`): the workers load and bound the rows, the driver (operator
-  side) gathers them and runs the chain with the private generator, so no private seed
-  enters the task graph. **Not differentially private**: only an exact sample of the
-  mechanism is ε-DP, a finite chain has no proven guarantee. It charges no budget, its
-  manifest says ``"guarantee": "none (…)"``, and job files under the ledger refuse it.
+  side) gathers them and runs the chain inside the release of its one step (the private
+  generator is used there only), so no private seed enters the task graph. **Not
+  differentially private**: only an exact sample of the mechanism is ε-DP, a finite chain
+  has no proven guarantee. Its manifest reports no budget spent or planned and says
+  ``"guarantee": "none (…)"``, and job files under the ledger refuse it.
 
 Rows for ``sulq`` and ``gibbs`` must have norm ≤ 1 (:func:`unit_bounded`): by default
 each row is scaled to unit length, which keeps its direction, so a row lies on a linear
@@ -47,22 +48,21 @@ import dask
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from dpsub_dist.context import (
+    EstimateResult,
+    RunContext,
+    choose_buckets,
+    progress_shown,
+    public_seed,
+)
 from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.gram import clip_rows, gram_of, sum_on_workers
 from dpsub_dist.engine.progress import progress_bar
 from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
 from dpsub_dist.errors import InputError
+from dpsub_dist.estimators import centring
 from dpsub_dist.estimators import sample_aggregate as sa
-from dpsub_dist.context import (
-    EstimateResult,
-    build_manifest,
-    choose_buckets,
-    open_checked,
-    plan,
-    progress_shown,
-    public_seed,
-)
 from dpsub_dist.estimators.covariance import norm_bound_first
 from dpsub_dist.estimators.norm_pass import NORM_SOURCE, compute_norm_counts
 from dpsub_dist.linalg import subspace_error, top_eigenvectors
@@ -70,21 +70,23 @@ from dpsub_dist.privacy.accountant import Budget, laplace_epsilon
 from dpsub_dist.privacy.clustering import (
     GIBBS_GUARANTEE,
     GRAM_SENSITIVITY,
+    GibbsChain,
     gibbs_subspace_clustering,
     iteration_mechanism,
     random_bases,
     release_cluster_grams,
     squared_distances,
 )
-from dpsub_dist.privacy.noise import noise_rng
+from dpsub_dist.privacy.mechanism import Gaussian
 from dpsub_dist.privacy.norm_bound import (
-    NormBound,
     TooFewForBound,
     margined_quantile,
     noise_matched_quantile,
-    norm_bound_mechanism,
-    private_norm_bound,
 )
+
+MethodOutcome = tuple[np.ndarray | None, dict[str, Any], dict[str, Any], int]
+"""What a clustering method's half returns: the K×d×q bases (None: ⊥), its parameters, its
+release and the bytes it gathered on the driver."""
 
 GIBBS_MAX_ROWS = 100_000
 """The Gibbs sampler holds all rows in one worker task and sweeps them many times."""
@@ -318,51 +320,40 @@ def budget_shares(config: Any) -> dict[str, tuple[float, float]]:
         return norm_bound_first(
             {f"iteration_{i + 1}": (1 / iterations, 1.0) for i in range(iterations)}
         )
-    return {"exponential_mechanism": (1.0, 0.0)}  # gibbs: sets the temperature, never charged
-
-
-def _open(config: Any, open_dataset, executor: Executor) -> Dataset:
-    dataset = open_checked(config, open_dataset, executor)
-    k, q, d = config.clusters, config.rank, dataset.dim
-    if k * q >= d:
-        raise InputError(
-            f"clusters × rank = {k}×{q} = {k * q} must be smaller than the number of "
-            f"columns ({d}): lower --clusters or --rank"
-        )
-    return dataset
+    return {"exponential_mechanism": (1.0, 0.0)}  # gibbs: sets the temperature, never reported
 
 
 def run_clustering(
     config: Any,
-    run_method: Callable[..., Any],
+    run_method: Callable[[RunContext], MethodOutcome],
     shares: dict[str, tuple[float, float]],
     open_dataset: Callable[[Any], Dataset],
     client: Any | None = None,
     progress: bool = False,
     noise_seed: int | None = None,
 ) -> EstimateResult:
-    """The driver every clustering method shares: plan the budget, open the dataset, run
-    ``run_method`` (the method's own half) with the grants of ``shares`` (its plan), write
+    """The driver every clustering method shares: open the dataset, declare ``shares`` (the
+    method's plan), run ``run_method`` (the method's own half) on the run's context, write
     the manifest; the basis is K×d×q (None: ⊥). ``config`` is already validated."""
     progress = progress_shown(config, progress)
-    started = time.monotonic()
-    executor = Executor(client)
-    accountant, grants = plan(config, shares)
-    dataset = _open(config, open_dataset, executor)
-    timings = {"inspect_s": time.monotonic() - started}
-    bases, parameters, release, gathered = run_method(
-        config, dataset, accountant, grants, executor, progress, noise_seed, timings
-    )
-    timings["total_s"] = time.monotonic() - started
-    parameters = {"clusters": config.clusters, **parameters}
-    ok = bases is not None
-    manifest = build_manifest(config, dataset, accountant, ok, parameters, release, gathered)
-    if config.method == "gibbs":  # nothing charged: no budget may be reported as spent
+    ctx = RunContext.open(config, open_dataset, client, progress, noise_seed)
+    k, q, d = config.clusters, config.rank, ctx.dataset.dim
+    if k * q >= d:
+        raise InputError(
+            f"clusters × rank = {k}×{q} = {k * q} must be smaller than the number of "
+            f"columns ({d}): lower --clusters or --rank"
+        )
+    ctx.plan(shares)
+    bases, parameters, release, gathered = run_method(ctx)
+    result = ctx.result(bases, {"clusters": config.clusters, **parameters}, release, gathered)
+    manifest = result.manifest
+    if config.method == "gibbs":  # not DP: no budget may be reported as spent, nor planned
         manifest["privacy"]["guarantee"] = GIBBS_GUARANTEE
         manifest["privacy"]["budget"] = None
+        del manifest["parameters"]["budget_shares"]
     manifest["clusters"] = config.clusters
     manifest["basis_layout"] = "basis.npy is K×d×q: basis[c] is cluster c's orthonormal basis"
-    return EstimateResult(bases, manifest, timings)
+    return result
 
 
 def default_subsets(config: Any, grants: dict[str, Budget], n: int | None) -> int:
@@ -403,19 +394,18 @@ def split_release(
     return np.stack([sa.basis_from_aggregate(b, dim, ref_points, rank) for b in blocks]), found
 
 
-def run_sample_aggregate(
-    config, dataset, accountant, grants, executor, progress, noise_seed, timings
-):
+def run_sample_aggregate(ctx: RunContext) -> MethodOutcome:
     """§9 a: local k-plane on each subset, the projected reference points aggregated."""
+    config, dataset = ctx.config, ctx.dataset
     dim, k, q, n = dataset.dim, config.clusters, config.rank, dataset.n_rows
     user_level = config.unit_column is not None  # the row count is then private
-    t = config.subsets or default_subsets(config, grants, None if user_level else n)
+    t = config.subsets or default_subsets(config, ctx.grants, None if user_level else n)
     ref = config.ref_points or sa.default_ref_points(q, t, k * dim)
     if not user_level and n < t * k * q:  # at user level n is private: see job.py
         raise InputError(
             f"too few rows: {n} rows cannot fill {t} subsets of at least {k * q} rows: use "
-            f"more data, fewer --subsets (≥ {sa.minimum_subsets(config.aggregator, grants)} at "
-            "this budget), or a larger budget"
+            f"more data, fewer --subsets (≥ {sa.minimum_subsets(config.aggregator, ctx.grants)} "
+            "at this budget), or a larger budget"
         )
     seed = public_seed(config)
     plan = SubsetPlan(
@@ -424,33 +414,21 @@ def run_sample_aggregate(
         seed=seed,
         assign=config.assign,
         user_level=user_level,
-        buckets=choose_buckets(n, dim, t, executor),
+        buckets=choose_buckets(n, dim, t, ctx.executor),
     )
     step = KPlaneStep(clusters=k, rank=q, dim=dim, ref_points=ref, seed=seed)
-    mark = time.monotonic()
-    summaries = compute_subset_summaries(
-        dataset.parts, dataset.offsets, dataset.loader, plan, step, executor, progress
-    )
-    timings["local_steps_s"] = time.monotonic() - mark
-    mark = time.monotonic()
-    # The aggregator uses (seed, dim, ref_points) only to draw the public reference that
-    # bounds the points' spread for its scale search; our points stack K blocks of d×Q.
-    agg = sa.aggregate(
-        summaries,
-        config.aggregator,
-        accountant,
-        grants,
-        noise_rng(noise_seed),
-        seed,
-        k * dim,
-        ref,
-        config.scale,
-    )
-    bases, release = None, dict(agg.details)
-    if agg.point is not None:
-        bases, found = split_release(agg.point, sa.reference_points(seed, dim, ref), k, q)
-        release.update(found)
-    timings["aggregate_s"] = time.monotonic() - mark
+    with ctx.timed("local_steps_s"):
+        summaries = compute_subset_summaries(
+            dataset.parts, dataset.offsets, dataset.loader, plan, step, ctx.executor, ctx.progress
+        )
+    with ctx.timed("aggregate_s"):
+        # The aggregator uses (seed, dim, ref_points) only to draw the public reference that
+        # bounds the points' spread for its scale search; our points stack K blocks of d×Q.
+        agg = sa.aggregate(ctx, summaries, config.aggregator, seed, k * dim, ref, config.scale)
+        bases, release = None, dict(agg.details)
+        if agg.point is not None:
+            bases, found = split_release(agg.point, sa.reference_points(seed, dim, ref), k, q)
+            release.update(found)
     parameters = {
         "aggregator": config.aggregator,
         "subsets": t,
@@ -458,7 +436,6 @@ def run_sample_aggregate(
         "assign": "unit-hash" if config.unit_column else config.assign,
         "public_seed": seed,
         "scale_given": config.scale,
-        "budget_shares": budget_shares(config),
         "local_step": f"k-plane, {LOCAL_RESTARTS} seedings, ≤ {LOCAL_ITERATIONS} iterations",
         "canonical_order": "ascending ‖Π_ℓ r₁‖², r₁ the first public reference point",
         "shuffle_buckets": plan.buckets,
@@ -492,38 +469,39 @@ def merge_grams(grams: np.ndarray, clusters: int, rank: int) -> np.ndarray:
     return np.stack(groups)
 
 
-def run_sulq(config, dataset, accountant, grants, executor, progress, noise_seed, timings):
+def run_sulq(ctx: RunContext) -> MethodOutcome:
+    """§9 b: k-plane iterations from public random subspaces, each iteration's cluster Grams
+    released through ``ctx`` (its step ``iteration_i``), after a private row-norm bound
+    (step ``norm_bound``) where the plan declares one."""
+    config, dataset = ctx.config, ctx.dataset
     if dataset.n_rows < 1:  # row level only: n is public (footers), so this is bad input
         raise InputError(f"{dataset.input} has no rows: pass a dataset with at least one row")
     dim, k, q = dataset.dim, config.clusters, config.rank
     seed = public_seed(config)
     planes = OVERCLUSTER * k
     bases = random_bases(np.random.default_rng([seed, _INIT_TAG]), planes, dim, q)
-    rng = noise_rng(noise_seed)
-    steps = [(step, grant) for step, grant in grants.items() if step != "norm_bound"]
+    steps = [step for step in ctx.grants if step != "norm_bound"]
+    iterations = [iteration_mechanism(ctx.grant(step)) for step in steps]
     row_norm, norm_source = config.row_norm, "public (--row-norm)"
-    if "norm_bound" in grants:
-        mark = time.monotonic()
-        bound = sulq_norm_bound(dataset, accountant, grants, steps[0][1], rng, executor, progress)
-        row_norm, norm_source = bound.bound, NORM_SOURCE.format(q=bound.quantile, step="norm_bound")
-        timings["norm_bound_s"] = time.monotonic() - mark
+    if "norm_bound" in ctx.grants:
+        with ctx.timed("norm_bound_s"):
+            row_norm, quantile = sulq_norm_bound(ctx, iterations[0])
+        norm_source = NORM_SOURCE.format(q=quantile, step="norm_bound")
     task = PartitionGrams(dataset.loader, row_norm)
-    sigmas, gathered = [], 0
+    gathered = 0
     mark = time.monotonic()
-    for number, (step, grant) in enumerate(steps, start=1):
-        grams = sum_over_partitions(task, dataset.parts, bases, executor)
-        gathered += int(grams.nbytes)
-        iteration = iteration_mechanism(grant)
-        accountant.charge(step, iteration)
-        sigma = iteration.sigma
-        noisy = release_cluster_grams(grams, sigma, rng)
-        sigmas.append(sigma)
-        if noisy.shape[0] > k and (number >= len(steps) // 2 or number == len(steps)):
-            noisy = merge_grams(noisy, k, q)
-        bases = np.stack([top_eigenvectors(g, q)[1] for g in noisy])
-        if progress:
-            progress_bar(number, len(steps), mark, f"sulq: {len(steps)} noisy iterations")
-    timings["iterations_s"] = time.monotonic() - mark
+    with ctx.timed("iterations_s"):
+        for number, (step, iteration) in enumerate(zip(steps, iterations, strict=True), 1):
+            grams = sum_over_partitions(task, dataset.parts, bases, ctx.executor)
+            gathered += int(grams.nbytes)
+            noisy = ctx.release(
+                step, iteration, lambda m, rng, g=grams: release_cluster_grams(g, m, rng)
+            )
+            if noisy.shape[0] > k and (number >= len(steps) // 2 or number == len(steps)):
+                noisy = merge_grams(noisy, k, q)
+            bases = np.stack([top_eigenvectors(g, q)[1] for g in noisy])
+            if ctx.progress:
+                progress_bar(number, len(steps), mark, f"sulq: {len(steps)} noisy iterations")
     parameters = {
         "iterations": len(steps),
         "row_norm": row_norm,
@@ -531,11 +509,10 @@ def run_sulq(config, dataset, accountant, grants, executor, progress, noise_seed
         **({} if row_norm is None else {"row_norm_source": norm_source}),
         "gram_sensitivity": GRAM_SENSITIVITY,
         "public_seed": seed,
-        "budget_shares": budget_shares(config),
         "partitions": len(dataset.parts),
     }
     release = {
-        "noise_sigma_per_iteration": sigmas,
+        "noise_sigma_per_iteration": [iteration.sigma for iteration in iterations],
         "noisy_cluster_mass": [float(np.trace(g)) for g in noisy],
     }
     return bases, parameters, release, gathered
@@ -546,39 +523,35 @@ SULQ_FIX = "drop --private-norm, pass --row-norm B, a larger ε"
 bound, or more budget."""
 
 
-def sulq_norm_bound(
-    dataset: Dataset,
-    accountant: Any,
-    grants: dict[str, Budget],
-    iteration: Budget,
-    rng: np.random.Generator,
-    executor: Executor,
-    progress: bool,
-) -> NormBound:
+def sulq_norm_bound(ctx: RunContext, iteration: Gaussian) -> tuple[float, float]:
     """The private bound of privacy/norm_bound.py before the iterations (``--private-norm``).
 
     Same mechanism and cost as gauss's (sparse vector over the public grid's cumulative counts,
     Δ = 1 at row level, ε_norm-DP, no δ); its quantile follows the noise of one iteration's
-    Gram release (σ at Δ = 2), from public n, D and grants, with the low-side margin of
-    :func:`~dpsub_dist.privacy.norm_bound.margined_quantile`: where n is too small for it,
-    :class:`InputError` before any read or charge (SuLQ is row level: n is public). The
-    released B then plays the part of a public --row-norm: each iteration's sensitivity is for
-    rows of norm ≤ 1 after /B.
+    Gram release (``iteration``: σ at Δ = 2), from public n, D and grants, with the low-side
+    margin of :func:`~dpsub_dist.privacy.norm_bound.margined_quantile`: where n is too small
+    for it, :class:`InputError` before any read or charge (SuLQ is row level: n is public).
+    Returns the released B and that quantile. B then plays the part of a public --row-norm:
+    each iteration's sensitivity is for rows of norm ≤ 1 after /B.
     """
-    grant = grants["norm_bound"]
-    epsilon, sigma = laplace_epsilon(grant), iteration_mechanism(iteration).sigma
-    quantile = noise_matched_quantile(dataset.n_rows, dataset.dim, sigma, epsilon)
+    dataset = ctx.dataset
+    epsilon = laplace_epsilon(ctx.grant("norm_bound"))
+    quantile = noise_matched_quantile(dataset.n_rows, dataset.dim, iteration.sigma, epsilon)
     try:
         quantile = margined_quantile(quantile, dataset.n_rows, epsilon, "rows", fix=SULQ_FIX)
     except TooFewForBound as err:
         raise InputError(str(err)) from None
-    counts = compute_norm_counts(dataset.parts, dataset.loader, executor, progress)
-    mech = norm_bound_mechanism(grant)
-    accountant.charge("norm_bound", mech)
-    return private_norm_bound(counts, dataset.n_rows, mech, rng, quantile=quantile)
+    counts = compute_norm_counts(dataset.parts, dataset.loader, ctx.executor, ctx.progress)
+    bound = centring.release_bound(ctx, "norm_bound", counts, dataset.n_rows, quantile)
+    return bound, quantile
 
 
-def run_gibbs(config, dataset, accountant, grants, executor, progress, noise_seed, timings):
+def run_gibbs(ctx: RunContext) -> MethodOutcome:
+    """§9 c: the Gibbs chain on the driver (operator side), inside the release of its step
+    ``exponential_mechanism``: the chain's draws are that step's randomness, and the private
+    seed never enters the task graph. Not DP (:data:`GIBBS_GUARANTEE`): the run reports no
+    budget (:func:`run_clustering`)."""
+    config, dataset = ctx.config, ctx.dataset
     n, dim = dataset.n_rows, dataset.dim
     if n > GIBBS_MAX_ROWS or dim > GIBBS_MAX_DIM:
         raise InputError(
@@ -586,22 +559,26 @@ def run_gibbs(config, dataset, accountant, grants, executor, progress, noise_see
             f"columns), this input has {n} rows × {dim} columns: use --method sample-aggregate "
             "or sulq, or a sample of the rows"
         )
-    epsilon = laplace_epsilon(grants["exponential_mechanism"])
-    sweeps = config.sweeps or DEFAULT_SWEEPS
-    mark = time.monotonic()
-    rows = gather_bounded_rows(dataset, config.row_norm, executor)
-    timings["gather_s"] = time.monotonic() - mark
-    mark = time.monotonic()
-    rng = noise_rng(noise_seed)  # on the driver: the seed never enters the task graph
-    bases = gibbs_subspace_clustering(rows, config.clusters, config.rank, epsilon, sweeps, rng)
-    timings["sampler_s"] = time.monotonic() - mark
+    chain = GibbsChain(
+        laplace_epsilon(ctx.grant("exponential_mechanism")), config.sweeps or DEFAULT_SWEEPS
+    )
+    with ctx.timed("gather_s"):
+        rows = gather_bounded_rows(dataset, config.row_norm, ctx.executor)
+    with ctx.timed("sampler_s"):
+        bases = ctx.release(
+            "exponential_mechanism",
+            chain,
+            lambda c, rng: gibbs_subspace_clustering(
+                rows, config.clusters, config.rank, c.epsilon, c.sweeps, rng
+            ),
+        )
     parameters = {
-        "sweeps": sweeps,
+        "sweeps": chain.sweeps,
         "row_norm": config.row_norm,
         "row_scaling": "unit length"
         if config.row_norm is None
         else "clip to row_norm, then /row_norm",
-        "temperature_epsilon": epsilon,
+        "temperature_epsilon": chain.epsilon,
         "temperature_note": "the chain targets the ε-DP exponential mechanism with this ε; "
         "a finite chain is not covered by it, so no budget is charged",
     }

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from dpsub_dist.context import RunContext
 from dpsub_dist.errors import InputError
 from dpsub_dist.linalg import (
     top_left_singular_vectors,
@@ -26,14 +27,8 @@ from dpsub_dist.linalg import (
     top_right_singular_vectors_from_gram,
 )
 from dpsub_dist.privacy import friendly, histogram
-from dpsub_dist.privacy.accountant import Accountant, ApproxDP, Budget, laplace_epsilon
-from dpsub_dist.privacy.friendly import (
-    choose_radius,
-    friendly_core_average,
-    pairwise_sq_distances,
-    radius_floor,
-)
-from dpsub_dist.privacy.histogram import choose_cell_side, shifted_grid_histogram
+from dpsub_dist.privacy.accountant import Budget, laplace_epsilon
+from dpsub_dist.privacy.friendly import pairwise_sq_distances, radius_floor
 from dpsub_dist.privacy.sparse_vector import geometric_grid
 
 Aggregator = Literal["friendly", "histogram"]
@@ -120,18 +115,14 @@ def budget_plan(method: Aggregator, scale_given: bool) -> dict[str, tuple[float,
     return BUDGET_SHARES[key if scale_given else method]
 
 
-def _failure_delta(grant: Budget) -> float:
-    return grant.delta if isinstance(grant, ApproxDP) else grant.delta0
-
-
 def minimum_subsets(method: Aggregator, grants: dict[str, Budget]) -> int:
     """Fewest subsets for which the aggregator can succeed on perfectly agreeing points."""
     if method == "friendly":
         grant = grants["core_test"]
-        margin = 4 / laplace_epsilon(grant) * math.log(1 / (2 * _failure_delta(grant))) + 4
+        margin = 4 / laplace_epsilon(grant) * math.log(1 / (2 * friendly.ptr_delta(grant))) + 4
         return math.ceil(3 * margin)  # W ≈ t must clear t/4 + margin with room to spare
     grant = grants["histogram"]
-    threshold = 1 + 2 / laplace_epsilon(grant) * math.log(1 / _failure_delta(grant))
+    threshold = 1 + 2 / laplace_epsilon(grant) * math.log(1 / histogram.stability_delta(grant))
     return max(50, math.ceil(2 * threshold))
 
 
@@ -196,21 +187,20 @@ class Aggregate:
 
 
 def aggregate(
+    ctx: RunContext,
     summaries: np.ndarray,
     method: Aggregator,
-    accountant: Accountant,
-    grants: dict[str, Budget],
-    rng: np.random.Generator,
     seed: int,
     dim: int,
     ref_points: int,
     scale: float | None = None,
 ) -> Aggregate:
-    """Private aggregation of the t summaries on the driver (§2/§3, scale by §4 unless given)."""
+    """Private aggregation of the t summaries on the driver (§2/§3, scale by §4 unless given):
+    each step released through ``ctx`` with the mechanism its grant calibrates."""
     reference = reference_points(seed, dim, ref_points)
     if method == "friendly":
-        return _aggregate_friendly(summaries, accountant, grants, rng, reference, scale)
-    return _aggregate_histogram(summaries, accountant, grants, rng, reference, seed, scale)
+        return _aggregate_friendly(ctx, summaries, reference, scale)
+    return _aggregate_histogram(ctx, summaries, reference, seed, scale)
 
 
 def reference_norm(reference: np.ndarray) -> float:
@@ -244,55 +234,71 @@ def check_scale(method: Aggregator, scale: float | None, reference: np.ndarray) 
         )
 
 
-def _aggregate_friendly(summaries, accountant, grants, rng, reference, radius) -> Aggregate:
+def _aggregate_friendly(
+    ctx: RunContext, summaries: np.ndarray, reference: np.ndarray, radius: float | None
+) -> Aggregate:
     sq_dists = pairwise_sq_distances(summaries)
     details: dict[str, Any] = {}
     if radius is None:
-        accountant.charge(
-            "radius_search", friendly.radius_search_mechanism(grants["radius_search"])
-        )
         grid = _search_grid(reference, friend_radius_floor(reference))
-        radius = choose_radius(sq_dists, grid, grants["radius_search"], rng)
+        radius = ctx.release(
+            "radius_search",
+            friendly.radius_search_mechanism(ctx.grant("radius_search")),
+            lambda search, rng: friendly.choose_radius(sq_dists, grid, search, rng),
+        )
         details["radius_chosen_privately"] = True
         if radius is None:
             return Aggregate(None, {**details, **_failure("radius_search")})
     details["radius"] = radius
-    accountant.charge("core_test", friendly.core_test_mechanism(grants["core_test"]))
-    accountant.charge(
-        "core_noise", friendly.core_noise_mechanism(grants["core_noise"], grants["core_test"])
+    test_grant, noise_grant = ctx.grant("core_test"), ctx.grant("core_noise")
+    delta = friendly.ptr_delta(test_grant)
+    core = ctx.release(
+        "core_test",
+        friendly.core_test_mechanism(test_grant),
+        lambda test, rng: friendly.core_test(sq_dists, radius, test, delta, rng),
     )
-    release = friendly_core_average(
-        summaries, radius, grants["core_test"], grants["core_noise"], rng, sq_dists
+    details.update(noisy_core_weight=core.noisy_weight, core_weight_lower_bound=core.lower_bound)
+    if not core.passed:  # the grant stays spent: at the smallest L that passes, t/4
+        smallest_pass = summaries.shape[0] / 4
+        ctx.forgo(
+            "core_noise",
+            friendly.core_noise_mechanism(noise_grant, test_grant, radius, smallest_pass),
+        )
+        return Aggregate(None, {**details, "noise_sigma": None, **_failure("core_test")})
+    gaussian = friendly.core_noise_mechanism(noise_grant, test_grant, radius, core.lower_bound)
+    point = ctx.release(
+        "core_noise", gaussian, lambda g, rng: friendly.core_average(summaries, core, g, rng)
     )
-    details.update(
-        noisy_core_weight=release.noisy_weight,
-        core_weight_lower_bound=release.weight_lower_bound,
-        noise_sigma=release.sigma,
-    )
-    if release.point is None:
-        details.update(_failure("core_test"))
-    return Aggregate(release.point, details)
+    return Aggregate(point, {**details, "noise_sigma": gaussian.sigma})
 
 
-def _aggregate_histogram(summaries, accountant, grants, rng, reference, seed, side) -> Aggregate:
+def _aggregate_histogram(
+    ctx: RunContext, summaries: np.ndarray, reference: np.ndarray, seed: int, side: float | None
+) -> Aggregate:
     offset = float(np.random.default_rng([seed, _OFFSET_TAG]).uniform())
     details: dict[str, Any] = {"grid_offset": offset}
     if side is None:
-        accountant.charge("cell_search", histogram.cell_search_mechanism(grants["cell_search"]))
-        side = choose_cell_side(
-            summaries,
-            offset,
-            _search_grid(reference),
-            grants["cell_search"],
-            rng,
-            HISTOGRAM_SEARCH_FRACTION,
+        grid = _search_grid(reference)
+        side = ctx.release(
+            "cell_search",
+            histogram.cell_search_mechanism(ctx.grant("cell_search")),
+            lambda search, rng: histogram.choose_cell_side(
+                summaries, offset, grid, search, rng, HISTOGRAM_SEARCH_FRACTION
+            ),
         )
         details["cell_side_chosen_privately"] = True
         if side is None:
             return Aggregate(None, {**details, **_failure("cell_search")})
     details["cell_side"] = side
-    accountant.charge("histogram", histogram.histogram_mechanism(grants["histogram"]))
-    release = shifted_grid_histogram(summaries, side, offset, grants["histogram"], rng)
+    grant = ctx.grant("histogram")
+    delta = histogram.stability_delta(grant)
+    release = ctx.release(
+        "histogram",
+        histogram.histogram_mechanism(grant),
+        lambda counts, rng: histogram.shifted_grid_histogram(
+            summaries, side, offset, counts, delta, rng
+        ),
+    )
     details.update(noisy_count=release.noisy_count, count_threshold=release.threshold)
     if release.point is None:
         details.update(_failure("histogram"))

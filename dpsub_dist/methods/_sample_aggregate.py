@@ -4,28 +4,17 @@ and ``histogram`` share (and ``dpsub cluster --method sample-aggregate`` reuses 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
-from dpsub_dist.engine.compute import Executor
+from dpsub_dist.context import EstimateResult, RunContext, choose_buckets, public_seed
 from dpsub_dist.engine.routes import LOCAL_ROUTES, local_route
 from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.engine.subsets import SubsetPlan
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators import sample_aggregate as sa
-from dpsub_dist.context import (
-    EstimateResult,
-    RunContext,
-    build_manifest,
-    choose_buckets,
-    open_checked,
-    plan,
-    public_seed,
-)
 from dpsub_dist.methods.spec import Param, positive
-from dpsub_dist.privacy.noise import noise_rng
 
 SUBSETS = Param(
     "subsets",
@@ -96,12 +85,9 @@ def run_sample_aggregate(
     noise_seed: int | None,
 ) -> EstimateResult:
     """Sample and aggregate (ALGORITHMS.md §1–§4) with the friendly or histogram aggregator."""
-    started = time.monotonic()
-    executor = Executor(client)
-    timings: dict[str, float] = {}
-    accountant, grants = plan(config, estimate_plan(config))
-    dataset = open_checked(config, open_dataset, executor)
-    timings["inspect_s"] = time.monotonic() - started
+    ctx = RunContext.open(config, open_dataset, client, progress, noise_seed)
+    grants = ctx.plan(estimate_plan(config))
+    dataset = ctx.dataset
     dim, k, n = dataset.dim, config.rank, dataset.n_rows
     user_level = config.unit_column is not None  # the row count is then private
     t = config.subsets or sa.default_subsets(
@@ -126,60 +112,41 @@ def run_sample_aggregate(
         seed=seed,
         assign=config.assign,
         user_level=user_level,
-        buckets=choose_buckets(n, dim, t, executor),
+        buckets=choose_buckets(n, dim, t, ctx.executor),
     )
     step = sa.ProjectedReferenceStep(rank=k, dim=dim, ref_points=q, seed=seed)
-    rng = noise_rng(noise_seed)
-    mark = time.monotonic()
-    ctx = RunContext.adopt(config, dataset, executor, progress, accountant, grants, rng)
-    loader, centred, mean_release = centring.centre(ctx)
-    timings["centre_s"] = time.monotonic() - mark
-    mark = time.monotonic()
-    route = local_route(subset_plan, dim, k)
-    summaries = LOCAL_ROUTES[route](
-        dataset.parts, dataset.offsets, loader, subset_plan, step, executor, progress
-    )
-    timings["local_steps_s"] = time.monotonic() - mark
-
-    mark = time.monotonic()
-    agg = sa.aggregate(
-        summaries, config.method, accountant, grants, rng, seed, dim, q, config.scale
-    )
-    reference = sa.reference_points(seed, dim, q)
-    if agg.point is not None and sa.is_null_release(agg.point, reference, k):
-        reason = {
-            "failed_step": "null_check",
-            "failure_reason": sa.null_release_reason(agg, reference, k),
-        }
-        agg = sa.Aggregate(None, {**agg.details, **reason})
-    elif sa.is_spread_release(agg):
-        reason = {"failed_step": "core_spread", "failure_reason": sa.CORE_SPREAD_REASON}
-        agg = sa.Aggregate(None, {**agg.details, **reason})
-    basis = None if agg.point is None else sa.basis_from_aggregate(agg.point, dim, q, k)
-    timings["aggregate_s"] = time.monotonic() - mark
-    mark = time.monotonic()
-    basis, variance = centring.explain(ctx, basis, loader)
-    timings["explained_variance_s"] = time.monotonic() - mark
-    timings["total_s"] = time.monotonic() - started
+    with ctx.timed("centre_s"):
+        loader, centred, mean_release = centring.centre(ctx)
+    with ctx.timed("local_steps_s"):
+        route = local_route(subset_plan, dim, k)
+        summaries = LOCAL_ROUTES[route](
+            dataset.parts, dataset.offsets, loader, subset_plan, step, ctx.executor, progress
+        )
+    with ctx.timed("aggregate_s"):
+        agg = sa.aggregate(ctx, summaries, config.method, seed, dim, q, config.scale)
+        reference = sa.reference_points(seed, dim, q)
+        if agg.point is not None and sa.is_null_release(agg.point, reference, k):
+            reason = {
+                "failed_step": "null_check",
+                "failure_reason": sa.null_release_reason(agg, reference, k),
+            }
+            agg = sa.Aggregate(None, {**agg.details, **reason})
+        elif sa.is_spread_release(agg):
+            reason = {"failed_step": "core_spread", "failure_reason": sa.CORE_SPREAD_REASON}
+            agg = sa.Aggregate(None, {**agg.details, **reason})
+        basis = None if agg.point is None else sa.basis_from_aggregate(agg.point, dim, q, k)
+    with ctx.timed("explained_variance_s"):
+        basis, variance = centring.explain(ctx, basis, loader)
     parameters = {
         "subsets": t,
         "ref_points": q,
         "assign": "unit-hash" if config.unit_column else config.assign,
         "public_seed": seed,
         "scale_given": config.scale,
-        "budget_shares": estimate_plan(config),
         **centred,
         "local_route": route,
         "shuffle_buckets": subset_plan.buckets if route == "row shuffle" else None,
         "partitions": len(dataset.parts),
     }
-    manifest = build_manifest(
-        config,
-        dataset,
-        accountant,
-        basis is not None,
-        parameters,
-        {**mean_release, **agg.details, **variance},
-        int(summaries.nbytes),
-    )
-    return EstimateResult(basis, manifest, timings)
+    release = {**mean_release, **agg.details, **variance}
+    return ctx.result(basis, parameters, release, int(summaries.nbytes))

@@ -39,11 +39,12 @@ All randomness here is DP noise: pass a generator from :func:`noise.noise_rng`.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from dpsub_dist.privacy import mechanism, noise
-from dpsub_dist.privacy.accountant import Budget
+from dpsub_dist.privacy import mechanism
+from dpsub_dist.privacy.accountant import ApproxDP, Budget
 
 GRAM_SENSITIVITY = 2.0
 """L2 sensitivity of one SuLQ iteration's K Gram matrices, rows of norm ≤ 1 (§9 b)."""
@@ -71,14 +72,16 @@ def iteration_mechanism(grant: Budget) -> mechanism.Gaussian:
     return mechanism.gaussian(grant, GRAM_SENSITIVITY)
 
 
-def release_cluster_grams(grams: np.ndarray, sigma: float, rng: np.random.Generator) -> np.ndarray:
-    """K×d×d Gram matrices plus symmetric Gaussian noise of std σ (WWS15 SuLQ k-plane, §9 b).
+def release_cluster_grams(
+    grams: np.ndarray, iteration: mechanism.Gaussian, rng: np.random.Generator
+) -> np.ndarray:
+    """K×d×d Gram matrices plus symmetric Gaussian noise (WWS15 SuLQ k-plane, §9 b).
 
-    Pass ``σ = gram_noise_sigma(grant)``: that is what makes one release (ε, δ)-DP (or
-    ρ-zCDP) for rows of norm ≤ 1 under replace-one neighbours. The K upper triangles are
-    one :func:`noise.add_symmetric_gaussian` release with L2 sensitivity Δ = 2 (on its grid).
+    ``iteration`` is :func:`iteration_mechanism` of the step's grant: that is what makes one
+    release (ε, δ)-DP (or ρ-zCDP) for rows of norm ≤ 1 under replace-one neighbours. The K
+    upper triangles are one symmetric release with L2 sensitivity Δ = 2 (on its grid).
     """
-    return noise.add_symmetric_gaussian(rng, grams, sigma, GRAM_SENSITIVITY)
+    return iteration.release_symmetric(rng, grams)
 
 
 # --------------------------------------------------------------------------- Bingham sampling
@@ -180,6 +183,20 @@ def random_bases(rng: np.random.Generator, clusters: int, dim: int, rank: int) -
         q, r = np.linalg.qr(rng.standard_normal((dim, rank)))
         out[c] = q * np.where(np.diag(r) < 0, -1.0, 1.0)
     return out
+
+
+@dataclass(frozen=True)
+class GibbsChain(mechanism.Mechanism):
+    """Step ``exponential_mechanism``: ``sweeps`` sweeps of the chain targeting the
+    exponential mechanism at ``epsilon`` (:func:`gibbs_subspace_clustering`). Its cost is
+    that target's, ε-DP, which only an exact sample meets: a finite chain has no proven
+    guarantee, so a run reports none (:data:`GIBBS_GUARANTEE`) and no budget."""
+
+    epsilon: float
+    sweeps: int
+
+    def cost(self) -> Budget:
+        return ApproxDP(self.epsilon, 0.0)
 
 
 def gibbs_subspace_clustering(

@@ -9,8 +9,9 @@ sensitivity 4 and the weighted mean has sensitivity ``16r/(W − 4)``. The
 release is propose–test–release on ``W`` (Laplace, ``(ε₁, δ₁)``) followed by
 the Gaussian mechanism with sensitivity ``16r/L``; in total
 ``(ε₁ + ε₂, δ₁ + e^{ε₁} δ₂)``-DP, or ``δ₁``-approximate ``(ε₁²/2 + ρ₂)``-zCDP.
-The Gaussian grant passed in is what gets charged; its δ is divided by
-``e^{ε₁}`` before calibration so that the charge matches the composition above.
+:func:`core_noise_mechanism` calibrates the Gaussian for its grant's δ divided by
+``e^{ε₁}`` (its stated cost multiplies it back), so that the charge matches the composition
+above. Each step's function takes the mechanism its caller charged and draws with it.
 """
 
 from __future__ import annotations
@@ -21,11 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpsub_dist.privacy import mechanism, noise
-from dpsub_dist.privacy.accountant import (
-    ApproxDP,
-    Budget,
-    laplace_epsilon,
-)
+from dpsub_dist.privacy.accountant import ApproxDP, Budget, laplace_epsilon
 from dpsub_dist.privacy.sparse_vector import above_threshold
 
 WEIGHT_SENSITIVITY = 4.0
@@ -33,13 +30,19 @@ WEIGHT_SENSITIVITY = 4.0
 
 
 @dataclass(frozen=True)
-class FriendlyRelease:
-    """Outcome of the friendly-core average; ``point`` is None for ⊥."""
+class CoreTest:
+    """The released core test (§3 step 2): the noisy core weight Ŵ and the lower bound L on
+    W − 4 read from it, with the deterministic weights it tested (operator side: the core
+    average behind the test uses them)."""
 
-    point: np.ndarray | None
+    weights: np.ndarray
     noisy_weight: float
-    weight_lower_bound: float
-    sigma: float | None
+    lower_bound: float
+
+    @property
+    def passed(self) -> bool:
+        """L ≥ t/4: only then does the Gaussian sensitivity 16r/L hold for the average."""
+        return self.lower_bound >= self.weights.size / 4
 
 
 UNIT_ROUNDOFF = 2.0**-53
@@ -103,39 +106,38 @@ def _weights(friends: np.ndarray, t: int) -> np.ndarray:
     return np.clip((friends - (t / 2 + 1)) / (t / 2), 0.0, 1.0)
 
 
-def _ptr_parameters(grant: Budget) -> tuple[float, float]:
-    epsilon = laplace_epsilon(grant)
-    delta = grant.delta if isinstance(grant, ApproxDP) else grant.delta0
+def ptr_delta(ptr_grant: Budget) -> float:
+    """δ₁ of the core test's grant: the probability its lower bound L may fail."""
+    delta = ptr_grant.delta if isinstance(ptr_grant, ApproxDP) else ptr_grant.delta0
     if not 0 < delta < 1:
         raise ValueError("the propose-test-release step needs a delta in (0, 1)")
-    return epsilon, delta
+    return delta
 
 
-def friendly_core_average(
-    points: np.ndarray,
+def core_test(
+    sq_dists: np.ndarray,
     radius: float,
-    ptr_grant: Budget,
-    gaussian_grant: Budget,
+    test: mechanism.Laplace,
+    delta: float,
     rng: np.random.Generator,
-    sq_dists: np.ndarray | None = None,
-) -> FriendlyRelease:
-    """Private average of the points' friendly core, or ⊥ (T24 / FriendlyCore, §3 steps 1–3)."""
-    t = points.shape[0]
-    if sq_dists is None:
-        sq_dists = pairwise_sq_distances(points)
+) -> CoreTest:
+    """Step ``core_test`` (§3 steps 1–2): the core weight W at friend radius ``radius`` plus
+    ``test``'s noise (:func:`core_test_mechanism`), and L, its lower bound failing w.p. ≤
+    ``delta`` (:func:`ptr_delta`)."""
     weights = core_weights(sq_dists, radius)
-    total = float(weights.sum())
-    _, delta1 = _ptr_parameters(ptr_grant)
-    test = core_test_mechanism(ptr_grant)
-    noisy_total = test.release(rng, total)
-    lower = ptr_lower_bound(noisy_total, test.scale, delta1)
-    if lower < t / 4:
-        return FriendlyRelease(None, noisy_total, lower, None)
-    mean = weights @ points / total
-    # Behind the PTR test (accountant.after_test); Δ = 16r/L holds once the test passed.
-    release = mechanism.gaussian(gaussian_grant, 16 * radius / lower, gate=ptr_grant)
-    point = release.release(rng, mean)
-    return FriendlyRelease(point, noisy_total, lower, release.sigma)
+    noisy_total = test.release(rng, float(weights.sum()))
+    return CoreTest(weights, noisy_total, ptr_lower_bound(noisy_total, test.scale, delta))
+
+
+def core_average(
+    points: np.ndarray, core: CoreTest, gaussian: mechanism.Gaussian, rng: np.random.Generator
+) -> np.ndarray:
+    """Step ``core_noise`` (§3 step 3): the core's weighted mean plus ``gaussian``, the noise
+    of :func:`core_noise_mechanism` for this test's L (run only behind a passed test)."""
+    if not core.passed:
+        raise ValueError("the core average runs only behind a passed core test")
+    mean = core.weights @ points / float(core.weights.sum())
+    return gaussian.release(rng, mean)
 
 
 def core_test_mechanism(ptr_grant: Budget) -> mechanism.Laplace:
@@ -143,10 +145,12 @@ def core_test_mechanism(ptr_grant: Budget) -> mechanism.Laplace:
     return mechanism.laplace(ptr_grant, WEIGHT_SENSITIVITY)
 
 
-def core_noise_mechanism(gaussian_grant: Budget, ptr_grant: Budget) -> mechanism.Gaussian:
-    """Step ``core_noise``: the Gaussian release behind the PTR test, per unit of its
-    sensitivity 16r/L (known once the test passed; the privacy map depends on σ/Δ only)."""
-    return mechanism.gaussian(gaussian_grant, 1.0, gate=ptr_grant)
+def core_noise_mechanism(
+    gaussian_grant: Budget, ptr_grant: Budget, radius: float, lower_bound: float
+) -> mechanism.Gaussian:
+    """Step ``core_noise``: the Gaussian release behind the PTR test of ``ptr_grant``, at the
+    mean's sensitivity 16r/L (it holds once the test passed with lower bound L ≥ t/4)."""
+    return mechanism.gaussian(gaussian_grant, 16 * radius / lower_bound, gate=ptr_grant)
 
 
 def radius_search_mechanism(grant: Budget) -> mechanism.AboveThreshold:
@@ -192,18 +196,15 @@ def grid_core_weights(sq_dists: np.ndarray, grid: np.ndarray) -> np.ndarray:
 def choose_radius(
     sq_dists: np.ndarray,
     grid: np.ndarray,
-    grant: Budget,
+    search: mechanism.AboveThreshold,
     rng: np.random.Generator,
     threshold_fraction: float = 0.8,
 ) -> float | None:
-    """Smallest grid radius whose core weight W(r) privately clears a fraction of t (§4)."""
+    """Step ``radius_search`` (§4): the smallest grid radius whose core weight W(r) privately
+    clears a fraction of t, with ``search``'s noise (:func:`radius_search_mechanism`)."""
     t = sq_dists.shape[0]
     weights = grid_core_weights(sq_dists, grid)
     index = above_threshold(
-        lambda j: float(weights[j]),
-        len(grid),
-        threshold_fraction * t,
-        radius_search_mechanism(grant),
-        rng,
+        lambda j: float(weights[j]), len(grid), threshold_fraction * t, search, rng
     )
     return None if index is None else float(grid[index])

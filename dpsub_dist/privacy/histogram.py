@@ -58,29 +58,30 @@ def max_cell_count(points: np.ndarray, side: float, offset: float) -> int:
     return int(np.bincount(labels).max())
 
 
-def _histogram_parameters(grant: Budget) -> tuple[float, float]:
+def stability_delta(grant: Budget) -> float:
+    """δ of the histogram's grant: the chance a cell of one point clears the threshold."""
     delta = grant.delta if isinstance(grant, ApproxDP) else grant.delta0
     if not 0 < delta < 1:
         raise ValueError("the stability histogram needs a delta in (0, 1)")
-    return laplace_epsilon(grant), delta
+    return delta
 
 
 def shifted_grid_histogram(
     points: np.ndarray,
     side: float,
     offset: float,
-    grant: Budget,
+    counts: mechanism.Laplace,
+    delta: float,
     rng: np.random.Generator,
     output: Literal["center", "uniform"] = "center",
 ) -> HistogramRelease:
-    """Release a point of the most popular grid cell, or ⊥ (SS21 Alg. 2, §2)."""
-    _, delta = _histogram_parameters(grant)
+    """Step ``histogram`` (SS21 Alg. 2, §2): a point of the most popular grid cell, or ⊥; the
+    cell counts drawn with ``counts`` (:func:`histogram_mechanism`), the threshold for
+    ``delta`` (:func:`stability_delta`)."""
     labels, cells = grid_cells(points, side, offset)
-    counts = histogram_mechanism(grant)
-    scale = counts.scale
     noisy = counts.release(rng, np.bincount(labels).astype(np.float64), coordinates_changed=2)
     threshold = 1 + noise.laplace_tail(
-        scale, COUNT_VECTOR_SENSITIVITY, delta / 2, coordinates_changed=2
+        counts.scale, COUNT_VECTOR_SENSITIVITY, delta / 2, coordinates_changed=2
     )
     best = int(np.argmax(noisy))
     if noisy[best] <= threshold:
@@ -103,16 +104,17 @@ def choose_cell_side(
     points: np.ndarray,
     offset: float,
     grid: np.ndarray,
-    grant: Budget,
+    search: mechanism.AboveThreshold,
     rng: np.random.Generator,
     threshold_fraction: float = 0.8,
 ) -> float | None:
-    """Smallest grid side whose largest cell privately holds a fraction of t points (§4)."""
+    """Step ``cell_search`` (§4): the smallest grid side whose largest cell privately holds a
+    fraction of t points, with ``search``'s noise (:func:`cell_search_mechanism`)."""
     index = above_threshold(
         lambda j: max_cell_count(points, grid[j], offset),
         len(grid),
         threshold_fraction * points.shape[0],
-        cell_search_mechanism(grant),
+        search,
         rng,
     )
     return None if index is None else float(grid[index])
