@@ -5,7 +5,8 @@ with its private generator wrapped so that any use of it outside
 :meth:`~dpsub_dist.context.RunContext.release` is recorded, and every noise draw is compared
 with the mechanism that release charged: its scale per unit of sensitivity must be that
 mechanism's (or one of its parts'). Then the steps charged must be the steps the run
-declared (its manifest's ``budget_shares``): all of them where a basis was released.
+declared (its manifest's ``budget_shares``): all of them where a basis was released (a
+stream's cases append its whole horizon: its last release has charged its whole plan).
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from dpsub_dist import context
 from dpsub_dist.privacy import mechanism, noise
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_release_checksums import CLUSTERS, ESTIMATES, run_case  # noqa: E402
+from test_release_checksums import CLUSTERS, ESTIMATES, STREAMS, run_case  # noqa: E402
 
-CASES = [*ESTIMATES, *CLUSTERS]
+CASES = [*ESTIMATES, *CLUSTERS, *STREAMS]
 
 
 class GuardedGenerator:
@@ -142,4 +143,6 @@ def test_every_case_is_guarded() -> None:
 
     methods = {o.get("method", "auto") for _, o in ESTIMATES.values()}
     methods |= {o.get("method", "sample-aggregate") for o in CLUSTERS.values()}
-    assert methods >= set(REGISTRY["estimate"]) | set(REGISTRY["cluster"]), dpsub_dist.__name__
+    methods |= {o.get("method", "online") for o in STREAMS.values()}
+    everything = set(REGISTRY["estimate"]) | set(REGISTRY["cluster"]) | set(REGISTRY["stream"])
+    assert methods >= everything, dpsub_dist.__name__
