@@ -23,7 +23,12 @@ from dpsub_dist.engine.gram import GramSummary, clip_rows, gram_of
 from dpsub_dist.estimators.covariance import bound_quantile, budget_plan, release_basis
 from dpsub_dist.linalg import subspace_error, top_eigenvectors
 from dpsub_dist.privacy.accountant import Accountant, ApproxDP
-from dpsub_dist.privacy.norm_bound import NORM_QUANTILE, norm_counts, private_norm_bound
+from dpsub_dist.privacy.norm_bound import (
+    NORM_QUANTILE,
+    norm_bound_mechanism,
+    norm_counts,
+    private_norm_bound,
+)
 
 DELTA = 1e-6
 EPSILONS = (1.0, 3.0, 10.0)
@@ -103,7 +108,8 @@ def measure(
                      (f"private, rule q = {rule:.5f}", rule)):  # fmt: skip
         bounds, errors = [], []
         for _ in range(reps):
-            bound = private_norm_bound(counts, len(rows), grants["norm_bound"], rng, q).bound
+            mech = norm_bound_mechanism(grants["norm_bound"])
+            bound = private_norm_bound(counts, len(rows), mech, rng, q).bound
             bounds.append(bound)
             errors.append(_error(rows, truth, bound, rng, epsilon, center, private_norm=True))
         out.append((label, float(np.median(bounds)), float(np.median(errors))))

@@ -22,6 +22,7 @@ from dpsub_dist.privacy.norm_bound import (
     TooFewForBound,
     norm_histogram,
     private_user_norm_bound,
+    user_norm_bound_mechanism,
 )
 
 DIM, ROWS_PER_USER, DELTA = 5, 6, 1e-6
@@ -40,13 +41,14 @@ def released_bounds(users: int, epsilon: float, reps: int, seed: int) -> tuple[f
     norms = user_norms(users, rng)
     grants = Accountant(ApproxDP(epsilon, DELTA)).split(budget_plan("gauss", False, False, True))
     counts = norm_histogram(norms)
+    mech = user_norm_bound_mechanism(grants["norm_bound"])
 
     def quantile(noisy_users: float, search_epsilon: float) -> float:
         return bound_quantile("gauss", grants, "add_remove", noisy_users, DIM, search_epsilon)
 
     def draw() -> float | None:
         try:
-            return private_user_norm_bound(counts, grants["norm_bound"], rng, quantile).bound
+            return private_user_norm_bound(counts, mech, rng, quantile).bound
         except TooFewForBound:
             return None
 

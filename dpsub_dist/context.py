@@ -95,6 +95,7 @@ class RunContext:
         self.accountant: Accountant | None = None
         self._rng = noise_rng(noise_seed)
         self._forgone: list[str] = []
+        self._skipped: list[str] = []
         self._earlier = 0  # the charges of earlier commands a resumed plan counts (resume)
 
     @classmethod
@@ -112,6 +113,24 @@ class RunContext:
         dataset = open_checked(config, open_dataset, executor)
         ctx = cls(config, dataset, executor, progress, noise_seed, started)
         ctx.timings["inspect_s"] = time.monotonic() - started
+        return ctx
+
+    @classmethod
+    def adopt(
+        cls,
+        config: Any,
+        dataset: Dataset,
+        executor: Executor,
+        progress: bool,
+        accountant: Accountant,
+        grants: dict[str, Budget],
+        rng: np.random.Generator,
+    ) -> RunContext:
+        """Transitional (issue #28): a context over a runner's own accountant, grants and
+        private generator, so a runner not yet opened on a context calls the shared steps
+        (:mod:`dpsub_dist.estimators.centring`) with the same draws; goes once none is left."""
+        ctx = cls(config, dataset, executor, progress, None)
+        ctx.accountant, ctx.grants, ctx._rng = accountant, grants, rng
         return ctx
 
     def plan(self, shares: dict[str, tuple[float, float]]) -> dict[str, Budget]:
@@ -166,6 +185,13 @@ class RunContext:
         self._accountant.charge(step, mechanism)
         self._forgone.append(step)
 
+    def skip(self, step: str) -> None:
+        """Leave the declared ``step`` uncharged, nothing drawn: a decision from public facts
+        (n and ε too small for its bound's margin) dropped it; :meth:`result` counts it."""
+        if step not in self.grants:
+            raise PlanMismatch(f"step {step!r} is skipped but was not declared")
+        self._skipped.append(step)
+
     @property
     def _accountant(self) -> Accountant:
         if self.accountant is None:
@@ -178,9 +204,14 @@ class RunContext:
         return [entry["step"] for entry in self._accountant.report()["steps"]][self._earlier :]
 
     def check_charged(self) -> None:
-        """Raise :class:`PlanMismatch` unless the steps charged are the declared ones."""
-        if sorted(self.charged) != sorted(self.shares):
-            raise PlanMismatch(f"declared steps {list(self.shares)} but charged {self.charged}")
+        """Raise :class:`PlanMismatch` unless the declared steps are those charged and those
+        skipped (:meth:`skip`)."""
+        charged = self.charged
+        if sorted(charged + self._skipped) != sorted(self.shares):
+            raise PlanMismatch(
+                f"declared steps {list(self.shares)} but charged {charged}"
+                + (f" and skipped {self._skipped}" if self._skipped else "")
+            )
 
     @contextmanager
     def timed(self, name: str) -> Iterator[None]:
@@ -199,8 +230,9 @@ class RunContext:
         gathered_bytes: int,
     ) -> EstimateResult:
         """The run's result: its manifest (:func:`build_manifest`, with the declared plan as
-        ``budget_shares``) and timings. A released basis needs every declared step charged;
-        a ⊥ may stop early (its later steps' grants are reserved, not drawn)."""
+        ``budget_shares``) and timings. A released basis needs every declared step charged or
+        skipped (:meth:`skip`, :meth:`check_charged`); a ⊥ may stop early (its later steps'
+        grants are reserved, not drawn)."""
         if basis is not None:
             self.check_charged()
         self.timings["total_s"] = time.monotonic() - self.started

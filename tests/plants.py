@@ -120,11 +120,11 @@ PLANTS = [
         "explained variance's norm bound drawn but not charged (a step missing from the plan)",
         "plan ≠ steps drawn",
         "dpsub_dist/estimators/centring.py",
-        "    accountant.charge(step, norm_bound_mechanism(grants[step]))\n"
-        "    return private_norm_bound(",
-        '    if step != "variance_norm_bound":\n'
-        "        accountant.charge(step, norm_bound_mechanism(grants[step]))\n"
-        "    return private_norm_bound(",
+        "    return ctx.release(\n        step,\n",
+        '    if step == "variance_norm_bound":\n'
+        "        mech = norm_bound_mechanism(ctx.grant(step))\n"
+        "        return private_norm_bound(counts, n_rows, mech, ctx._rng, quantile).bound\n"
+        "    return ctx.release(\n        step,\n",
     ),
 ]
 
@@ -158,9 +158,9 @@ MUTATIONS = [
         "covariance: the mean scaled by unit/n for its value, unit²/n for its σ",
         "mutation",
         "dpsub_dist/privacy/covariance.py",
-        "        release, sensitivity=sensitivity * factor, sigma=release.sigma * factor\n    )\n"
+        "        mech, sensitivity=mech.sensitivity * factor, sigma=mech.sigma * factor\n    )\n"
         "    return MeanRelease(",
-        "        release, sensitivity=sensitivity * factor, sigma=release.sigma * factor / unit\n"
+        "        mech, sensitivity=mech.sensitivity * factor, sigma=mech.sigma * factor / unit\n"
         "    )\n    return MeanRelease(",
         "gauss",
     ),
@@ -324,8 +324,8 @@ MUTATIONS = [
         "norm_bound: user-level search at the whole ε (the count's share not taken off)",
         "mutation",
         "dpsub_dist/privacy/norm_bound.py",
-        "    search = ApproxDP(epsilon - count.cost().epsilon)",
-        "    search = ApproxDP(epsilon)",
+        "    search_epsilon = epsilon - count.cost().epsilon",
+        "    search_epsilon = epsilon",
         "test_user_level",
     ),
     Plant(
@@ -395,8 +395,8 @@ MUTATIONS = [
         "centring: the mean drawn in unit-norm units, not the clip bound's",
         "mutation",
         "dpsub_dist/estimators/centring.py",
-        'grants["mean"], sens, rng, unit=bound)',
-        'grants["mean"], sens, rng, unit=1.0)',
+        "gaussian_mean(row_sum, dataset.n_rows, mech, rng, unit=bound)",
+        "gaussian_mean(row_sum, dataset.n_rows, mech, rng, unit=1.0)",
         "centred or auto",
     ),
     Plant(

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from privacy_audit import AuditResult, audit
 
-from dpsub_dist.privacy import friendly, histogram, noise, sparse_vector
+from dpsub_dist.privacy import friendly, histogram, mechanism, noise, sparse_vector
 from dpsub_dist.privacy.accountant import ApproxDP
 
 SAMPLERS = {"laplace": ("add_laplace", "laplace_noise"), "gaussian": ("add_gaussian",)}
@@ -131,7 +131,11 @@ SV_EPSILON = 1.0
 
 def _above_threshold(answers: np.ndarray, rng: np.random.Generator) -> int | None:
     return sparse_vector.above_threshold(
-        lambda j: float(answers[j]), SV_QUERIES, 0.0, 1.0, SV_EPSILON, rng
+        lambda j: float(answers[j]),
+        SV_QUERIES,
+        0.0,
+        mechanism.above_threshold(1.0, SV_EPSILON),
+        rng,
     )
 
 

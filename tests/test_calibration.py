@@ -153,7 +153,8 @@ def test_analyze_gauss_and_mean_draw_the_formula_sigma() -> None:
     with noise.draw_log() as draws:
         cov.analyze_gauss(np.eye(3), mechanism.gaussian(ApproxDP(2.0, 1e-6), math.sqrt(2)), rng)
         cov.analyze_gauss(np.eye(3), mechanism.gaussian(ZCDP(0.125), 1.0), rng)
-        cov.gaussian_mean(np.ones(4), 100, ApproxDP(0.5, 1e-5), 2.0, rng, unit=3.0)
+        mean_mechanism = mechanism.gaussian(ApproxDP(0.5, 1e-5), 2.0)
+        cov.gaussian_mean(np.ones(4), 100, mean_mechanism, rng, unit=3.0)
     gauss, zcdp, mean = draws
     assert (gauss.kind, gauss.size, gauss.sensitivity) == ("symmetric_gaussian", 6, math.sqrt(2))
     assert gauss.scale == pytest.approx(_textbook_analytic_sigma(math.sqrt(2), 2.0, 1e-6), rel=1e-8)
@@ -172,7 +173,7 @@ def test_gap_test_and_projector_draw_the_formula_scales() -> None:
     import numpy as np
 
     from dpsub_dist.privacy import covariance as cov
-    from dpsub_dist.privacy import mechanism, noise
+    from dpsub_dist.privacy import noise
     from dpsub_dist.privacy.accountant import ZCDP, ApproxDP
 
     gram = np.diag([1000.0, 10.0, 1.0])

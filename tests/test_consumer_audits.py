@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 from privacy_audit import AuditResult, audit, scale_samplers
 
+from dpsub_dist.context import RunContext
 from dpsub_dist.engine.assign import UnitIds
 from dpsub_dist.engine.compute import IN_PROCESS
 from dpsub_dist.engine.sources import Dataset, array_dataset
 from dpsub_dist.estimators import centring
-from dpsub_dist.context import plan
 from dpsub_dist.job import ClusterConfig, EstimateConfig, run_cluster, run_estimate
 from dpsub_dist.privacy.accountant import ApproxDP, gaussian_sigma
 
@@ -135,10 +135,11 @@ def variance_audit(
     spread = twin * gaussian_sigma(grant, math.sqrt(2.0))  # the twin's σ on the sums
 
     def run(rows: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
-        accountant, grants = plan(config, shares)
         dataset = array_dataset(rows)
-        args = (dataset, dataset.loader, accountant, grants, rng, IN_PROCESS, False)
-        _, details = centring.explain(config, basis, *args)
+        seed = int(rng.integers(2**63))  # the audit's generator seeds the run's private one
+        ctx = RunContext(config, dataset, IN_PROCESS, False, seed)
+        ctx.plan(shares)
+        _, details = centring.explain(ctx, basis, dataset.loader)
         return details
 
     def event(details: dict[str, Any]) -> bool:

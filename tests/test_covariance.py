@@ -24,8 +24,8 @@ from dpsub_dist.engine.sources import array_dataset, parquet_dataset
 from dpsub_dist.errors import InputError
 from dpsub_dist.job import EstimateConfig, run_estimate
 from dpsub_dist.linalg import subspace_error
-from dpsub_dist.privacy.accountant import ZCDP, ApproxDP
 from dpsub_dist.privacy import mechanism
+from dpsub_dist.privacy.accountant import ZCDP, ApproxDP
 from dpsub_dist.privacy.calibration import classic_gaussian_sigma, gaussian_delta
 from dpsub_dist.privacy.covariance import (
     SENSITIVITY,
@@ -133,7 +133,9 @@ def test_projector_sensitivity_is_none_without_room() -> None:
 def test_analyze_gauss_sigma_for_approx_dp(relation, delta_g, epsilon, delta) -> None:
     sens = SENSITIVITY[relation].gram
     assert sens == pytest.approx(delta_g)
-    release = analyze_gauss(np.eye(3), mechanism.gaussian(ApproxDP(epsilon, delta), sens), np.random.default_rng(0))
+    release = analyze_gauss(
+        np.eye(3), mechanism.gaussian(ApproxDP(epsilon, delta), sens), np.random.default_rng(0)
+    )
     # the achieved δ at the target ε never exceeds the target (Balle & Wang 2018, Thm 8)
     assert gaussian_delta(sens, release.sigma, epsilon) <= delta * (1 + 1e-9)
     if epsilon < 1:  # never more noise than the classic formula
@@ -147,14 +149,18 @@ def test_analyze_gauss_sigma_for_approx_dp(relation, delta_g, epsilon, delta) ->
 @pytest.mark.parametrize("rho", [0.01, 0.5, 3.0])
 def test_analyze_gauss_sigma_for_zcdp(relation, rho) -> None:
     sens = SENSITIVITY[relation].gram
-    release = analyze_gauss(np.zeros((2, 2)), mechanism.gaussian(ZCDP(rho, 0.0), sens), np.random.default_rng(0))
+    release = analyze_gauss(
+        np.zeros((2, 2)), mechanism.gaussian(ZCDP(rho, 0.0), sens), np.random.default_rng(0)
+    )
     assert release.sigma == pytest.approx(sens / math.sqrt(2 * rho), rel=1e-12)
 
 
 def test_analyze_gauss_noise_is_symmetric_with_the_calibrated_spread() -> None:
     dim = 60
     gram = np.diag(np.arange(dim, dtype=float))
-    release = analyze_gauss(gram, mechanism.gaussian(ApproxDP(1.0, 1e-6), math.sqrt(2)), np.random.default_rng(3))
+    release = analyze_gauss(
+        gram, mechanism.gaussian(ApproxDP(1.0, 1e-6), math.sqrt(2)), np.random.default_rng(3)
+    )
     noise = release.matrix - gram
     assert np.array_equal(noise, noise.T)
     upper = noise[np.triu_indices(dim)]  # 1830 i.i.d. draws
@@ -234,14 +240,15 @@ def test_gap_perturbation_returns_bottom_and_never_divides_by_a_non_positive_num
 
 def test_gaussian_mean_calibration() -> None:
     rng = np.random.default_rng(8)
-    release = gaussian_mean(np.full(2000, 50.0), 100, ApproxDP(0.5, 1e-6), 2.0, rng)
+    approx, zcdp = mechanism.gaussian(ApproxDP(0.5, 1e-6), 2.0), mechanism.gaussian(ZCDP(0.5), 2.0)
+    release = gaussian_mean(np.full(2000, 50.0), 100, approx, rng)
     assert gaussian_delta(2.0, release.sigma, 0.5) <= 1e-6 * (1 + 1e-9)
     assert np.std(release.mean * 100) == pytest.approx(release.sigma, rel=0.05)
     assert np.mean(release.mean) == pytest.approx(0.5, abs=4 * release.sigma / 100 / 40)
-    zc = gaussian_mean(np.zeros(3), 10, ZCDP(0.5, 0.0), 2.0, rng)
+    zc = gaussian_mean(np.zeros(3), 10, zcdp, rng)
     assert zc.sigma == pytest.approx(2.0)
     with pytest.raises(ValueError, match="n_rows"):
-        gaussian_mean(np.zeros(3), 0, ZCDP(0.5, 0.0), 2.0, rng)
+        gaussian_mean(np.zeros(3), 0, zcdp, rng)
 
 
 # --- Gram engine ------------------------------------------------------------------------------

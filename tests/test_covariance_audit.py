@@ -139,7 +139,9 @@ def test_gaussian_mean_audit_catches_half_noise(cached_sigma) -> None:
     def run(factor: float):
         cached_sigma(factor)
         return audit(
-            lambda row_sum, rng: cov.gaussian_mean(row_sum, 1, grant, 2.0, rng).mean[0],
+            lambda row_sum, rng: cov.gaussian_mean(
+                row_sum, 1, mechanism.gaussian(grant, 2.0), rng
+            ).mean[0],
             np.array([1.0]),
             np.array([-1.0]),
             lambda mean: mean > -1.0 + 3.0 * twin_spread,

@@ -65,7 +65,8 @@ def test_projected_sums_and_the_release_draw_the_formula_sigma() -> None:
     np.testing.assert_allclose(var.projected_sums(rows, basis, 1.0), [0.36, 0.48, 0.64, 1.25])
     grant = ApproxDP(0.5, 1e-5)
     with noise.draw_log() as draws:
-        release = var.private_variances(np.ones(4), 100, 2.0, grant, np.random.default_rng(0))
+        mech = var.variance_mechanism(grant)
+        release = var.private_variances(np.ones(4), 100, 2.0, mech, np.random.default_rng(0))
     (draw,) = draws
     unit = 2.0**2 / 100  # C²/n
     assert draw.kind == "gaussian" and draw.size == 4
@@ -121,7 +122,9 @@ def test_variance_audit_catches_half_noise(noise_factor) -> None:
     def run(factor: float):
         noise_factor(factor)
         return audit(
-            lambda sums, rng: var.private_variances(sums, 1, 1.0, grant, rng),
+            lambda sums, rng: var.private_variances(
+                sums, 1, 1.0, var.variance_mechanism(grant), rng
+            ),
             np.array([1.0, 1.0]),
             np.array([0.0, 0.0]),
             lambda r: r.matrix[0, 0] + r.total > 3.0 * twin_spread,

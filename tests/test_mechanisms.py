@@ -13,7 +13,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from dpsub_dist.privacy import friendly, histogram, noise, sparse_vector
+from dpsub_dist.privacy import friendly, histogram, mechanism, noise, sparse_vector
 from dpsub_dist.privacy.accountant import ZCDP, ApproxDP
 from dpsub_dist.privacy.calibration import gaussian_delta, gaussian_sigma_approx_dp
 from dpsub_dist.privacy.noise import Draw
@@ -171,7 +171,7 @@ def test_above_threshold_noise_scales(sensitivity, epsilon) -> None:
 
     with noise.draw_log() as draws:
         index = sparse_vector.above_threshold(
-            query, 6, 0.0, sensitivity, epsilon, np.random.default_rng(0)
+            query, 6, 0.0, mechanism.above_threshold(sensitivity, epsilon), np.random.default_rng(0)
         )
     assert index == 2 and asked == [0, 1, 2]  # lazy: stops at the first hit
     assert [d.kind for d in draws] == ["laplace"] * 4
@@ -184,7 +184,7 @@ def test_above_threshold_noise_scales(sensitivity, epsilon) -> None:
 
 def test_above_threshold_none_when_nothing_clears() -> None:
     index = sparse_vector.above_threshold(
-        lambda j: -1e9, 5, 0.0, 1.0, 1.0, np.random.default_rng(0)
+        lambda j: -1e9, 5, 0.0, mechanism.above_threshold(1.0, 1.0), np.random.default_rng(0)
     )
     assert index is None
 
@@ -197,7 +197,7 @@ def test_above_threshold_compares_the_noisy_query_with_the_noisy_threshold(noise
     queries = mock.patch.object(noise, "add_laplace", side_effect=lambda rng, v, *a: v - 1e6)
     with threshold if noised == "threshold" else queries:
         index = sparse_vector.above_threshold(
-            lambda j: 1e3, 5, 0.0, 1.0, 1.0, np.random.default_rng(0)
+            lambda j: 1e3, 5, 0.0, mechanism.above_threshold(1.0, 1.0), np.random.default_rng(0)
         )
     assert index is None
 
@@ -211,8 +211,9 @@ def test_geometric_grid_is_public_and_covers_the_range() -> None:
 def _searched(module, call):
     seen = {}
 
-    def fake(query, n_queries, threshold, sensitivity, epsilon, rng):
-        seen.update(n=n_queries, threshold=threshold, sensitivity=sensitivity, epsilon=epsilon)
+    def fake(query, n_queries, threshold, mech, rng):
+        epsilon = mech.cost().epsilon
+        seen.update(n=n_queries, threshold=threshold, sensitivity=mech.sensitivity, epsilon=epsilon)
         seen["answers"] = [query(j) for j in range(n_queries)]
         return 1
 

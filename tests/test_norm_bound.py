@@ -43,7 +43,9 @@ def test_noise_is_the_sparse_vector_for_the_grant(grant) -> None:
     epsilon = grant.epsilon if isinstance(grant, ApproxDP) else math.sqrt(2 * grant.rho)
     counts = nb.norm_counts(np.random.default_rng(0).standard_normal((5000, 4)))
     with noise.draw_log() as draws:
-        nb.private_norm_bound(counts, 5000, grant, np.random.default_rng(1))
+        nb.private_norm_bound(
+            counts, 5000, nb.norm_bound_mechanism(grant), np.random.default_rng(1)
+        )
     query = 4.0 / epsilon
     threshold = 2 * (1.0 + noise.grid_step(query)) / epsilon
     assert draws[0].scale == pytest.approx(threshold, rel=1e-12) and draws[0].size == 1
@@ -55,7 +57,8 @@ def test_bound_is_the_grid_value_covering_the_quantile() -> None:
     """With a large ε the noise is negligible: B = the first grid value ≥ the 0.99 quantile."""
     rows = np.random.default_rng(2).standard_normal((100_000, 3)) * 7.0
     counts = nb.norm_counts(rows)
-    released = nb.private_norm_bound(counts, len(rows), ApproxDP(1e4), np.random.default_rng(3))
+    mech = nb.norm_bound_mechanism(ApproxDP(1e4))
+    released = nb.private_norm_bound(counts, len(rows), mech, np.random.default_rng(3))
     norms = np.sort(np.linalg.norm(rows, axis=1))
     expected = nb.GRID[np.searchsorted(nb.GRID, norms[math.ceil(0.99 * len(rows)) - 1])]
     assert released.bound == expected and released.quantile == nb.NORM_QUANTILE
@@ -77,6 +80,7 @@ def test_audit_catches_an_under_noised_twin(monkeypatch, level) -> None:
     """
     set_factor = scale_samplers(monkeypatch, "add_laplace", "laplace_noise")
     grid, n, grant = np.array([1.0, 2.0]), 1000, ApproxDP(1.0)
+    row_mech, user_mech = nb.norm_bound_mechanism(grant), nb.user_norm_bound_mechanism(grant)
     # User level: 0.95, below the margin's cap 1 − SV_MARGIN/(ε/2·ñ) ≈ 0.96 at ñ ≈ 1000.
     quantile = 0.99 if level == "row" else 0.95
     below = round(quantile * n) - 1  # the first count sits one row below the threshold q·n
@@ -87,9 +91,9 @@ def test_audit_catches_an_under_noised_twin(monkeypatch, level) -> None:
 
     def mechanism(counts, rng):
         if level == "row":
-            return nb.private_norm_bound(counts, n, grant, rng, grid=grid).index
+            return nb.private_norm_bound(counts, n, row_mech, rng, grid=grid).index
         rule = lambda users, epsilon: quantile  # noqa: E731
-        return nb.private_user_norm_bound(counts, grant, rng, rule, grid=grid).index
+        return nb.private_user_norm_bound(counts, user_mech, rng, rule, grid=grid).index
 
     def run(value: float):
         set_factor(value)
@@ -200,7 +204,10 @@ def test_user_level_noise_is_a_count_then_the_sparse_vector_at_half_each() -> No
 
     with noise.draw_log() as draws:
         released = nb.private_user_norm_bound(
-            counts, ApproxDP(0.4), np.random.default_rng(5), quantile_for
+            counts,
+            nb.user_norm_bound_mechanism(ApproxDP(0.4)),
+            np.random.default_rng(5),
+            quantile_for,
         )
     assert draws[0].scale == pytest.approx(1 / 0.2) and draws[0].sensitivity == 1.0
     threshold = 2 * (1.0 + noise.grid_step(4 / 0.2)) / 0.2
@@ -223,7 +230,10 @@ def test_user_level_threshold_is_q_times_the_noisy_count_not_the_exact_one(monke
 
     monkeypatch.setattr(nb, "above_threshold", recorded)
     released = nb.private_user_norm_bound(
-        counts, ApproxDP(0.4), np.random.default_rng(5), lambda users, eps: 0.99
+        counts,
+        nb.user_norm_bound_mechanism(ApproxDP(0.4)),
+        np.random.default_rng(5),
+        lambda users, eps: 0.99,
     )
     assert released.users != counts.sum()  # the noise moved the count
     assert thresholds == [pytest.approx(released.quantile * released.users, rel=1e-12)]

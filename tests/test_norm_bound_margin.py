@@ -73,8 +73,8 @@ def test_empty_bins_pass_the_margined_threshold_rarely_and_the_old_one_often() -
     rng = np.random.default_rng(7)
 
     def fired(threshold: float) -> float:
-        grant, q = ApproxDP(epsilon), threshold / n
-        hits = [nb.private_norm_bound(counts, n, grant, rng, q).index for _ in range(draws)]
+        mech, q = nb.norm_bound_mechanism(ApproxDP(epsilon)), threshold / n
+        hits = [nb.private_norm_bound(counts, n, mech, rng, q).index for _ in range(draws)]
         return sum(h is not None for h in hits) / draws
 
     assert fired(nb.LOW_MARGIN / epsilon) < 0.025

@@ -22,14 +22,16 @@ import pytest
 from privacy_audit import audit, scale_samplers
 from test_row_cache import CountingLoader
 
+from dpsub_dist.context import RunContext
 from dpsub_dist.engine import row_cache, sources
+from dpsub_dist.engine.compute import IN_PROCESS
 from dpsub_dist.engine.gram import clip_rows, gram_of
 from dpsub_dist.engine.sources import array_dataset
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators import covariance as cov
 from dpsub_dist.job import EstimateConfig, run_estimate, with_defaults
 from dpsub_dist.privacy import mechanism, norm_bound
-from dpsub_dist.privacy.accountant import Accountant, ApproxDP, gaussian_sigma, laplace_epsilon
+from dpsub_dist.privacy.accountant import ApproxDP, gaussian_sigma, laplace_epsilon
 
 NOISE_SEED = 0x5A3C
 """Private noise seed planted for these tests only, so that their outcome is fixed."""
@@ -40,6 +42,19 @@ PART_ROWS = 5_000
 def _config(**options: Any) -> EstimateConfig:
     settings = {"rank": 2, "epsilon": 2.0, "delta": 1e-6, "seed": 5, **options}
     return with_defaults(EstimateConfig(**settings))
+
+
+def _context(
+    shares: dict[str, tuple[float, float]],
+    noise_seed: int,
+    epsilon: float = 1.0,
+    delta: float = 1e-6,
+) -> RunContext:
+    """A run context (no rows) whose plan is ``shares`` of (ε, δ)."""
+    config = EstimateConfig(rank=1, epsilon=epsilon, delta=delta, method="gauss")
+    ctx = RunContext(config, array_dataset(np.zeros((2, 2))), IN_PROCESS, False, noise_seed)
+    ctx.plan(shares)
+    return ctx
 
 
 def _drift_rows(n: int = 160_000, sort: bool = True, seed: int = 0) -> tuple[np.ndarray, Any]:
@@ -119,10 +134,10 @@ def test_the_bound_is_a_function_of_the_samples_rows_at_the_capped_quantile(
     thresholds: list[tuple[int, float, int]] = []
     real_release = centring.release_bound
 
-    def spy(step, counts, n_rows, accountant, grants, rng, quantile=norm_bound.NORM_QUANTILE):
+    def spy(ctx, step, counts, n_rows, quantile=norm_bound.NORM_QUANTILE):
         if step == "centred_norm_bound":
             thresholds.append((n_rows, quantile, int(counts.sum())))
-        return real_release(step, counts, n_rows, accountant, grants, rng, quantile)
+        return real_release(ctx, step, counts, n_rows, quantile)
 
     monkeypatch.setattr(centring, "release_bound", spy)
 
@@ -202,9 +217,9 @@ def test_the_full_pass_releases_the_gram_and_sum_of_the_separate_passes(
         seen["gram"] = gram
         return real_gauss(gram, *args)
 
-    def spy_mean(clipped_sum, *args):
+    def spy_mean(ctx, clipped_sum, *args):
         seen["sum"] = clipped_sum
-        return real_mean(clipped_sum, *args)
+        return real_mean(ctx, clipped_sum, *args)
 
     monkeypatch.setattr(cov, "analyze_gauss", spy_gauss)
     monkeypatch.setattr(cov, "release_centred_mean", spy_mean)
@@ -247,13 +262,11 @@ def test_the_correction_removes_the_bias_of_a_sample_of_sorted_partitions(
 
 def test_the_correction_step_is_calibrated_and_charged_at_its_grant() -> None:
     grant = ApproxDP(0.3, 1e-7)
-    accountant = Accountant(ApproxDP(1.0, 1e-6))
-    grants = accountant.split({"centred_sum": (0.3, 0.1), "rest": (0.7, 0.9)})
-    assert grants["centred_sum"] == grant
+    ctx = _context({"centred_sum": (0.3, 0.1), "rest": (0.7, 0.9)}, noise_seed=2)
+    assert ctx.grant("centred_sum") == grant
     n, dim = 1000, 20_000
-    release = cov.release_centred_mean(
-        np.zeros(dim), n, accountant, grants, np.random.default_rng(2)
-    )
+    release = cov.release_centred_mean(ctx, np.zeros(dim), n)
+    accountant = ctx.accountant
     sigma = gaussian_sigma(grant, 2.0)
     assert release.sensitivity == 2.0 and release.sigma == pytest.approx(sigma)
     # the noise on the mean of the scaled rows: σ/n per coordinate, centred
@@ -275,9 +288,9 @@ def test_centred_sum_audit_catches_an_under_noised_twin(monkeypatch) -> None:
     spread = gaussian_sigma(ApproxDP(epsilon, delta), 2.0) / 2
 
     def step(row_sum: np.ndarray, rng: np.random.Generator) -> float:
-        accountant = Accountant(ApproxDP(epsilon, delta))
-        grants = accountant.split({"centred_sum": (1.0, 1.0)})
-        return float(cov.release_centred_mean(row_sum, 1, accountant, grants, rng).mean[0])
+        seed = int(rng.integers(2**63))  # the audit's generator seeds the run's private one
+        ctx = _context({"centred_sum": (1.0, 1.0)}, seed, epsilon=epsilon, delta=delta)
+        return float(cov.release_centred_mean(ctx, row_sum, 1).mean[0])
 
     def run(factor: float):
         set_factor(factor)

@@ -907,9 +907,11 @@ def _audit_first_release(
     other rows 0. The event "mean₀ above threshold·σ" (σ: the charged grant's, for Δ = 2)
     bounds ε from below; the claim is the ε of
     the ``mean`` step's published charge (the mean is released by that step alone). The twin
-    draws the mean at a grant ``1/twin_factor²`` larger than the one charged."""
+    draws the mean at ``twin_factor`` times the σ of the mechanism charged."""
+    from dataclasses import replace
+
     from dpsub_dist.estimators import centring
-    from dpsub_dist.privacy.accountant import ZCDP, gaussian_sigma
+    from dpsub_dist.privacy.accountant import gaussian_sigma
 
     state = str(tmp_path / f"audit-{twin_factor}.db")
     settings = init_stream(
@@ -923,8 +925,8 @@ def _audit_first_release(
             monkeypatch.setattr(
                 centring,
                 "gaussian_mean",
-                lambda s, n, grant, *a, real=real, f=factor, **k: real(
-                    s, n, ZCDP(grant.rho / f**2), *a, **k
+                lambda s, n, mech, *a, real=real, f=factor, **k: real(
+                    s, n, replace(mech, sigma=mech.sigma * f), *a, **k
                 ),
             )
         hits = []

@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import dask
 import numpy as np
 
-from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.gram import clip_rows, sum_on_workers
 from dpsub_dist.engine.row_cache import is_held
 from dpsub_dist.engine.sources import load_native, owns_rows
@@ -50,7 +49,7 @@ from dpsub_dist.estimators.norm_pass import (
 )
 from dpsub_dist.linalg import top_eigenvectors
 from dpsub_dist.privacy import mechanism
-from dpsub_dist.privacy.accountant import Accountant, Budget, laplace_epsilon
+from dpsub_dist.privacy.accountant import Budget, laplace_epsilon
 from dpsub_dist.privacy.covariance import SENSITIVITY, gaussian_mean
 from dpsub_dist.privacy.norm_bound import (
     FIX,
@@ -72,6 +71,7 @@ from dpsub_dist.privacy.variance import (
 )
 
 if TYPE_CHECKING:
+    from dpsub_dist.context import RunContext
     from dpsub_dist.engine.sources import Dataset
     from dpsub_dist.job import EstimateConfig
 
@@ -206,93 +206,75 @@ class CentredLoader:
 
 
 def private_bound(
-    step: str,
-    dataset: Dataset,
-    loader: Any,
-    accountant: Accountant,
-    grants: dict[str, Budget],
-    rng: np.random.Generator,
-    executor: Executor,
-    progress: bool,
-    quantile: float = NORM_QUANTILE,
+    ctx: RunContext, step: str, dataset: Dataset, loader: Any, quantile: float = NORM_QUANTILE
 ) -> float:
-    """The private row-norm bound of ``loader``'s rows at ``quantile``, charged as ``step``
-    (norm_bound.py)."""
-    counts = compute_norm_counts(dataset.parts, loader, executor, progress)
-    return release_bound(step, counts, dataset.n_rows, accountant, grants, rng, quantile)
+    """The private row-norm bound of ``loader``'s rows (over ``dataset``'s partitions) at
+    ``quantile``, released as ``step`` (norm_bound.py)."""
+    counts = compute_norm_counts(dataset.parts, loader, ctx.executor, ctx.progress)
+    return release_bound(ctx, step, counts, dataset.n_rows, quantile)
 
 
 def release_bound(
-    step: str,
-    counts: np.ndarray,
-    n_rows: int,
-    accountant: Accountant,
-    grants: dict[str, Budget],
-    rng: np.random.Generator,
-    quantile: float = NORM_QUANTILE,
+    ctx: RunContext, step: str, counts: np.ndarray, n_rows: int, quantile: float = NORM_QUANTILE
 ) -> float:
     """The driver's half of :func:`private_bound`: the sparse vector over the grid's norm
-    ``counts`` (:func:`~dpsub_dist.privacy.norm_bound.private_norm_bound`), charged as
+    ``counts`` (:func:`~dpsub_dist.privacy.norm_bound.private_norm_bound`), released as
     ``step``; whichever pass summed the counts (a fused one too), the release is this one."""
-    accountant.charge(step, norm_bound_mechanism(grants[step]))
-    return private_norm_bound(counts, n_rows, grants[step], rng, quantile=quantile).bound
+    return ctx.release(
+        step,
+        norm_bound_mechanism(ctx.grant(step)),
+        lambda mech, rng: private_norm_bound(counts, n_rows, mech, rng, quantile=quantile).bound,
+    )
 
 
-def private_user_bound(
-    dataset: Dataset,
-    accountant: Accountant,
-    grants: dict[str, Budget],
-    rng: np.random.Generator,
-    executor: Executor,
-    progress: bool,
-    quantile_for: Callable[[float, float], float],
-) -> NormBound:
-    """User level: the private bound on the users' norms ``√Σ‖x‖²`` (raw rows), charged as
-    ``norm_bound`` (:func:`dpsub_dist.privacy.norm_bound.private_user_norm_bound`); an input
-    without parts gives zero counts (n is private: no refusal). Raises
+def private_user_bound(ctx: RunContext, quantile_for: Callable[[float, float], float]) -> NormBound:
+    """User level: the private bound on the users' norms ``√Σ‖x‖²`` (raw rows of
+    ``ctx.dataset``), released as ``norm_bound``
+    (:func:`dpsub_dist.privacy.norm_bound.private_user_norm_bound`); an input without parts
+    gives zero counts (n is private: no refusal). Raises
     :class:`~dpsub_dist.privacy.norm_bound.TooFewForBound` where the released ñ is too small
     for the sparse vector's margins (the caller publishes ⊥: the step was read and charged)."""
+    dataset = ctx.dataset
     counts = (
-        compute_user_norm_counts(dataset.parts, dataset.loader, executor, progress)
+        compute_user_norm_counts(dataset.parts, dataset.loader, ctx.executor, ctx.progress)
         if dataset.parts
         else np.zeros(len(GRID) + 1, dtype=np.int64)
     )
-    accountant.charge("norm_bound", user_norm_bound_mechanism(grants["norm_bound"]))
-    return private_user_norm_bound(counts, grants["norm_bound"], rng, quantile_for)
+    return ctx.release(
+        "norm_bound",
+        user_norm_bound_mechanism(ctx.grant("norm_bound")),
+        lambda mech, rng: private_user_norm_bound(counts, mech, rng, quantile_for),
+    )
 
 
 def centre(
-    config: EstimateConfig,
-    dataset: Dataset,
-    accountant: Accountant,
-    grants: dict[str, Budget],
-    rng: np.random.Generator,
-    executor: Executor,
-    progress: bool,
+    ctx: RunContext, dataset: Dataset | None = None
 ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
-    """The loader the local step reads (centred or not), the parameters and the release."""
+    """The loader the local step reads (centred or not), the parameters and the release;
+    the mean is taken over ``dataset`` (default: the run's)."""
+    config = ctx.config
+    dataset = ctx.dataset if dataset is None else dataset
     if not resolve_center(config):
         return dataset.loader, {"center": False, "center_note": UNCENTRED_NOTE}, {}
     if config.row_norm is None:
-        quantile = row_quantile("norm_bound", grants, dataset.n_rows)  # the low-side margin
+        quantile = row_quantile("norm_bound", ctx.grants, dataset.n_rows)  # low-side margin
         source = NORM_SOURCE.format(q=quantile, step="norm_bound")
     else:
         bound, source = float(config.row_norm), "public (--row-norm)"
     if config.row_norm is None and fused_mean(dataset):
-        bound, row_sum = _bound_and_sum(
-            dataset, accountant, grants, rng, executor, progress, quantile
-        )
+        bound, row_sum = _bound_and_sum(ctx, dataset, quantile)
     else:
         if config.row_norm is None:
-            args = (dataset, dataset.loader, accountant, grants, rng, executor, progress)
-            bound = private_bound("norm_bound", *args, quantile=quantile)
+            bound = private_bound(ctx, "norm_bound", dataset, dataset.loader, quantile)
         total = dask.delayed(_clipped_row_sum, pure=True)
         tasks = [total(dataset.loader, bound, part) for part in dataset.parts]
         label = f"{len(tasks)} partitions → clipped row sum"
-        row_sum = sum_on_workers(tasks, executor, label, progress)
-    sens = SENSITIVITY["replace"].row_sum
-    accountant.charge("mean", mechanism.gaussian(grants["mean"], sens))
-    mean = gaussian_mean(row_sum, dataset.n_rows, grants["mean"], sens, rng, unit=bound)
+        row_sum = sum_on_workers(tasks, ctx.executor, label, ctx.progress)
+    mean = ctx.release(
+        "mean",
+        mechanism.gaussian(ctx.grant("mean"), SENSITIVITY["replace"].row_sum),
+        lambda mech, rng: gaussian_mean(row_sum, dataset.n_rows, mech, rng, unit=bound),
+    )
     parameters = {"center": True, "mean_row_norm": bound, "mean_row_norm_source": source}
     release = {
         "mean": mean.mean.tolist(),
@@ -332,15 +314,7 @@ def fused_mean(dataset: Dataset) -> bool:
     return not is_held(dataset) and fuse_level_sums(dataset.dim)
 
 
-def _bound_and_sum(
-    dataset: Dataset,
-    accountant: Accountant,
-    grants: dict[str, Budget],
-    rng: np.random.Generator,
-    executor: Executor,
-    progress: bool,
-    quantile: float,
-) -> tuple[float, np.ndarray]:
+def _bound_and_sum(ctx: RunContext, dataset: Dataset, quantile: float) -> tuple[float, np.ndarray]:
     """The private bound (step ``norm_bound``, at ``quantile``) and the rows' clipped sum at it,
     in one read.
 
@@ -355,9 +329,9 @@ def _bound_and_sum(
     separate passes' bit for bit unless the sum lies within rounding of a grid midpoint (the
     release checksums did not move).
     """
-    counts, held = compute_level_sums(dataset.parts, dataset.loader, executor, progress)
-    bound = release_bound("norm_bound", counts, dataset.n_rows, accountant, grants, rng, quantile)
-    return bound, gather_clipped_sum(held, bound, executor)
+    counts, held = compute_level_sums(dataset.parts, dataset.loader, ctx.executor, ctx.progress)
+    bound = release_bound(ctx, "norm_bound", counts, dataset.n_rows, quantile)
+    return bound, gather_clipped_sum(held, bound, ctx.executor)
 
 
 UNCENTRED_NOTE = (
@@ -371,19 +345,15 @@ def _clipped_row_sum(loader: Any, bound: float, part: Any) -> np.ndarray:
 
 
 def explain(
-    config: EstimateConfig,
-    basis: np.ndarray | None,
-    dataset: Dataset,
-    loader: Any,
-    accountant: Accountant,
-    grants: dict[str, Budget],
-    rng: np.random.Generator,
-    executor: Executor,
-    progress: bool,
+    ctx: RunContext, basis: np.ndarray | None, loader: Any
 ) -> tuple[np.ndarray | None, dict[str, Any]]:
-    """Private explained variance of a released basis; the basis re-ordered by it."""
+    """Private explained variance of a released basis over ``loader``'s rows of the run's
+    dataset; the basis re-ordered by it. Where the public n and ε are too small for its
+    bound's margin, its two steps are skipped (:meth:`RunContext.skip`: nothing drawn or
+    charged)."""
     if basis is None:
         return None, {}
+    config, dataset = ctx.config, ctx.dataset
     if config.unit_column is not None:
         return basis, {
             "explained_variance": None,
@@ -392,21 +362,25 @@ def explain(
             "row count and n is private",
         }
     try:
-        quantile = margined_row_quantile("variance_norm_bound", grants, dataset.n_rows)
+        quantile = margined_row_quantile("variance_norm_bound", ctx.grants, dataset.n_rows)
     except TooFewForBound as err:  # public n and ε: skipped, nothing drawn or charged
+        for step in VARIANCE_SHARES:
+            ctx.skip(step)
         return basis, {
             "explained_variance": None,
             "explained_variance_ratio": None,
             "explained_variance_note": f"not released, nothing charged for it: {err}",
         }
-    args = (dataset, loader, accountant, grants, rng, executor, progress)
-    bound = private_bound("variance_norm_bound", *args, quantile=quantile)
+    bound = private_bound(ctx, "variance_norm_bound", dataset, loader, quantile)
     part_sums = dask.delayed(_projected_sums, pure=True)
     tasks = [part_sums(loader, basis, bound, part) for part in dataset.parts]
     label = f"{len(tasks)} partitions → projected variances"
-    sums = sum_on_workers(tasks, executor, label, progress)
-    accountant.charge("explained_variance", variance_mechanism(grants["explained_variance"]))
-    release = private_variances(sums, dataset.n_rows, bound, grants["explained_variance"], rng)
+    sums = sum_on_workers(tasks, ctx.executor, label, ctx.progress)
+    release = ctx.release(
+        "explained_variance",
+        variance_mechanism(ctx.grant("explained_variance")),
+        lambda mech, rng: private_variances(sums, dataset.n_rows, bound, mech, rng),
+    )
     values, rotation = top_eigenvectors(release.matrix, basis.shape[1])  # descending
     details = released_variance(values, release.total, 1.0, 1, "replace")
     details.update(

@@ -573,8 +573,9 @@ def sulq_norm_bound(
     except TooFewForBound as err:
         raise InputError(str(err)) from None
     counts = compute_norm_counts(dataset.parts, dataset.loader, executor, progress)
-    accountant.charge("norm_bound", norm_bound_mechanism(grant))
-    return private_norm_bound(counts, dataset.n_rows, grant, rng, quantile=quantile)
+    mech = norm_bound_mechanism(grant)
+    accountant.charge("norm_bound", mech)
+    return private_norm_bound(counts, dataset.n_rows, mech, rng, quantile=quantile)
 
 
 def run_gibbs(config, dataset, accountant, grants, executor, progress, noise_seed, timings):

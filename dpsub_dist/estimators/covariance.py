@@ -33,19 +33,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dpsub_dist.context import (
+    EstimateResult,
+    RunContext,
+    build_manifest,
+    open_checked,
+    plan,
+    public_seed,
+)
 from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.gram import GramSummary, compute_gram
 from dpsub_dist.engine.row_cache import cache_rows
 from dpsub_dist.errors import InputError
 from dpsub_dist.estimators import centring
 from dpsub_dist.estimators.centring import MEAN_SHARE
-from dpsub_dist.context import (
-    EstimateResult,
-    build_manifest,
-    open_checked,
-    plan,
-    public_seed,
-)
 from dpsub_dist.estimators.norm_pass import (
     NORM_SOURCE,
     USER_NORM_SOURCE,
@@ -256,15 +257,7 @@ def fused_gram(dataset: Dataset) -> bool:
 
 
 def bound_and_gram(
-    step: str,
-    quantile: float,
-    dataset: Dataset,
-    loader: Any,
-    accountant: Accountant,
-    grants: dict[str, Budget],
-    rng: np.random.Generator,
-    executor: Executor,
-    progress: bool,
+    ctx: RunContext, step: str, quantile: float, loader: Any
 ) -> tuple[float, GramSummary]:
     """The private row-norm bound ``B`` (charged as ``step``) and the Gram of the rows clipped
     to it, in one read (issue #16), instead of a counting pass then a Gram pass.
@@ -283,9 +276,10 @@ def bound_and_gram(
     within rounding of a grid midpoint). The per-bin sums, which may hold a single row, are
     never published and never leave the workers.
     """
-    counts, held = compute_level_grams(dataset.parts, loader, executor, progress)
-    bound = centring.release_bound(step, counts, dataset.n_rows, accountant, grants, rng, quantile)
-    return bound, GramSummary(gather_clipped_gram(held, bound, executor))
+    dataset = ctx.dataset
+    counts, held = compute_level_grams(dataset.parts, loader, ctx.executor, ctx.progress)
+    bound = centring.release_bound(ctx, step, counts, dataset.n_rows, quantile)
+    return bound, GramSummary(gather_clipped_gram(held, bound, ctx.executor))
 
 
 SAMPLE_MIN_PARTITIONS = 8
@@ -383,24 +377,20 @@ def centre_sample(config: EstimateConfig, dataset: Dataset) -> CentreSample | No
     return CentreSample(sample, seed, len(dataset.parts))
 
 
-def release_centred_mean(
-    clipped_sum: np.ndarray,
-    n_rows: int,
-    accountant: Accountant,
-    grants: dict[str, Budget],
-    rng: np.random.Generator,
-) -> MeanRelease:
+def release_centred_mean(ctx: RunContext, clipped_sum: np.ndarray, n_rows: int) -> MeanRelease:
     """Step ``centred_sum``: the mean z̄ = s/n of the centred rows clipped to the released B₂
     and scaled by 1/B₂ (each of norm ≤ 1), by the Gaussian mechanism.
 
     Privacy: replacing one row moves s by ≤ 2 (L2; Δ = ``row_sum`` of
     :data:`SENSITIVITY`), c and B₂ being released values fixed before this step; n is
-    public. Cost: the Gaussian's privacy map at σ for Δ = 2 and this step's grant, charged
-    here as the mechanism that draws the noise (:func:`gaussian_mean`, the ``mean`` step's
+    public. Cost: the Gaussian's privacy map at σ for Δ = 2 and this step's grant, released
+    as the mechanism that draws the noise (:func:`gaussian_mean`, the ``mean`` step's
     mechanism, divided by the public n)."""
-    sens = SENSITIVITY["replace"].row_sum
-    accountant.charge("centred_sum", mechanism.gaussian(grants["centred_sum"], sens))
-    return gaussian_mean(clipped_sum, n_rows, grants["centred_sum"], sens, rng)
+    return ctx.release(
+        "centred_sum",
+        mechanism.gaussian(ctx.grant("centred_sum"), SENSITIVITY["replace"].row_sum),
+        lambda mech, rng: gaussian_mean(clipped_sum, n_rows, mech, rng),
+    )
 
 
 @dataclass(frozen=True)
@@ -426,15 +416,7 @@ class CentredMean:
 
 
 def bound_gram_and_correction(
-    quantile: float,
-    sample: CentreSample,
-    dataset: Dataset,
-    loader: Any,
-    accountant: Accountant,
-    grants: dict[str, Budget],
-    rng: np.random.Generator,
-    executor: Executor,
-    progress: bool,
+    ctx: RunContext, quantile: float, sample: CentreSample, loader: Any
 ) -> tuple[float, float, GramSummary, np.ndarray, CentredMean]:
     """The sampled route after its centre c (:func:`centre_sample`): the centred rows' bound
     B₂ from S's rows, then one full read for the Gram and the correction.
@@ -455,16 +437,14 @@ def bound_gram_and_correction(
     the quantile aims at, which biases the covariance towards the sample's scale but
     releases nothing more (docs/scale.md). Returns B₂, the quantile searched for on S, the
     Gram, the shift n·z̄̃z̄̃ᵀ = s̃s̃ᵀ/n (released) and the released z̄̃."""
-    step = "centred_norm_bound"
+    step, dataset = "centred_norm_bound", ctx.dataset
     on_sample = norm_bound.margined_quantile(
-        quantile, sample.dataset.n_rows, laplace_epsilon(grants[step]), "rows"
+        quantile, sample.dataset.n_rows, laplace_epsilon(ctx.grant(step)), "rows"
     )
-    bound = centring.private_bound(
-        step, sample.dataset, loader, accountant, grants, rng, executor, progress, on_sample
-    )
-    summary = compute_gram(dataset.parts, loader, bound, True, False, executor, progress)
+    bound = centring.private_bound(ctx, step, sample.dataset, loader, on_sample)
+    summary = compute_gram(dataset.parts, loader, bound, True, False, ctx.executor, ctx.progress)
     assert summary.row_sum is not None
-    centred = release_centred_mean(summary.row_sum, dataset.n_rows, accountant, grants, rng)
+    centred = release_centred_mean(ctx, summary.row_sum, dataset.n_rows)
     shift = dataset.n_rows * np.outer(centred.mean, centred.mean)
     return bound, on_sample, GramSummary(summary.gram), shift, CentredMean(centred)
 
@@ -537,29 +517,19 @@ def run_covariance(
     # else: the sample's reads, then one full read: held rows would save nothing
     timings["inspect_s"] = time.monotonic() - started
     rng = noise_rng(noise_seed)
+    ctx = RunContext.adopt(config, dataset, executor, progress, accountant, grants, rng)
     mark = time.monotonic()
     # Centred: the private mean first, subtracted from every row on the workers; the Gram
     # then sums the centred rows, clipped to their own bound (docs/centring.md).
     summary: GramSummary | None = None  # the Gram, where the bound's pass also summed it
     shift: np.ndarray | None = None  # sampled centre: the released n·z̄z̄ᵀ, subtracted
     loader, centred, mean_release = centring.centre(
-        config,
-        dataset if sample is None else sample.dataset,
-        accountant,
-        grants,
-        rng,
-        executor,
-        progress,
+        ctx, dataset if sample is None else sample.dataset
     )
     if config.row_norm is None and relation == "add_remove":
         try:
             released = centring.private_user_bound(
-                dataset,
-                accountant,
-                grants,
-                rng,
-                executor,
-                progress,
+                ctx,
                 lambda users, eps: bound_quantile(
                     config.method, grants, relation, users, dataset.dim, eps
                 ),
@@ -568,17 +538,16 @@ def run_covariance(
             return too_few_users(config, dataset, accountant, str(err), timings, started)
         row_norm, norm_source = released.bound, USER_NORM_SOURCE.format(q=released.quantile)
     elif config.row_norm is None:
-        args = (dataset, loader, accountant, grants, rng, executor, progress)
         if sample is not None:  # S's bound, then the one full pass: Gram and correction
             row_norm, quantile, summary, shift, correction = bound_gram_and_correction(
-                quantile, sample, *args
+                ctx, quantile, sample, loader
             )
             centred.update(sample.parameters())
             mean_release.update(correction.published(mean_release["mean"], row_norm))
         elif fused_gram(dataset):  # the bound's counts and the Gram in one pass
-            row_norm, summary = bound_and_gram(step, quantile, *args)
+            row_norm, summary = bound_and_gram(ctx, step, quantile, loader)
         else:
-            row_norm = centring.private_bound(step, *args, quantile=quantile)
+            row_norm = centring.private_bound(ctx, step, dataset, loader, quantile)
         norm_source = NORM_SOURCE.format(q=quantile, step=step)
         norm_source += " of the centred rows" if config.center else ""
         norm_source += SAMPLE_BOUND_SOURCE if sample is not None else ""
@@ -611,9 +580,7 @@ def run_covariance(
     timings["aggregate_s"] = time.monotonic() - mark
     if config.method == "gap-perturb":  # a projector has no variances: pay for them
         mark = time.monotonic()
-        basis, variance = centring.explain(
-            config, basis, dataset, loader, accountant, grants, rng, executor, progress
-        )
+        basis, variance = centring.explain(ctx, basis, loader)
         release.update(variance)
         timings["explained_variance_s"] = time.monotonic() - mark
     timings["total_s"] = time.monotonic() - started

@@ -67,6 +67,7 @@ from dpsub_dist.estimators import centring
 from dpsub_dist.estimators import covariance as cov
 from dpsub_dist.context import (
     EstimateResult,
+    RunContext,
     build_manifest,
     open_checked,
     plan,
@@ -416,14 +417,12 @@ def run_power(
     rng = noise_rng(noise_seed)
     mark = time.monotonic()
     # Centred as gauss is: the private mean first, subtracted from every row on the workers.
-    loader, centred, mean_release = centring.centre(
-        config, dataset, accountant, grants, rng, executor, progress
-    )
+    ctx = RunContext.adopt(config, dataset, executor, progress, accountant, grants, rng)
+    loader, centred, mean_release = centring.centre(ctx)
     if config.row_norm is None and user_level:
-        args = (dataset, accountant, grants, rng, executor, progress)
         try:
             released = centring.private_user_bound(
-                *args,
+                ctx,
                 lambda users, eps: bound_quantile(grants, steps, relation, users, dataset.dim, eps),
             )
         except TooFewForBound as err:  # a function of the released ñ: ⊥, charged
@@ -445,13 +444,12 @@ def run_power(
 
         def release_bound(counts: np.ndarray) -> float:
             n_rows = dataset.n_rows
-            return centring.release_bound(step, counts, n_rows, accountant, grants, rng, quantile)
+            return centring.release_bound(ctx, step, counts, n_rows, quantile)
 
         if fused:
             row_norm = passes.fused_first(start, release_bound)
         else:
-            args = (dataset, loader, accountant, grants, rng, executor, progress)
-            row_norm = centring.private_bound(step, *args, quantile=quantile)
+            row_norm = centring.private_bound(ctx, step, dataset, loader, quantile)
             passes.bound = row_norm
     timings["norm_bound_s"] = time.monotonic() - mark  # fused: the first iteration's pass too
 

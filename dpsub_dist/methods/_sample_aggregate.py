@@ -17,6 +17,7 @@ from dpsub_dist.estimators import centring
 from dpsub_dist.estimators import sample_aggregate as sa
 from dpsub_dist.context import (
     EstimateResult,
+    RunContext,
     build_manifest,
     choose_buckets,
     open_checked,
@@ -130,9 +131,8 @@ def run_sample_aggregate(
     step = sa.ProjectedReferenceStep(rank=k, dim=dim, ref_points=q, seed=seed)
     rng = noise_rng(noise_seed)
     mark = time.monotonic()
-    loader, centred, mean_release = centring.centre(
-        config, dataset, accountant, grants, rng, executor, progress
-    )
+    ctx = RunContext.adopt(config, dataset, executor, progress, accountant, grants, rng)
+    loader, centred, mean_release = centring.centre(ctx)
     timings["centre_s"] = time.monotonic() - mark
     mark = time.monotonic()
     route = local_route(subset_plan, dim, k)
@@ -158,9 +158,7 @@ def run_sample_aggregate(
     basis = None if agg.point is None else sa.basis_from_aggregate(agg.point, dim, q, k)
     timings["aggregate_s"] = time.monotonic() - mark
     mark = time.monotonic()
-    basis, variance = centring.explain(
-        config, basis, dataset, loader, accountant, grants, rng, executor, progress
-    )
+    basis, variance = centring.explain(ctx, basis, loader)
     timings["explained_variance_s"] = time.monotonic() - mark
     timings["total_s"] = time.monotonic() - started
     parameters = {

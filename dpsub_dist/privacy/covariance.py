@@ -216,29 +216,29 @@ class MeanRelease:
 def gaussian_mean(
     row_sum: np.ndarray,
     n_rows: int,
-    grant: Budget,
-    sensitivity: float,
+    mech: mechanism.Gaussian,
     rng: np.random.Generator,
     unit: float = 1.0,
 ) -> MeanRelease:
-    """Gaussian mechanism on the mean of norm-≤1 rows, in units of ``unit`` (the row-norm bound).
+    """The Gaussian ``mech`` on the mean of norm-≤1 rows, in units of ``unit`` (the row-norm
+    bound).
 
-    σ from :func:`accountant.gaussian_sigma` for the sum's L2 sensitivity (2 replace-one:
-    ``a − b``); the sum is scaled by ``unit/n`` first (``n`` is public under replace-one
-    neighbours), so the released mean ``unit·Σ x_i/n + N_Z(0, (unit·σ/n)²)`` is the same
-    mechanism with Δ and σ both scaled by ``unit/n``, drawn by :func:`noise.add_gaussian`:
-    the published mean lies on its power-of-two grid. Used to centre the covariance
+    ``mech`` is calibrated (:func:`mechanism.gaussian`) for the sum's L2 sensitivity
+    (2 replace-one: ``a − b``; :data:`SENSITIVITY`); the sum is scaled by ``unit/n`` first
+    (``n`` is public under replace-one neighbours), so the released mean
+    ``unit·Σ x_i/n + N_Z(0, (unit·σ/n)²)`` is the same mechanism with Δ and σ both scaled by
+    ``unit/n``, drawn by :func:`noise.add_gaussian`: the published mean lies on its
+    power-of-two grid. Used to centre the covariance
     (ALGORITHMS.md §7); ``sigma`` and ``sensitivity`` are reported for the sum.
     """
     if n_rows < 1:
         raise ValueError(f"n_rows must be ≥ 1 (got {n_rows})")
     factor = unit / n_rows
     row_sum = np.asarray(row_sum, dtype=np.float64)
-    release = mechanism.gaussian(grant, sensitivity)  # step mean
     scaled = dataclasses.replace(  # same σ/Δ, so the same privacy map
-        release, sensitivity=sensitivity * factor, sigma=release.sigma * factor
+        mech, sensitivity=mech.sensitivity * factor, sigma=mech.sigma * factor
     )
-    return MeanRelease(scaled.release(rng, row_sum * factor), release.sigma, sensitivity)
+    return MeanRelease(scaled.release(rng, row_sum * factor), mech.sigma, mech.sensitivity)
 
 
 def _square(matrix: np.ndarray) -> np.ndarray:

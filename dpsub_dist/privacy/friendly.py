@@ -203,8 +203,7 @@ def choose_radius(
         lambda j: float(weights[j]),
         len(grid),
         threshold_fraction * t,
-        WEIGHT_SENSITIVITY,
-        laplace_epsilon(grant),
+        radius_search_mechanism(grant),
         rng,
     )
     return None if index is None else float(grid[index])

@@ -112,8 +112,7 @@ def choose_cell_side(
         lambda j: max_cell_count(points, grid[j], offset),
         len(grid),
         threshold_fraction * points.shape[0],
-        MAX_COUNT_SENSITIVITY,
-        laplace_epsilon(grant),
+        cell_search_mechanism(grant),
         rng,
     )
     return None if index is None else float(grid[index])

@@ -46,7 +46,7 @@ import numpy as np
 
 from dpsub_dist.linalg import row_norms
 from dpsub_dist.privacy import mechanism
-from dpsub_dist.privacy.accountant import ApproxDP, Budget, laplace_epsilon
+from dpsub_dist.privacy.accountant import Budget, laplace_epsilon
 from dpsub_dist.privacy.sparse_vector import above_threshold
 
 GRID = 2.0 ** (np.arange(-20, 81) / 2)
@@ -192,8 +192,8 @@ def margined_quantile(
 
 def private_norm_bound(
     counts: np.ndarray,
-    n_rows: int,
-    grant: Budget,
+    n_rows: float,
+    mech: mechanism.AboveThreshold,
     rng: np.random.Generator,
     quantile: float = NORM_QUANTILE,
     grid: np.ndarray = GRID,
@@ -201,20 +201,15 @@ def private_norm_bound(
     """The smallest grid value whose noisy row count reaches ``quantile·n`` (module docstring).
 
     ``counts`` are :func:`norm_counts` summed over all rows; ``n_rows`` is the public n.
-    Noise: sparse vector at ε = :func:`laplace_epsilon` of ``grant`` (the step's whole cost),
-    queries Lap(4·COUNT_SENSITIVITY/ε), threshold Lap(2Δ′/ε), drawn by :mod:`noise`.
+    Noise: the sparse vector ``mech`` (:func:`norm_bound_mechanism`, the step's whole cost;
+    queries Lap(4·COUNT_SENSITIVITY/ε), threshold Lap(2Δ′/ε)), drawn by :mod:`noise`.
     """
     if not 0 < quantile < 1:
         raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+    if mech.sensitivity != COUNT_SENSITIVITY:
+        raise ValueError(f"the norm counts need a sparse vector for Δ = {COUNT_SENSITIVITY}")
     cumulative = np.cumsum(np.asarray(counts, dtype=np.int64))
-    index = above_threshold(
-        lambda j: float(cumulative[j]),
-        len(grid),
-        quantile * n_rows,
-        COUNT_SENSITIVITY,
-        laplace_epsilon(grant),
-        rng,
-    )
+    index = above_threshold(lambda j: float(cumulative[j]), len(grid), quantile * n_rows, mech, rng)
     return NormBound(float(grid[-1] if index is None else grid[index]), index, quantile)
 
 
@@ -227,9 +222,17 @@ USER_COUNT_SHARE = 0.5
 """User level: share of ε_norm spent on the noisy user count (the rest on the sparse vector)."""
 
 
+@dataclass(frozen=True)
+class UserNormBoundMechanism(mechanism.Composed):
+    """Step ``norm_bound`` at user level: ``parts`` = (the user count's Laplace, the sparse
+    vector); ``search_epsilon`` is the sparse vector's ε₂, which its margins use."""
+
+    search_epsilon: float
+
+
 def private_user_norm_bound(
     counts: np.ndarray,
-    grant: Budget,
+    mech: UserNormBoundMechanism,
     rng: np.random.Generator,
     quantile_for: Callable[[float, float], float],
     grid: np.ndarray = GRID,
@@ -238,7 +241,7 @@ def private_user_norm_bound(
     of users with ``√Σ‖x‖² ≤ B`` (sum over the user's rows) reaches ``q·ñ``.
 
     ``counts`` are :func:`norm_histogram` of the per-user norms (operator-only). Two pure-DP
-    steps, ε = :func:`laplace_epsilon` of ``grant`` in all (basic composition):
+    steps, the parts of ``mech`` (:func:`user_norm_bound_mechanism`; basic composition):
 
     1. ñ = #users + Lap(1/ε₁) on the noise grid, ε₁ = USER_COUNT_SHARE·ε: adding or removing
        a user moves the count by 1. ñ is clamped to ≥ 1 (post-processing).
@@ -252,26 +255,22 @@ def private_user_norm_bound(
     A user with ``√Σ‖x‖² ≤ B`` has every row within B and ``Σ‖x/B‖² ≤ 1``: the user-level Gram
     pass leaves them untouched; the others are clipped and rescaled as with a public bound.
     """
-    count, _ = user_norm_bound_mechanism(grant).parts
-    epsilon = laplace_epsilon(grant)
+    count, search = mech.parts
+    assert isinstance(count, mechanism.Laplace) and isinstance(search, mechanism.AboveThreshold)
     counts = np.asarray(counts, dtype=np.int64)
     users = max(float(count.release(rng, float(counts.sum()))), 1.0)
-    search = ApproxDP(epsilon - count.cost().epsilon)
-    quantile = margined_quantile(
-        quantile_for(users, search.epsilon), users, search.epsilon, "users"
-    )
+    epsilon = mech.search_epsilon
+    quantile = margined_quantile(quantile_for(users, epsilon), users, epsilon, "users")
     released = private_norm_bound(counts, users, search, rng, quantile=quantile, grid=grid)
     return NormBound(released.bound, released.index, quantile, users)
 
 
-def user_norm_bound_mechanism(grant: Budget) -> mechanism.Composed:
+def user_norm_bound_mechanism(grant: Budget) -> UserNormBoundMechanism:
     """Step ``norm_bound`` at user level: the user count's Laplace (Δ = 1, USER_COUNT_SHARE of
     ε) then the sparse vector at the rest (Δ = 1); basic composition, ε of ``grant`` in all."""
     epsilon = laplace_epsilon(grant)
     count_epsilon = USER_COUNT_SHARE * epsilon
-    return mechanism.Composed(
-        (
-            mechanism.Laplace(COUNT_SENSITIVITY, COUNT_SENSITIVITY / count_epsilon),
-            mechanism.above_threshold(COUNT_SENSITIVITY, epsilon - count_epsilon),
-        )
-    )
+    count = mechanism.Laplace(COUNT_SENSITIVITY, COUNT_SENSITIVITY / count_epsilon)
+    search_epsilon = epsilon - count.cost().epsilon  # type: ignore[union-attr]
+    search = mechanism.above_threshold(COUNT_SENSITIVITY, search_epsilon)
+    return UserNormBoundMechanism((count, search), search_epsilon)

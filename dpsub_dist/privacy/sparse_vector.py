@@ -27,11 +27,12 @@ def above_threshold(
     query: Callable[[int], float],
     n_queries: int,
     threshold: float,
-    sensitivity: float,
-    epsilon: float,
+    mech: mechanism.AboveThreshold,
     rng: np.random.Generator,
 ) -> int | None:
-    """Index of the first query whose noisy value reaches the noisy threshold, or None.
+    """Index of the first query whose noisy value reaches the noisy threshold, or None: the
+    noise of ``mech`` (:func:`mechanism.above_threshold`, calibrated and charged by the caller;
+    its cost ``mech.cost()`` = ε).
 
     T̂ = T + Lap(2Δ′/ε); stop at the first j with q̃_j ≥ T̂, q̃_j = q_j + Lap(4Δ/ε) on the grid
     ``g`` of scale 4Δ/ε (:func:`noise.add_laplace`: ``g·(round(q_j/g) + K)``, its scale widened
@@ -43,14 +44,14 @@ def above_threshold(
     (the threshold's grid, of scale 2Δ′/ε < 4Δ/ε, is a power of two ≤ g), with pmf ratios
     ≤ e^{Δ′/(2Δ′/ε)} = e^{ε/2} and ≤ e^{2Δ′/(4Δ′/ε)} = e^{ε/2}: ε-DP for the index in total.
     """
-    mech = mechanism.above_threshold(sensitivity, epsilon)  # its cost: mech.cost() = ε
     query_scale, threshold_scale = mech.query_scale, mech.threshold_scale
     if noise.grid_step(threshold_scale) > noise.grid_step(query_scale):
-        raise ValueError(f"epsilon {epsilon} is too small for the sparse-vector grid")
+        epsilon = mech.cost().epsilon  # type: ignore[union-attr]
+        raise ValueError(f"epsilon {epsilon:.6g} is too small for the sparse-vector grid")
     noisy_threshold = threshold + noise.laplace_noise(
         rng, threshold_scale, sensitivity=mech.threshold_sensitivity
     )
     for j in range(n_queries):
-        if noise.add_laplace(rng, query(j), query_scale, sensitivity) >= noisy_threshold:
+        if noise.add_laplace(rng, query(j), query_scale, mech.sensitivity) >= noisy_threshold:
             return j
     return None

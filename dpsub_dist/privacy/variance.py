@@ -77,9 +77,14 @@ def variance_mechanism(grant: Budget) -> mechanism.Gaussian:
 
 
 def private_variances(
-    sums: np.ndarray, n_rows: int, bound: float, grant: Budget, rng: np.random.Generator
+    sums: np.ndarray,
+    n_rows: int,
+    bound: float,
+    mech: mechanism.Gaussian,
+    rng: np.random.Generator,
 ) -> VarianceRelease:
-    """Gaussian mechanism on :func:`projected_sums` totals, released as ``C²/n``·(sums + noise).
+    """The Gaussian ``mech`` (:func:`variance_mechanism`) on :func:`projected_sums` totals,
+    released as ``C²/n``·(sums + noise).
 
     ``sigma`` is reported for the unscaled sums (Δ = :data:`SENSITIVITY`); the draw is at
     ``sigma·C²/n`` for ``Δ·C²/n`` (module docstring).
@@ -89,17 +94,15 @@ def private_variances(
     sums = np.asarray(sums, dtype=np.float64)
     rank = int(round((math.sqrt(8 * (sums.size - 1) + 1) - 1) / 2))
     factor = bound**2 / n_rows
-    release = variance_mechanism(grant)  # step explained_variance
     scaled = dataclasses.replace(  # same σ/Δ, so the same privacy map
-        release, sensitivity=SENSITIVITY * factor, sigma=release.sigma * factor
+        mech, sensitivity=mech.sensitivity * factor, sigma=mech.sigma * factor
     )
     noisy = scaled.release(rng, sums * factor)
-    sigma = release.sigma
     matrix = np.zeros((rank, rank))
     rows, cols = np.triu_indices(rank)
     matrix[rows, cols] = noisy[:-1]
     matrix[cols, rows] = noisy[:-1]
-    return VarianceRelease(matrix, float(noisy[-1]), sigma, SENSITIVITY)
+    return VarianceRelease(matrix, float(noisy[-1]), mech.sigma, mech.sensitivity)
 
 
 def psd_total(matrix: np.ndarray) -> float:
