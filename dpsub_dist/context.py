@@ -10,7 +10,8 @@ its own noise parameters) and ``draw(mechanism, rng)`` — a pure function of
 :mod:`dpsub_dist.privacy` — adds that same mechanism's noise. The charged object is the
 drawing object by construction (OpenDP's measurement is both the function and its privacy
 map; PipelineDP accounts the spec it draws with). The private generator is handed out only
-inside ``release`` (:func:`active_release` tells the tests which step is drawing), and
+inside ``release`` (or :meth:`RunContext.redraw`: a charged step drawn again on other rows;
+:func:`active_release` tells the tests which step is drawing), and
 :meth:`RunContext.result` checks that the charged steps are the declared ones.
 """
 
@@ -97,6 +98,7 @@ class RunContext:
         self._rng = noise_rng(noise_seed)
         self._forgone: list[str] = []
         self._skipped: list[str] = []
+        self._earlier = 0  # the charges of earlier commands a resumed plan counts (resume)
 
     @classmethod
     def open(
@@ -140,6 +142,19 @@ class RunContext:
         self.shares = dict(shares)
         return self.grants
 
+    def resume(
+        self,
+        accountant: Accountant,
+        grants: dict[str, Budget],
+        shares: dict[str, tuple[float, float]],
+    ) -> None:
+        """Continue a plan an earlier command declared (a stream's, at ``stream init``):
+        ``accountant`` holds its ``grants`` and counts the steps earlier commands released;
+        this command declares ``shares``, its part of the plan. :attr:`charged` then counts
+        this command's charges only, and :meth:`check_charged` holds them to ``shares``."""
+        self.accountant, self.grants, self.shares = accountant, grants, dict(shares)
+        self._earlier = len(accountant.report()["steps"])
+
     def grant(self, step: str) -> Budget:
         """The grant the plan gives ``step`` (KeyError: not a declared step)."""
         return self.grants[step]
@@ -148,6 +163,18 @@ class RunContext:
         """Charge ``step`` with ``mechanism`` (refused if undeclared, charged twice or above its
         grant), then return ``draw(mechanism, rng)``: the noise of the object just charged."""
         self._charge(step, mechanism)
+        return self._draw(step, mechanism, draw)
+
+    def redraw(self, step: str, mechanism: M, draw: Callable[[M, np.random.Generator], T]) -> T:
+        """Draw ``step``'s noise again, charging nothing, on rows none of its earlier draws
+        read (parallel composition: a stream's tree level, one node per row). Refused unless
+        the step was charged, by this command or an earlier one of the plan, at exactly
+        ``mechanism``'s cost (a cost in the plan's mode, as a tree level's ρ)."""
+        if self._accountant.stated.get(step) != mechanism.cost():
+            raise PlanMismatch(f"step {step!r} is drawn again but was not charged so")
+        return self._draw(step, mechanism, draw)
+
+    def _draw(self, step: str, mechanism: M, draw: Callable[[M, np.random.Generator], T]) -> T:
         token = _ACTIVE.set((step, mechanism))
         try:
             return draw(mechanism, self._rng)
@@ -179,8 +206,18 @@ class RunContext:
 
     @property
     def charged(self) -> list[str]:
-        """The steps charged so far, in order."""
-        return [entry["step"] for entry in self._accountant.report()["steps"]]
+        """The steps this command charged so far, in order."""
+        return [entry["step"] for entry in self._accountant.report()["steps"]][self._earlier :]
+
+    def check_charged(self) -> None:
+        """Raise :class:`PlanMismatch` unless the declared steps are those charged and those
+        skipped (:meth:`skip`)."""
+        charged = self.charged
+        if sorted(charged + self._skipped) != sorted(self.shares):
+            raise PlanMismatch(
+                f"declared steps {list(self.shares)} but charged {charged}"
+                + (f" and skipped {self._skipped}" if self._skipped else "")
+            )
 
     @contextmanager
     def timed(self, name: str) -> Iterator[None]:
@@ -200,14 +237,10 @@ class RunContext:
     ) -> EstimateResult:
         """The run's result: its manifest (:func:`build_manifest`, with the declared plan as
         ``budget_shares``) and timings. A released basis needs every declared step charged or
-        skipped (:meth:`skip`); a ⊥ may stop early (its later steps' grants are reserved, not
-        drawn)."""
-        charged = self.charged
-        if basis is not None and sorted(charged + self._skipped) != sorted(self.shares):
-            raise PlanMismatch(
-                f"declared steps {list(self.shares)} but charged {charged}"
-                + (f" and skipped {self._skipped}" if self._skipped else "")
-            )
+        skipped (:meth:`skip`, :meth:`check_charged`); a ⊥ may stop early (its later steps'
+        grants are reserved, not drawn)."""
+        if basis is not None:
+            self.check_charged()
         self.timings["total_s"] = time.monotonic() - self.started
         parameters = {**parameters, "budget_shares": self.shares}
         manifest = build_manifest(

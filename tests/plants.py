@@ -53,10 +53,8 @@ PLANTS = [
         "tree node above level 0 released un-noised",
         "number/shape of draws",
         "dpsub_dist/privacy/tree_aggregation.py",
-        "                self.closed[node] = release_node(rng, exact, self.sigma)",
-        "                self.closed[node] = (\n"
-        "                    release_node(rng, exact, self.sigma) if node[0] == 0 else exact\n"
-        "                )",
+        "                self.closed[node] = noised(node, exact)",
+        "                self.closed[node] = noised(node, exact) if node[0] == 0 else exact",
     ),
     Plant(
         "power: the first iteration's σ reused for all",

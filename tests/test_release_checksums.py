@@ -1,9 +1,9 @@
 """Releases for fixed seeds do not move: a refactor must not move the noise or a public choice.
 
-Every method (and boosting, and every clustering method) runs in-process on a small
-synthetic array with a fixed public seed and a fixed *private* noise seed (the way a
-ledger run record resumes a run). What is the same on every machine is pinned exactly,
-in tests/release_identity.json:
+Every method (and boosting, every clustering method and a stream's appends) runs in-process
+on a small synthetic array with a fixed public seed and a fixed *private* noise seed (the way
+a ledger run record resumes a run; a stream takes one per append). What is the same on every
+machine is pinned exactly, in tests/release_identity.json:
 
 - every noise draw (:func:`dpsub_dist.privacy.noise.draw_log`): its kind, the scale the
   caller asked for and its sensitivity (bit for bit: a one-ulp change to a noise scale
@@ -39,7 +39,15 @@ import pandas as pd
 import pytest
 
 from dpsub_dist.engine.sources import Dataset, array_dataset, parquet_dataset
-from dpsub_dist.job import ClusterConfig, EstimateConfig, run_cluster, run_estimate
+from dpsub_dist.estimators.online import open_stream
+from dpsub_dist.job import (
+    ClusterConfig,
+    EstimateConfig,
+    StreamConfig,
+    init_stream,
+    run_cluster,
+    run_estimate,
+)
 from dpsub_dist.privacy import calibration, noise
 
 EXPECTED_FILE = Path(__file__).with_name("release_identity.json")
@@ -106,6 +114,11 @@ CLUSTERS: dict[str, dict[str, Any]] = {
     "cluster sulq": {**EPS, "method": "sulq", "iterations": 4},
     "cluster gibbs": {**EPS, "method": "gibbs", "sweeps": 3, "row_norm": 4.0},
 }
+STREAMS: dict[str, dict[str, Any]] = {  # horizon 3: append 3 draws a level charged at append 1
+    "stream centred private bound": {**RHO},
+    "stream clip norm": {**EPS, "clip_norm": 5.0},
+}
+STREAM_HORIZON, STREAM_BATCH_ROWS = 3, 5_000
 
 
 def _data(source: str) -> Dataset:
@@ -122,7 +135,24 @@ def _data(source: str) -> Dataset:
     return array_dataset(_exact(2))
 
 
+def run_stream(options: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+    """A stream made for :data:`STREAM_HORIZON` batches and appended that many: the last
+    release (its manifest holds the first batch's bound and mean and every charge)."""
+    folder = Path(tempfile.mkdtemp(prefix="dpsub-identity-stream-"))
+    state = str(folder / "events.stream")
+    init_stream(state, StreamConfig(rank=2, horizon=STREAM_HORIZON, **options))
+    with open_stream(state) as stream:
+        for t in range(STREAM_HORIZON):
+            path = folder / f"batch-{t}.parquet"
+            rows = _rows(6 + t, STREAM_BATCH_ROWS, 8, 2)
+            pd.DataFrame(rows, columns=[f"x{i}" for i in range(8)]).to_parquet(path, index=False)
+            release = stream.append(str(path), noise_seed=NOISE_SEED + t)
+    return release.basis, release.manifest
+
+
 def run_case(name: str) -> tuple[np.ndarray | None, dict[str, Any]]:
+    if name in STREAMS:
+        return run_stream(STREAMS[name])
     if name in ESTIMATES:
         source, options = ESTIMATES[name]
         data = _data(source)
@@ -206,7 +236,7 @@ def expected() -> dict[str, Any]:
     return json.loads(EXPECTED_FILE.read_text())
 
 
-@pytest.mark.parametrize("name", [*ESTIMATES, *CLUSTERS])
+@pytest.mark.parametrize("name", [*ESTIMATES, *CLUSTERS, *STREAMS])
 def test_release_identity_for_fixed_seeds(name: str, expected: dict[str, Any]) -> None:
     check_identity(identity(name), expected[name])
 
@@ -227,7 +257,7 @@ def test_one_ulp_change_of_a_noise_scale_is_caught(monkeypatch, expected) -> Non
 
 if __name__ == "__main__":  # write the table (after a deliberate mechanism change)
     lines = []
-    for case in [*ESTIMATES, *CLUSTERS]:
+    for case in [*ESTIMATES, *CLUSTERS, *STREAMS]:
         parts = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in identity(case).items()]
         lines.append(f" {json.dumps(case)}: {{\n" + ",\n".join(parts) + "\n }")
     EXPECTED_FILE.write_text("{\n" + ",\n".join(lines) + "\n}\n")

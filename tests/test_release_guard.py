@@ -5,7 +5,8 @@ with its private generator wrapped so that any use of it outside
 :meth:`~dpsub_dist.context.RunContext.release` is recorded, and every noise draw is compared
 with the mechanism that release charged: its scale per unit of sensitivity must be that
 mechanism's (or one of its parts'). Then the steps charged must be the steps the run
-declared (its manifest's ``budget_shares``): all of them where a basis was released.
+declared (its manifest's ``budget_shares``): all of them where a basis was released (a
+stream's cases append its whole horizon: its last release has charged its whole plan).
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from dpsub_dist import context
 from dpsub_dist.privacy import mechanism, noise
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_release_checksums import CLUSTERS, ESTIMATES, run_case  # noqa: E402
+from test_release_checksums import CLUSTERS, ESTIMATES, STREAMS, _rows, run_case  # noqa: E402
 
-CASES = [*ESTIMATES, *CLUSTERS]
+CASES = [*ESTIMATES, *CLUSTERS, *STREAMS]
 
 
 class GuardedGenerator:
@@ -123,6 +124,36 @@ def _charged_are_declared(basis: np.ndarray | None, manifest: dict[str, Any]) ->
         assert set(charged) <= set(declared)
 
 
+def test_a_failed_stream_append_draws_inside_releases(guard, tmp_path) -> None:
+    """An append whose batch fails validation (a NaN) is charged as it would have been and
+    closes its tree node with noise on a zero matrix; that draw, and the next append's
+    (a level charged at append 1, drawn again), happen inside releases at the scale of the
+    mechanism charged."""
+    import pandas as pd
+
+    from dpsub_dist.errors import DataError
+    from dpsub_dist.estimators.online import open_stream
+    from dpsub_dist.job import StreamConfig, init_stream
+
+    state = str(tmp_path / "s.stream")
+    init_stream(state, StreamConfig(rank=2, horizon=4, rho=1.0, delta=1e-6, clip_norm=5.0))
+    with open_stream(state) as stream:
+        for t in range(3):
+            rows = _rows(6 + t, 2_000, 8, 2)
+            rows[7, 3] = np.nan if t == 1 else rows[7, 3]
+            path = tmp_path / f"batch-{t}.parquet"
+            pd.DataFrame(rows, columns=[f"x{i}" for i in range(8)]).to_parquet(path)
+            if t == 1:
+                with pytest.raises(DataError):
+                    stream.append(str(path))
+            else:
+                stream.append(str(path))
+        steps = [s["step"] for s in stream.release(2).manifest["privacy"]["budget"]["steps"]]
+    assert steps == ["mean", "batch 1", "batch 2"]
+    assert guard["draws"].count("symmetric_gaussian") == 3
+    assert guard["outside"] == [] and guard["unmatched"] == [], guard
+
+
 def test_the_guard_sees_a_draw_outside_a_release(guard) -> None:
     """The wrapped generator and the draw check report a draw made outside any release."""
     rng = noise.noise_rng(1)
@@ -152,4 +183,6 @@ def test_every_case_is_guarded() -> None:
 
     methods = {o.get("method", "auto") for _, o in ESTIMATES.values()}
     methods |= {o.get("method", "sample-aggregate") for o in CLUSTERS.values()}
-    assert methods >= set(REGISTRY["estimate"]) | set(REGISTRY["cluster"]), dpsub_dist.__name__
+    methods |= {o.get("method", "online") for o in STREAMS.values()}
+    everything = set(REGISTRY["estimate"]) | set(REGISTRY["cluster"]) | set(REGISTRY["stream"])
+    assert methods >= everything, dpsub_dist.__name__

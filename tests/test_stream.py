@@ -22,13 +22,16 @@ from dpsub_dist.io.output import read_run
 from dpsub_dist.job import StreamConfig
 from dpsub_dist.linalg import subspace_error, top_eigenvectors
 from dpsub_dist.privacy.accountant import zcdp_epsilon
+from dpsub_dist.privacy.mechanism import Gaussian
 from dpsub_dist.privacy.tree_aggregation import (
+    REPLACE_ONE_SENSITIVITY,
     TreeAggregator,
     last_use,
     node_sigma,
     node_span,
     nodes_containing,
     prefix_nodes,
+    release_node,
     rho_for_approx_dp,
     spent_rho,
     tree_levels,
@@ -42,6 +45,12 @@ def init_stream(path: str, **options):
 
     options.setdefault("center", False)
     return job.init_stream(path, StreamConfig(**options))
+
+
+def noised(sigma: float, rng: np.random.Generator):
+    """Each node a tree closes noised by the node mechanism at ``sigma`` (Δ = √2)."""
+    mech = Gaussian(REPLACE_ONE_SENSITIVITY, sigma)
+    return lambda _node, exact: release_node(exact, mech, rng)
 
 
 # ----------------------------------------------------------------------- tree structure
@@ -67,9 +76,9 @@ def test_each_batch_enters_at_most_L_nodes_and_prefixes_cover_exactly(horizon):
 def test_prefix_sums_are_exact_up_to_the_noise():
     rng = np.random.default_rng(0)
     values = [np.diag(rng.uniform(size=3)) for _ in range(11)]
-    tree = TreeAggregator(horizon=11, sigma=1e-9, dim=3)
+    tree = TreeAggregator(horizon=11, dim=3)
     for t, v in enumerate(values, start=1):
-        tree.add(v, rng)
+        tree.add(v, noised(1e-9, rng))
         assert np.allclose(tree.prefix(), sum(values[:t]), atol=1e-6)
     assert np.allclose(tree.prefix(5), sum(values[:5]), atol=1e-6)
 
@@ -81,11 +90,11 @@ def test_each_node_is_noised_once_when_it_closes_on_the_safe_grid():
     from dpsub_dist.privacy import noise
 
     sigma, dim, rng = 0.5, 3, np.random.default_rng(2)
-    tree = TreeAggregator(horizon=4, sigma=sigma, dim=dim)
+    tree = TreeAggregator(horizon=4, dim=dim)
     closed = []
     with noise.draw_log() as draws:
         for _ in range(4):
-            closed.append(tree.add(np.eye(dim) / 3, rng))
+            closed.append(tree.add(np.eye(dim) / 3, noised(sigma, rng)))
     assert closed == [[(0, 0)], [(1, 0)], [(0, 2)], [(2, 0)]]
     assert [(d.kind, d.scale, d.sensitivity, d.size) for d in draws] == [
         ("symmetric_gaussian", sigma, math.sqrt(2), dim * (dim + 1) // 2)
@@ -94,6 +103,30 @@ def test_each_node_is_noised_once_when_it_closes_on_the_safe_grid():
     for value in tree.closed.values():
         assert np.array_equal(value / step, np.rint(value / step))
     assert tree.partial == {}
+
+
+def test_a_level_draws_again_only_with_the_mechanism_it_was_charged(tmp_path):
+    """Append 3 of a horizon-4 stream declares no step (batch 1's rows enter no new node);
+    the node it closes, level 0's second, draws again as step ``batch 1`` with the mechanism
+    append 1 charged. Another σ, or a level not charged yet, is refused before any draw."""
+    from dataclasses import replace
+    from functools import partial
+
+    from dpsub_dist.context import PlanMismatch
+    from dpsub_dist.engine.compute import IN_PROCESS
+    from dpsub_dist.estimators import online
+
+    settings = init_stream(str(tmp_path / "s.db"), horizon=4, rank=1, rho=1.0, delta=1e-6)
+    ctx = online.append_context(settings, 3, None, IN_PROCESS, False, noise_seed=1)
+    assert ctx.shares == {}
+    level = online.step_mechanism(settings, "batch 1", ctx.grant("batch 1"))
+    draw = partial(release_node, np.zeros((2, 2)))
+    assert ctx.redraw("batch 1", level, draw).shape == (2, 2)
+    with pytest.raises(PlanMismatch):
+        ctx.redraw("batch 1", replace(level, sigma=level.sigma / 2), draw)
+    with pytest.raises(PlanMismatch):
+        ctx.redraw("batch 4", level, draw)
+    ctx.check_charged()
 
 
 # --------------------------------------------------------------------------- calibration
@@ -121,9 +154,9 @@ def test_prefix_noise_has_the_calibrated_variance():
     run side by side as one stack)."""
     sigma, draws, horizon = 2.0, 3000, 7
     rng = np.random.default_rng(1)
-    tree = TreeAggregator(horizon=horizon, sigma=sigma, dim=2)
+    tree = TreeAggregator(horizon=horizon, dim=2)
     for t in range(1, horizon + 1):
-        tree.add(np.zeros((draws, 2, 2)), rng)
+        tree.add(np.zeros((draws, 2, 2)), noised(sigma, rng))
         samples = tree.prefix()[:, 0, [0, 1]]
         expected = len(prefix_nodes(t)) * sigma**2
         assert samples.var(axis=0) == pytest.approx([expected, expected], rel=0.12)
@@ -139,11 +172,11 @@ def stream_statistics(sigma: float, row: np.ndarray, runs: int, seed: int) -> np
     batch 1 holds one unit row and batches 2..T are empty: the sum over the releases whose
     nodes hold batch 1 ([1], [1,2], [1..4]) of their (0,0) − (1,1) entries."""
     rng = np.random.default_rng(seed)  # the audit's own, reproducible generator
-    tree = TreeAggregator(horizon=AUDIT_HORIZON, sigma=sigma, dim=2)
+    tree = TreeAggregator(horizon=AUDIT_HORIZON, dim=2)
     statistic = np.zeros(runs)
     for t in range(1, AUDIT_HORIZON + 1):
         batch = np.outer(row, row) if t == 1 else np.zeros((2, 2))
-        tree.add(np.broadcast_to(batch, (runs, 2, 2)), rng)
+        tree.add(np.broadcast_to(batch, (runs, 2, 2)), noised(sigma, rng))
         if t in (1, 2, 4):
             release = tree.prefix()
             statistic += release[:, 0, 0] - release[:, 1, 1]
@@ -851,19 +884,20 @@ MEAN_AUDIT_DELTA = 1e-2
 
 def first_release_means(settings, rows: np.ndarray, runs: int, seed: int) -> tuple:
     """The stream's first-batch driver (:func:`online.first_batch`, what ``stream append``
-    runs and publishes) on ``rows``, ``runs`` times: the released mean's first coordinate
-    in units of unit-norm rows' sums (× n/B), and the ``mean`` step's charge."""
+    runs and publishes, in its first append's context) on ``rows``, ``runs`` times: the
+    released mean's first coordinate in units of unit-norm rows' sums (× n/B), and the
+    ``mean`` step's charge."""
+    from dpsub_dist.engine.compute import IN_PROCESS
     from dpsub_dist.engine.sources import array_dataset
     from dpsub_dist.estimators import online
 
     dataset = array_dataset(rows)
     out = np.empty(runs)
-    rng = np.random.default_rng(seed)  # the audit's own, reproducible generator
-    for i in range(runs):
-        accountant, grants = online._accountant(settings, 0)
-        fixed = online.first_batch(settings, dataset, accountant, grants, rng)
+    for i in range(runs):  # the audit's own, reproducible seeds
+        ctx = online.append_context(settings, 1, dataset, IN_PROCESS, False, seed * runs + i)
+        fixed = online.first_batch(ctx, settings)
         out[i] = fixed["mean"][0] * len(rows) / fixed["mean_row_norm"]
-    return out, dict(accountant._steps)["mean"]
+    return out, dict(ctx.accountant._steps)["mean"]
 
 
 def _audit_first_release(

@@ -15,9 +15,9 @@ Privacy unit: a row, with neighbours that replace one row's values in one batch 
 sizes are public). User-level privacy is not offered: a user's rows in different batches
 could not be scaled jointly without keeping per-user state.
 
-Budget plan (:func:`plan_shares`, fixed at init, published in every manifest): the shares
-of gauss's plan (:func:`dpsub_dist.estimators.covariance.budget_plan`), with gauss's
-``gram_noise`` share split evenly into one step ``batch 2^h`` per tree level ``h < L``:
+Budget plan (declared by the stream method, :func:`dpsub_dist.methods.stream.plan_shares`;
+fixed at init, published in every manifest): gauss's shares for the first batch's steps, the
+rest split evenly into one step ``batch 2^h`` per tree level ``h < L``:
 
 1. ``norm_bound`` (no ``--clip-norm``): at the first append, a private bound on the first
    batch's raw rows (sparse vector over the public norm grid,
@@ -27,10 +27,11 @@ of gauss's plan (:func:`dpsub_dist.estimators.covariance.budget_plan`), with gau
    (or to ``--clip-norm``), :func:`dpsub_dist.estimators.centring.centre` — gauss's step.
 3. ``centred_norm_bound`` (centred, no ``--clip-norm``): the private bound of the first
    batch's rows minus ``μ̂``, the bound every batch's centred rows are clipped to.
-4. ``batch t`` for t = 1, 2, 4, …, 2^{L−1}: the tree's nodes (each ``ρ_tree/L``-zCDP,
-   :func:`~dpsub_dist.privacy.tree_aggregation.node_mechanism`), charged when the
-   worst-placed row (one of batch 1) enters its next released node; other appends
-   charge nothing.
+4. ``batch t`` for t = 1, 2, 4, …, 2^{L−1}: the tree's level log₂ t, whose nodes (each
+   ``ρ_tree/L``-zCDP, :func:`~dpsub_dist.privacy.tree_aggregation.node_mechanism`) hold
+   disjoint batches; charged when the worst-placed row (one of batch 1) enters the level's
+   first node, which closes at append t; the level's later nodes draw again with the
+   mechanism charged then (parallel composition), and other appends charge nothing.
 
 Privacy argument. Steps 1–3 read the first batch's rows only, once, at its append; their
 outputs ``B`` and ``μ̂`` are then stored in the stream file and published in every manifest,
@@ -42,8 +43,9 @@ by at most L tree nodes; a row of a later batch by at most L tree nodes and by n
 else. Adaptive basic composition (Bun & Steinke 2016, Lemma 2.3; the pure-ε sparse
 vector counts as ε²/2-zCDP, Prop 1.4) gives the worst row ``ρ_norm + ρ_mean + ρ_centred +
 ρ_tree = ρ``, the stream's whole budget: later batches' rows pay nothing for ``B`` and
-``μ̂``, which never read them. Every step is charged with the mechanism that adds its noise
-before drawing it (:meth:`Accountant.charge`), under the plan.
+``μ̂``, which never read them. Each append declares its part of the plan
+(:func:`append_plan`) and releases its steps through its run context
+(:meth:`~dpsub_dist.context.RunContext.release`: the mechanism charged is the one that draws).
 
 Streams created before the plan (no ``center`` or ``shares`` in their settings) keep a
 public bound and the uncentred second moment; their plan is the tree's steps alone.
@@ -72,20 +74,21 @@ import hashlib
 import json
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import asdict, astuple, dataclass, replace
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
+from dpsub_dist.context import RunContext, versions, width_failure
 from dpsub_dist.engine.compute import IN_PROCESS, Executor
 from dpsub_dist.engine.gram import compute_gram
 from dpsub_dist.engine.sources import Dataset, parquet_dataset
 from dpsub_dist.errors import BudgetRefused, DataError, InputError
 from dpsub_dist.estimators import centring
-from dpsub_dist.context import RunContext, versions, width_failure
-from dpsub_dist.estimators.covariance import budget_plan
 from dpsub_dist.estimators.norm_pass import NORM_SOURCE
 from dpsub_dist.io.parquet import list_parquet_files
 from dpsub_dist.io.storage import StorageOptions, filesystem, is_local, with_protocol
@@ -109,7 +112,6 @@ from dpsub_dist.linalg import top_eigenvectors
 from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import ZCDP, Accountant, ApproxDP, Budget, laplace_epsilon
 from dpsub_dist.privacy.covariance import SENSITIVITY
-from dpsub_dist.privacy.noise import noise_rng
 from dpsub_dist.privacy.norm_bound import (
     TooFewForBound,
     margined_quantile,
@@ -118,11 +120,13 @@ from dpsub_dist.privacy.norm_bound import (
 )
 from dpsub_dist.privacy.tree_aggregation import (
     REPLACE_ONE_SENSITIVITY,
+    Node,
     TreeAggregator,
     last_use,
     node_mechanism,
     nodes_containing,
     prefix_nodes,
+    release_node,
     rho_for_approx_dp,
     tree_levels,
 )
@@ -297,18 +301,15 @@ def describe_bound_and_centre(shown: dict[str, Any]) -> list[str]:
     return lines
 
 
+def level_step(level: int) -> str:
+    """The step of the tree's level h: ``batch 2^h``, charged at the append that closes the
+    level's first node (the one holding batch 1)."""
+    return f"batch {1 << level}"
+
+
 def tree_steps(share: float, levels: int) -> dict[str, tuple[float, float]]:
     """The tree's steps: ``batch 2^h`` for each level h < L, ``share/L`` each (no δ)."""
-    return {f"batch {1 << h}": (share / levels, 0.0) for h in range(levels)}
-
-
-def plan_shares(config: Any) -> dict[str, tuple[float, float]]:
-    """The stream's plan (module docstring): gauss's shares for the first batch's private
-    bound and mean (a ρ total: no δ), its ``gram_noise`` share split over the tree levels."""
-    center = resolve_center(config)
-    steps = budget_plan("gauss", center, True, config.clip_norm is None)
-    tree, _ = steps.pop("gram_noise")
-    return {**steps, **tree_steps(tree, tree_levels(config.horizon))}
+    return {level_step(h): (share / levels, 0.0) for h in range(levels)}
 
 
 def resolve_center(config: Any) -> bool:
@@ -320,7 +321,8 @@ FIRST_BATCH_STEPS = ("norm_bound", "mean", "centred_norm_bound")
 
 
 def step_mechanism(settings: StreamSettings, step: str, grant: Budget) -> mechanism.Mechanism:
-    """The mechanism each planned step is charged with (the same the append draws with)."""
+    """The mechanism of each planned step: the one its append releases (charges and draws
+    with), and the one an earlier append's charge is counted with (:func:`_accountant`)."""
     if step in ("norm_bound", "centred_norm_bound"):
         return norm_bound_mechanism(grant)
     if step == "mean":
@@ -349,8 +351,10 @@ class StreamRelease:
     charged_rho: float = 0.0  # what this append charged (0 for a re-release)
 
 
-def init_stream(path: str, config: Any) -> StreamSettings:
-    """Create a stream's two files (0600) for ``config.horizon`` batches and its whole budget.
+def init_stream(path: str, config: Any, shares: dict[str, tuple[float, float]]) -> StreamSettings:
+    """Create a stream's two files (0600) for ``config.horizon`` batches and its whole budget,
+    split by ``shares``, the plan the stream method declares
+    (:func:`dpsub_dist.methods.stream.plan_shares`).
 
     ``config`` is a checked :class:`~dpsub_dist.params.StreamConfig` (read by
     attribute; :func:`dpsub_dist.job.init_stream` checks it against the method's table).
@@ -375,7 +379,6 @@ def init_stream(path: str, config: Any) -> StreamSettings:
         raise InputError(f"cannot create files in {files[0].parent}: choose a writable folder")
     total_rho = rho if rho is not None else rho_for_approx_dp(float(epsilon), float(delta))
     values = {"epsilon": epsilon} if epsilon is not None else {"rho": rho}
-    shares = plan_shares(config)
     grants = Accountant(ZCDP(float(total_rho), 0.0), conversion_delta=float(delta)).split(shares)
     levels = tree_levels(horizon)
     tree_rho = grants["batch 1"].rho * levels
@@ -597,7 +600,7 @@ class Stream:
             if rows:
                 partial[node] = decode_array(rows[0][0])
         s = self.settings
-        return TreeAggregator(s.horizon, s.node_sigma, dim, step, closed, partial)
+        return TreeAggregator(s.horizon, dim, step, closed, partial)
 
     def accountant(self) -> Accountant:
         """The stream's accountant, charged with every append so far."""
@@ -705,6 +708,7 @@ class Stream:
         storage_options: dict[str, Any] | None = None,
         client: Any | None = None,
         progress: bool = False,
+        noise_seed: int | None = None,
     ) -> StreamRelease:
         """Read one batch on the workers, add its noisy contribution, release the new basis.
 
@@ -717,6 +721,11 @@ class Stream:
         first row read on, data that fails validation (a variable list's width, nulls, NaN,
         a file whose bytes are already in the stream) raises :class:`DataError` after
         :meth:`_record_failure` took its step and charged it.
+
+        The append's private steps run in its :class:`~dpsub_dist.context.RunContext`
+        (:func:`append_context`). ``noise_seed`` is a *private* seed for their noise, as
+        :func:`~dpsub_dist.job.run_estimate` takes a ledger run record's (tests pin releases
+        with it); no user flag sets it. None: a fresh one.
         """
         batch_id = check_run_id(batch_id) if batch_id else canonical_dataset(uri)
         executor = Executor(client)
@@ -769,15 +778,14 @@ class Stream:
                     f"{uri} has {dataset.dim} features but the stream's earlier batches have "
                     f"{before}: vector columns must keep their width across batches",
                 )
-            accountant, grants = _accountant(s, step)
+            ctx = append_context(s, step + 1, dataset, executor, progress, noise_seed)
             if step == 0:  # public refusals (row count, width) before the bytes are compared
-                first_batch_quantile(s, dataset, grants)
+                first_batch_quantile(s, dataset, ctx.grants)
             _check_new_contents(uri, files, known, ids)
-            spent_before = accountant.spent.rho
-            rng = noise_rng()
+            spent_before = ctx.accountant.spent.rho
             settings = s if s.columns is not None else replace(s, columns=list(dataset.columns))
             if step == 0:
-                fixed = first_batch(s, dataset, accountant, grants, rng, executor, progress)
+                fixed = first_batch(ctx, s)
                 settings = replace(settings, first_batch=fixed)
             else:
                 fixed = s.fixed
@@ -786,20 +794,18 @@ class Stream:
                 dataset.parts, loader, fixed["row_norm"], executor=executor, progress=progress
             )
         except DataError:
-            self._record_failure(step, batch_id, uri, files, earlier)
+            self._record_failure(step, batch_id, uri, files, earlier, noise_seed)
             raise
-        for name in _steps_of(step + 1, grants):
-            if name not in FIRST_BATCH_STEPS:  # the tree's nodes, charged before they draw
-                accountant.charge(name, step_mechanism(s, name, grants[name]))
-        charge = accountant.spent.rho - spent_before
-        batch = StreamBatch(step + 1, batch_id, uri, int(dataset.n_rows), charge, now_utc())
         with sqlite_transaction(self._conn, self.path, write=True) as execute:
             self._check_unchanged(execute, step, batch_id)
             tree = self._aggregator(execute, step, dataset.dim)
-            closed = tree.add(summary.gram, rng)
+            closed = tree.add(summary.gram, noised_nodes(ctx, s))
+            ctx.check_charged()
+            charge = ctx.accountant.spent.rho - spent_before
+            batch = StreamBatch(step + 1, batch_id, uri, int(dataset.n_rows), charge, now_utc())
             values, basis = top_eigenvectors(tree.prefix(batch.step), s.rank)
             rows = sum(b.n_rows for b in batches) + batch.n_rows
-            manifest = self._manifest(settings, batch, accountant, values, dataset.dim, rows)
+            manifest = self._manifest(settings, batch, ctx.accountant, values, dataset.dim, rows)
             manifest["summary_bytes_gathered"] = summary.nbytes
             self._store_tree(execute, tree, closed)
             self._insert_batch(execute, batch, files, basis, manifest)
@@ -818,33 +824,40 @@ class Stream:
         uri: str,
         files: list[BatchFile],
         earlier: StreamRelease | None,
+        noise_seed: int | None,
     ) -> None:
         """Take step ``step + 1`` for a batch whose data failed validation, charged as the
         append would have been (a data-dependent failure is never a free retry): its files
         enter the stream (no row of them is summed), the tree adds a zero matrix so its nodes
-        close on schedule, with their noise, and the release says only that it failed. A
-        failed first batch fixes no width, bound or mean: the stream takes no more batches."""
+        close on schedule, with their noise, the append's other steps are forgone (charged,
+        nothing drawn: :meth:`~dpsub_dist.context.RunContext.forgo`), and the release says only
+        that it failed. A failed first batch fixes no width, bound or mean: the stream takes no
+        more batches (its tree is never read, so its nodes draw nothing)."""
         s = self.settings
-        before, _ = _accountant(s, step)
-        accountant, _ = _accountant(s, step + 1)
-        charge = accountant.spent.rho - before.spent.rho
-        batch = StreamBatch(step + 1, batch_id, uri, 0, charge, now_utc())
-        manifest = {
-            "outcome": OUTCOME_FAILED,
-            "method": "online",
-            "input": uri,
-            "n_rows_note": "no row of this batch entered the stream",
-            "stream": {"step": batch.step, "horizon": s.horizon, "batch_id": batch_id},
-            "privacy": {"budget": accountant.report(), "ledger": s.ledger or UNTRACKED},
-            "versions": versions(),
-        }
+        ctx = append_context(s, step + 1, None, IN_PROCESS, False, noise_seed)
+        before = ctx.accountant.spent.rho
         with sqlite_transaction(self._conn, self.path, write=True) as execute:
             self._check_unchanged(execute, step, batch_id)
             if earlier is not None:
                 dim = earlier.basis.shape[0]
                 tree = self._aggregator(execute, step, dim)
-                closed = tree.add(np.zeros((dim, dim)), noise_rng())
+                closed = tree.add(np.zeros((dim, dim)), noised_nodes(ctx, s))
                 self._store_tree(execute, tree, closed)
+            for name in ctx.shares:
+                if name not in ctx.charged:
+                    ctx.forgo(name, step_mechanism(s, name, ctx.grant(name)))
+            ctx.check_charged()
+            charge = ctx.accountant.spent.rho - before
+            batch = StreamBatch(step + 1, batch_id, uri, 0, charge, now_utc())
+            manifest = {
+                "outcome": OUTCOME_FAILED,
+                "method": "online",
+                "input": uri,
+                "n_rows_note": "no row of this batch entered the stream",
+                "stream": {"step": batch.step, "horizon": s.horizon, "batch_id": batch_id},
+                "privacy": {"budget": ctx.accountant.report(), "ledger": s.ledger or UNTRACKED},
+                "versions": versions(),
+            }
             self._insert_batch(execute, batch, files, np.zeros((0, s.rank)), manifest)
 
     def _check_unchanged(self, execute, step: int, batch_id: str) -> None:
@@ -953,49 +966,77 @@ def _check_new_contents(
         raise DataError(f"{uri} holds two files with the same bytes: a row may enter a stream once")
 
 
-def _accountant(settings: StreamSettings, steps: int) -> tuple[Accountant, dict[str, Budget]]:
-    """The stream's accountant under its plan (basic composition), charged with the steps of
-    its first ``steps`` appends, each with the mechanism that drew its noise; the grants."""
+def _accountant(settings: StreamSettings, appends: int) -> tuple[Accountant, dict[str, Budget]]:
+    """The stream's accountant under its plan (basic composition), counting the steps of its
+    first ``appends`` appends, each with the mechanism its append released; the grants."""
     accountant = Accountant(ZCDP(settings.rho, 0.0), conversion_delta=settings.conversion_delta)
     grants = accountant.split(settings.plan)
-    for t in range(1, steps + 1):
-        for step in _steps_of(t, grants):
+    for t in range(1, appends + 1):
+        for step in append_plan(settings, t):
             accountant.charge(step, step_mechanism(settings, step, grants[step]))
     return accountant, grants
 
 
-def _steps_of(t: int, grants: dict[str, Budget]) -> list[str]:
-    """The planned steps append ``t`` charges: the first batch's private bound and mean
-    (append 1), then ``batch t`` when t = 2^h (a row of batch 1 enters its next node)."""
-    first = [step for step in FIRST_BATCH_STEPS if step in grants and t == 1]
-    return first + [step for step in (f"batch {t}",) if step in grants]
+def append_plan(settings: StreamSettings, t: int) -> dict[str, tuple[float, float]]:
+    """The part of the stream's plan append ``t`` declares and releases: the first batch's
+    private bound and mean (t = 1), then ``batch t`` when t = 2^h (batch 1's rows enter
+    their next node: the first node of level h closes)."""
+    steps = [*FIRST_BATCH_STEPS, "batch 1"] if t == 1 else [f"batch {t}"]
+    return {step: share for step, share in settings.plan.items() if step in steps}
+
+
+def append_context(
+    settings: StreamSettings,
+    t: int,
+    dataset: Dataset | None,
+    executor: Executor,
+    progress: bool,
+    noise_seed: int | None,
+) -> RunContext:
+    """Append ``t``'s run context: the stream's accountant counting appends 1…t−1 (their
+    noise was drawn then), resumed with this append's part of the plan (:func:`append_plan`)
+    declared; ``dataset`` is its batch (None: a failed batch, no row read)."""
+    options = SimpleNamespace(
+        center=settings.center, row_norm=settings.clip_norm, unit_column=None, method="online"
+    )
+    ctx = RunContext(options, dataset, executor, progress, noise_seed)
+    ctx.resume(*_accountant(settings, t - 1), append_plan(settings, t))
+    return ctx
+
+
+def noised_nodes(
+    ctx: RunContext, settings: StreamSettings
+) -> Callable[[Node, np.ndarray], np.ndarray]:
+    """How an append noises the tree's nodes it closes (:meth:`TreeAggregator.add`): each as
+    the step of its level, ``batch 2^h``, with that step's mechanism. The level's first node
+    (index 0, holding batch 1) releases the step: charged, then drawn. Its later nodes hold
+    later batches only, one node per row (parallel composition), so they draw again with the
+    mechanism charged then (:meth:`~dpsub_dist.context.RunContext.redraw`), charging nothing."""
+
+    def noised(node: Node, exact: np.ndarray) -> np.ndarray:
+        step = level_step(node[0])
+        release = ctx.release if node[1] == 0 else ctx.redraw
+        return release(
+            step, step_mechanism(settings, step, ctx.grant(step)), partial(release_node, exact)
+        )
+
+    return noised
 
 
 MEAN_RELEASE = ("mean", "mean_note", "mean_sensitivity", "mean_noise_sigma")
 """The first batch's released mean: published under ``release`` in every manifest."""
 
 
-def first_batch(
-    settings: StreamSettings,
-    dataset: Dataset,
-    accountant: Accountant,
-    grants: dict[str, Budget],
-    rng: np.random.Generator,
-    executor: Executor = IN_PROCESS,
-    progress: bool = False,
-) -> dict[str, Any]:
+def first_batch(ctx: RunContext, settings: StreamSettings) -> dict[str, Any]:
     """Steps ``norm_bound``, ``mean`` and ``centred_norm_bound`` on the first batch's rows
-    (module docstring): the bound ``B`` and the mean ``μ̂`` every batch is read with, each
-    charged to ``accountant`` before its noise is drawn. Public from then on (stream file,
-    manifests). Reads the first batch only; a stream with a public bound and no centring
-    reads nothing here."""
+    (``ctx.dataset``; module docstring): the bound ``B`` and the mean ``μ̂`` every batch is
+    read with, each released through ``ctx``. Public from then on (stream file, manifests).
+    Reads the first batch only; a stream with a public bound and no centring reads nothing
+    here."""
+    dataset = ctx.dataset
     private_norm = settings.clip_norm is None
     step = "centred_norm_bound" if settings.center else "norm_bound"
-    quantile = first_batch_quantile(settings, dataset, grants)
-    options = SimpleNamespace(
-        center=settings.center, row_norm=settings.clip_norm, unit_column=None, method="online"
-    )
-    ctx = RunContext.adopt(options, dataset, executor, progress, accountant, grants, rng)
+    quantile = first_batch_quantile(settings, dataset, ctx.grants)
     loader, centred, mean_release = centring.centre(ctx)
     if private_norm:
         bound = centring.private_bound(ctx, step, dataset, loader, quantile)

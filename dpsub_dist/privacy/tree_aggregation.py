@@ -36,6 +36,7 @@ that batch's exact Gram matrix.)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -138,14 +139,14 @@ def rho_for_approx_dp(epsilon: float, delta: float) -> float:
     return low
 
 
-def release_node(rng: np.random.Generator, exact: np.ndarray, sigma: float) -> np.ndarray:
-    """A closed node's noisy sum: ``exact`` rounded to a power-of-two grid plus symmetric
-    discrete Gaussian noise of std ≥ ``sigma`` (floating-point safe, CKS 2020).
+def release_node(exact: np.ndarray, mech: mechanism.Gaussian, rng: np.random.Generator):
+    """A closed node's noisy sum: ``exact`` rounded to a power-of-two grid plus ``mech``'s
+    symmetric discrete Gaussian noise (std ≥ its σ; floating-point safe, CKS 2020).
 
-    Cost: ρ/L-zCDP per node for ``sigma = node_sigma(ρ, T)`` (sensitivity √2, see the
+    Cost: ``mech``'s, ρ/L-zCDP per node for :func:`node_mechanism` (sensitivity √2, see the
     module docstring); called once per node, on its exact sum, when the node closes.
     """
-    return mechanism.Gaussian(REPLACE_ONE_SENSITIVITY, sigma).release_symmetric(rng, exact)
+    return mech.release_symmetric(rng, exact)
 
 
 @dataclass
@@ -158,14 +159,17 @@ class TreeAggregator:
     """
 
     horizon: int
-    sigma: float
     dim: int
     step: int = 0
     closed: dict[Node, np.ndarray] = field(default_factory=dict)
     partial: dict[Node, np.ndarray] = field(default_factory=dict)
 
-    def add(self, value: np.ndarray, rng: np.random.Generator) -> list[Node]:
-        """Add batch ``step + 1``; returns the nodes it closed (noised now, to persist)."""
+    def add(
+        self, value: np.ndarray, noised: Callable[[Node, np.ndarray], np.ndarray]
+    ) -> list[Node]:
+        """Add batch ``step + 1``; each node it closes takes ``noised(node, exact sum)``, its
+        noisy sum (:func:`release_node`, drawn where the node's level is charged). Returns
+        the nodes it closed (to persist)."""
         value = np.asarray(value, dtype=np.float64)
         if value.shape[-2:] != (self.dim, self.dim):
             raise ValueError(f"expected {self.dim}×{self.dim} matrices, got {value.shape}")
@@ -174,7 +178,7 @@ class TreeAggregator:
         for node in nodes_containing(batch, self.horizon):
             exact = self.partial.pop(node, 0.0) + value
             if node_span(node)[1] == batch:  # the node's last batch: noise it, once
-                self.closed[node] = release_node(rng, exact, self.sigma)
+                self.closed[node] = noised(node, exact)
                 closed.append(node)
             else:
                 self.partial[node] = exact
