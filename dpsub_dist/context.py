@@ -117,31 +117,6 @@ class RunContext:
         ctx.timings["inspect_s"] = time.monotonic() - started
         return ctx
 
-    @classmethod
-    def adopt(
-        cls,
-        config: Any,
-        dataset: Dataset,
-        executor: Executor,
-        progress: bool,
-        accountant: Accountant,
-        grants: dict[str, Budget],
-        rng: np.random.Generator,
-    ) -> RunContext:
-        """Transitional (issue #28): a context over a runner's own accountant, grants and
-        private generator, so a runner not yet opened on a context calls the shared steps
-        (:mod:`dpsub_dist.estimators.centring`) with the same draws; goes once none is left."""
-        ctx = cls(config, dataset, executor, progress, None)
-        ctx.accountant, ctx.grants, ctx._rng = accountant, grants, rng
-        return ctx
-
-    def plan(self, shares: dict[str, tuple[float, float]]) -> dict[str, Budget]:
-        """Declare the run's plan (public facts only, before any row is read): each step's
-        (share of ε or ρ, share of δ). Returns the grants; every later charge is held to them."""
-        self.accountant, self.grants = plan(self.config, shares)
-        self.shares = dict(shares)
-        return self.grants
-
     def resume(
         self,
         accountant: Accountant,
