@@ -117,6 +117,13 @@ class RunContext:
         ctx.timings["inspect_s"] = time.monotonic() - started
         return ctx
 
+    def plan(self, shares: dict[str, tuple[float, float]]) -> dict[str, Budget]:
+        """Declare the run's plan (public facts only, before any row is read): each step's
+        (share of ε or ρ, share of δ). Returns the grants; every later charge is held to them."""
+        self.accountant, self.grants = plan(self.config, shares)
+        self.shares = dict(shares)
+        return self.grants
+
     def resume(
         self,
         accountant: Accountant,
