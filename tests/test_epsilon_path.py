@@ -43,9 +43,10 @@ RUNS = {
 }
 """One CLI run per kind of path (the default, each family, user level, boosting, clustering)."""
 
-SPLITS = {"boost": 3}
+SPLITS = {"boost": 4}
 """Runs whose Budget is split more than once: ``--boost 3`` runs its method's plan on each of
-3 disjoint groups (parallel composition), each split of the same Budget."""
+3 disjoint groups (parallel composition), each split of the same Budget, and the boosted run
+declares that one plan again to charge each step with the groups' mechanisms in parallel."""
 
 
 @dataclasses.dataclass
@@ -167,7 +168,7 @@ def test_epsilon_reaches_every_draw_in_four_hops(
     assert hops.totals and all(total is budget for total in hops.totals), hops.totals
     assert len(hops.splits) == SPLITS.get(run, 1), hops.splits
     # 3: every charge under a plan is a mechanism, under a step of its split (boost's own
-    # accountant, which has no plan, adds up the groups' reports: no draw of its own).
+    # charges are the parallel composition of its groups' mechanisms: no draw of its own).
     grants = {id(acc): grants for acc, grants in hops.splits}
     planned = [
         (grants[id(acc)], step, cost) for acc, step, cost in hops.charged if id(acc) in grants

@@ -259,10 +259,9 @@ def test_choose_cell_side_queries_largest_count_with_sensitivity_one() -> None:
 
 def test_histogram_cell_search_stops_at_the_documented_fraction() -> None:
     """The aggregator's cell-side search uses HISTOGRAM_SEARCH_FRACTION of t (finding 12)."""
-    from dpsub_dist.methods.config import EstimateConfig
-
     from dpsub_dist.context import RunContext
     from dpsub_dist.estimators import sample_aggregate as sa
+    from dpsub_dist.params import EstimateConfig
 
     config = EstimateConfig(rank=1, epsilon=1.0, delta=1e-6, method="histogram")
     ctx = RunContext(config, None, None, False, 0)  # type: ignore[arg-type]
