@@ -244,10 +244,6 @@ class RunConfig:
             self.parsed_budget = parse_budget(*given)
         return self.parsed_budget
 
-    def use_budget(self, budget: Budget) -> None:
-        """Set ``parsed_budget`` (callers from before it was a field; ``replace`` carries it)."""
-        self.parsed_budget = budget
-
     def check_run(self) -> None:
         """The run-level table's checks (the budget's is :meth:`budget`)."""
         for param in RUN_PARAMS[self.command]:

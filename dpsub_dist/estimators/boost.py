@@ -163,8 +163,7 @@ def one_centre_route(config: EstimateConfig, parts: list[Dataset]) -> list[Datas
     alone reads it). The route splits the mean's charge in two steps, so groups on both
     sides of its threshold would list each step at its larger charge and sum above the
     budget: the run refused after its noise was drawn."""
-    as_gauss = dataclasses.replace(config, method="gauss")
-    as_gauss.use_budget(config.budget())
+    as_gauss = dataclasses.replace(config, method="gauss", parsed_budget=config.budget())
     if all(centre_sample(as_gauss, part) is not None for part in parts):
         return parts
     return [dataclasses.replace(part, sampled_centre=False) for part in parts]
@@ -210,8 +209,10 @@ def run_boosted(
     seed_of_groups = group_seed(seed)
     user_level = config.unit_column is not None
     sizes = None if user_level else group_sizes(_part_rows(dataset), seed_of_groups, groups)
-    inner = dataclasses.replace(config, boost=None, boost_alpha=None, seed=seed)
-    inner.use_budget(config.budget())  # the groups' plans split the budget parsed at the edge
+    # the groups' plans split the budget parsed at the edge
+    inner = dataclasses.replace(
+        config, boost=None, boost_alpha=None, seed=seed, parsed_budget=config.budget()
+    )
     parts = [group_dataset(dataset, g, groups, seed_of_groups, sizes) for g in range(groups)]
     parts = one_centre_route(inner, parts)
 

@@ -36,7 +36,6 @@ import numpy as np
 from dpsub_dist.context import (
     EstimateResult,
     RunContext,
-    build_manifest,
     plan,
     public_seed,
 )
@@ -55,7 +54,7 @@ from dpsub_dist.estimators.norm_pass import (
 from dpsub_dist.linalg import top_eigenvectors
 from dpsub_dist.privacy import covariance as cov_steps
 from dpsub_dist.privacy import mechanism, norm_bound
-from dpsub_dist.privacy.accountant import Accountant, Budget, gaussian_sigma, laplace_epsilon
+from dpsub_dist.privacy.accountant import Budget, gaussian_sigma, laplace_epsilon
 from dpsub_dist.privacy.covariance import (
     SENSITIVITY,
     GapRelease,
@@ -477,24 +476,6 @@ def bound_gram_and_correction(
     centred = release_centred_mean(ctx, summary.row_sum, dataset.n_rows)
     shift = dataset.n_rows * np.outer(centred.mean, centred.mean)
     return bound, on_sample, GramSummary(summary.gram), shift, CentredMean(centred)
-
-
-def too_few_users(
-    config: EstimateConfig,
-    dataset: Dataset,
-    accountant: Accountant,
-    reason: str,
-    timings: dict[str, float],
-    started: float,
-    shares: dict[str, tuple[float, float]],
-) -> EstimateResult:
-    """:func:`too_few_users_bottom` for a runner not yet on a :class:`RunContext` (power)."""
-    timings["total_s"] = time.monotonic() - started
-    parameters, release = too_few_users_bottom(dataset, reason)
-    parameters["budget_shares"] = shares
-    manifest = build_manifest(config, dataset, accountant, False, parameters, release, 0)
-    manifest["privacy"].pop("assignment", None)
-    return EstimateResult(None, manifest, timings)
 
 
 def too_few_users_bottom(dataset: Dataset, reason: str) -> tuple[dict[str, Any], dict[str, Any]]:
