@@ -3,7 +3,7 @@
 Two models written by ``dpsub synth`` (Parquet, cached under ``--data-dir``): ``gaussian`` (the
 default gap model: K = rank directions of variance 1 over a noise floor γ = 0.01·50/D, where
 sample and aggregate shines) and ``polynomial`` (λᵢ = i^(−decay), no multiplicative gap).
-``--driver-mib`` lowers :data:`dpsub_dist.estimators.auto.DRIVER_BYTES` for this process (a
+``--driver-mib`` lowers :data:`dpsub_dist.methods.auto.DRIVER_BYTES` for this process (a
 bench knob: it makes ``auto`` take its wide-data branch at D ~ 10³, where runs are short);
 ``power`` and ``friendly`` run with their defaults. ε = 1, δ = 10⁻⁶.
 
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/dpsub-auto-wide"))
     parser.add_argument("--json", type=Path, help="write the records here")
     args = parser.parse_args(argv)
-    from dpsub_dist.estimators import auto
+    from dpsub_dist.methods import auto
 
     records: list[dict[str, Any]] = []
     saved = auto.DRIVER_BYTES  # the bench knob holds for this run only

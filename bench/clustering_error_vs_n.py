@@ -38,8 +38,8 @@ def clustered_dataset(
 def run_once(method: str, path: Path, truth: np.ndarray, args, seed: int, client) -> dict:
     """One clustering run; its matched error against the truth."""
     from dpsub_dist.errors import DpsubError
-    from dpsub_dist.estimators.clustering import matched_subspace_errors
     from dpsub_dist.job import ClusterConfig, run_cluster
+    from dpsub_dist.methods._clustering import matched_subspace_errors
 
     config = ClusterConfig(
         clusters=args.clusters,
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         "--methods", type=common.str_list, default=["sample-aggregate", "sulq", "gibbs"]
     )
     args = parser.parse_args(argv)
-    from dpsub_dist.estimators.clustering import GIBBS_MAX_ROWS
+    from dpsub_dist.methods._clustering import GIBBS_MAX_ROWS
 
     run = common.BenchRun.start("clustering_error_vs_n", args)
     records = []

@@ -105,7 +105,6 @@ def markdown(table: list[dict[str, Any]], skipped: list[tuple[int, int]], run: A
 
 def _warm_up() -> None:
     import dpsub_dist.engine.gram
-    import dpsub_dist.estimators.sample_aggregate
     import dpsub_dist.io.parquet  # noqa: F401
 
 

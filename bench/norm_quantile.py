@@ -23,9 +23,9 @@ from dpsub_dist.context import RunContext
 from dpsub_dist.engine.compute import IN_PROCESS
 from dpsub_dist.engine.gram import GramSummary, clip_rows, gram_of
 from dpsub_dist.engine.sources import array_dataset
-from dpsub_dist.estimators.covariance import bound_quantile, budget_plan, release_basis
 from dpsub_dist.job import EstimateConfig
 from dpsub_dist.linalg import subspace_error, top_eigenvectors
+from dpsub_dist.methods.gauss import bound_quantile, budget_plan, release_basis
 from dpsub_dist.privacy.accountant import Accountant, ApproxDP
 from dpsub_dist.privacy.norm_bound import (
     NORM_QUANTILE,

@@ -99,7 +99,7 @@ def compare_shuffles(args: Any) -> list[dict[str, Any]]:
     from dpsub_dist.engine.p2p import compute_subset_summaries_p2p
     from dpsub_dist.engine.sources import parquet_dataset
     from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
-    from dpsub_dist.estimators.sample_aggregate import ProjectedReferenceStep
+    from dpsub_dist.methods._sample_aggregate import ProjectedReferenceStep
 
     n, dim = args.shuffle_compare
     path, _ = speed.speed_dataset(args, n, dim)

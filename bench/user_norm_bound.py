@@ -16,7 +16,7 @@ from collections import Counter
 
 import numpy as np
 
-from dpsub_dist.estimators.covariance import bound_quantile, budget_plan
+from dpsub_dist.methods.gauss import bound_quantile, budget_plan
 from dpsub_dist.privacy.accountant import Accountant, ApproxDP
 from dpsub_dist.privacy.norm_bound import (
     TooFewForBound,

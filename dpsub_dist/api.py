@@ -27,11 +27,11 @@ from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from dpsub_dist.engine.sources import Dataset, array_dataset, frame_choice, parquet_dataset
 from dpsub_dist.errors import InputError, NoStableSubspace
-from dpsub_dist.estimators.boost import chosen_view
 from dpsub_dist.io.parquet import API_OPTIONS, feature_name
 from dpsub_dist.job import EstimateResult, run_estimate
 from dpsub_dist.methods import DEFAULTS, check_given, declared
 from dpsub_dist.methods import flag as cli_flag
+from dpsub_dist.methods.boost import chosen_view
 from dpsub_dist.params import (
     REQUIRED,
     RUN_PARAMS,
@@ -493,7 +493,7 @@ class PrivateSubspaceClustering(_PrivateEstimator):
         """Cluster a NumPy/Dask array, a pandas/Dask DataFrame or a Parquet path (spends the
         budget)."""
         from dpsub_dist.job import run_cluster
-        from dpsub_dist.privacy.clustering import GIBBS_WARNING
+        from dpsub_dist.privacy.subspace_clustering import GIBBS_WARNING
 
         with _api_errors(self):
             result = self._fit_run(X, self._config(), run_cluster)

@@ -481,7 +481,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
     code = run_to_output(args, ClusterConfig, run_cluster)
     if args.method == "gibbs":
-        from dpsub_dist.privacy.clustering import GIBBS_WARNING
+        from dpsub_dist.privacy.subspace_clustering import GIBBS_WARNING
 
         print(GIBBS_WARNING, file=sys.stderr)
     return code
@@ -507,7 +507,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             raise InputError(f"truth shape {truth.shape} differs from the basis {basis.shape}")
         evaluate.check_orthonormal(truth, f"--truth {args.truth}")
         if basis.ndim == 3:  # a cluster run: K bases, matched to the true ones
-            from dpsub_dist.estimators.clustering import matched_subspace_errors
+            from dpsub_dist.methods._clustering import matched_subspace_errors
 
             errors = matched_subspace_errors(basis, truth)
             listed = ",".join(f"{e:.6f}" for e in errors)
@@ -803,14 +803,14 @@ def _status_json(status) -> dict:
 def cmd_stream(args: argparse.Namespace) -> int:
     import json
 
-    from dpsub_dist.estimators.online import (
+    from dpsub_dist.io.output import check_output_dir, write_run
+    from dpsub_dist.io.storage import StorageOptions
+    from dpsub_dist.methods.stream import (
         UNTRACKED,
         describe_bound_and_centre,
         ledger_charge,
         open_stream,
     )
-    from dpsub_dist.io.output import check_output_dir, write_run
-    from dpsub_dist.io.storage import StorageOptions
 
     if args.stream_command == "init":
         from dpsub_dist.job import StreamConfig, init_stream

@@ -4,7 +4,7 @@ Every check that can fail on parameters runs before any data is read (:func:`val
 run-level table of :mod:`dpsub_dist.params`, then the method tables of
 :mod:`dpsub_dist.methods`), and each method's whole budget plan is checked before the first
 footer is opened. The import graph points one way: this runner → :mod:`dpsub_dist.methods` →
-:mod:`dpsub_dist.estimators` → {privacy, engine} → :mod:`dpsub_dist.params` (the configs).
+:mod:`dpsub_dist.context` → {privacy, engine} → :mod:`dpsub_dist.params` (the configs).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 
 from dpsub_dist.context import EstimateResult, plan, progress_shown, versions
 from dpsub_dist.engine.sources import Dataset
-from dpsub_dist.estimators.boost import run_boosted
-from dpsub_dist.estimators.centring import resolve_center
-from dpsub_dist.estimators.clustering import run_clustering
 from dpsub_dist.methods import REGISTRY, check_config, method_named
+from dpsub_dist.methods._centring import resolve_center
+from dpsub_dist.methods._clustering import run_clustering
+from dpsub_dist.methods.boost import run_boosted
 from dpsub_dist.params import ClusterConfig, EstimateConfig, RunConfig, StreamConfig
 from dpsub_dist.privacy.accountant import Accountant, Budget
 
@@ -109,6 +109,6 @@ def init_stream(path: str, config: StreamConfig) -> Any:
     """Create a stream at ``path`` (``dpsub stream init``): the config is checked against the
     stream method's table first (InputError, exit 2, nothing made or charged), then its
     runner creates the stream files for the whole horizon's budget
-    (:func:`dpsub_dist.estimators.online.init_stream`); returns its settings."""
+    (:func:`dpsub_dist.methods.stream.init_stream`); returns its settings."""
     validate(config)
     return method_named("stream", config.method).run(path, config)

@@ -84,7 +84,7 @@ from dpsub_dist.params import (
     Param,
 )
 from dpsub_dist.privacy.accountant import Budget, parse_budget
-from dpsub_dist.privacy.clustering import GIBBS_GUARANTEE
+from dpsub_dist.privacy.subspace_clustering import GIBBS_GUARANTEE
 
 TOP_LEVEL = (RANK, COLUMNS, EXCLUDE_COLUMNS, UNIT_COLUMN, STORAGE_OPTIONS)
 """The run-level parameters a job file gives as top-level keys; the budget is ``budget:``

@@ -44,7 +44,7 @@ PLANTS = [
     Plant(
         "sulq noise matrix shared across clusters",
         "number/shape of draws",
-        "dpsub_dist/privacy/clustering.py",
+        "dpsub_dist/privacy/subspace_clustering.py",
         "    return iteration.release_symmetric(rng, grams)",
         "    shared = iteration.release_symmetric(rng, grams[0])\n"
         "    return grams - grams[0] + shared",
@@ -59,7 +59,7 @@ PLANTS = [
     Plant(
         "power: the first iteration's σ reused for all",
         "number/shape of draws",
-        "dpsub_dist/privacy/power.py",
+        "dpsub_dist/privacy/noisy_power.py",
         "noise.add_gaussian(rng, product, self.sigmas[t - 1], self.sensitivity)",
         "noise.add_gaussian(rng, product, self.sigmas[0], self.sensitivity)",
     ),
@@ -84,7 +84,7 @@ PLANTS = [
     Plant(
         "boosting groups by row position at user level (a user in two groups)",
         "data side: grouping",
-        "dpsub_dist/estimators/boost.py",
+        "dpsub_dist/methods/boost.py",
         "    if user_level:  # keyed apart",
         "    if user_level and units is None:  # keyed apart",
     ),
@@ -119,7 +119,7 @@ PLANTS = [
     Plant(
         "explained variance's norm bound drawn but not charged (a step missing from the plan)",
         "plan ≠ steps drawn",
-        "dpsub_dist/estimators/centring.py",
+        "dpsub_dist/methods/_centring.py",
         "    return ctx.release(\n        step,\n",
         '    if step == "variance_norm_bound":\n'
         "        mech = norm_bound_mechanism(ctx.grant(step))\n"
@@ -157,7 +157,7 @@ MUTATIONS = [
     Plant(
         "covariance: the mean scaled by unit/n for its value, unit²/n for its σ",
         "mutation",
-        "dpsub_dist/privacy/covariance.py",
+        "dpsub_dist/privacy/covariance_noise.py",
         "        mech, sensitivity=mech.sensitivity * factor, sigma=mech.sigma * factor\n    )\n"
         "    return MeanRelease(",
         "        mech, sensitivity=mech.sensitivity * factor, sigma=mech.sigma * factor / unit\n"
@@ -183,7 +183,7 @@ MUTATIONS = [
     Plant(
         "clustering: SuLQ Gram sensitivity 2 → 1",
         "mutation",
-        "dpsub_dist/privacy/clustering.py",
+        "dpsub_dist/privacy/subspace_clustering.py",
         "GRAM_SENSITIVITY = 2.0",
         "GRAM_SENSITIVITY = 1.0",
         "sulq",
@@ -224,7 +224,7 @@ MUTATIONS = [
     Plant(
         "power: replace-one product sensitivity √2 → add/remove's 1",
         "mutation",
-        "dpsub_dist/privacy/power.py",
+        "dpsub_dist/privacy/noisy_power.py",
         "    return SENSITIVITY[relation].gram",
         '    return SENSITIVITY["add_remove"].gram',
         "power",
@@ -232,7 +232,7 @@ MUTATIONS = [
     Plant(
         "power: iteration shares normalised without the first (Σ ρ_t > ρ)",
         "mutation",
-        "dpsub_dist/privacy/power.py",
+        "dpsub_dist/privacy/noisy_power.py",
         "    total = math.fsum(weights)\n",
         "    total = math.fsum(weights[1:])\n",
         "power",
@@ -240,7 +240,7 @@ MUTATIONS = [
     Plant(
         "power: iteration t drawn at the σ of iteration T + 1 − t",
         "mutation",
-        "dpsub_dist/privacy/power.py",
+        "dpsub_dist/privacy/noisy_power.py",
         "noise.add_gaussian(rng, product, self.sigmas[t - 1], self.sensitivity)",
         "noise.add_gaussian(rng, product, self.sigmas[-t], self.sensitivity)",
         "power",
@@ -249,7 +249,7 @@ MUTATIONS = [
     Plant(
         "power: the next iterate orthonormalised from the exact product, not the release",
         "mutation",
-        "dpsub_dist/privacy/power.py",
+        "dpsub_dist/privacy/noisy_power.py",
         "            basis = orthonormalise(released)",
         "            basis = orthonormalise(product)",
         "power",
@@ -258,7 +258,7 @@ MUTATIONS = [
     Plant(
         "power: the iterations' cost stated as zCDP under an (ε, δ) grant",
         "mutation",
-        "dpsub_dist/privacy/power.py",
+        "dpsub_dist/privacy/noisy_power.py",
         "    delta = None if isinstance(grant, ZCDP) else grant.delta\n",
         "    delta = None\n",
         "power",
@@ -266,7 +266,7 @@ MUTATIONS = [
     Plant(
         "estimators/power: user weights divided by √(user total), not the total",
         "mutation",
-        "dpsub_dist/estimators/power.py",
+        "dpsub_dist/methods/power.py",
         "        weights /= user_totals(units, users)",
         "        weights /= np.sqrt(user_totals(units, users))",
         "power",
@@ -274,7 +274,7 @@ MUTATIONS = [
     Plant(
         "estimators/power: the passes run without per-user scaling",
         "mutation",
-        "dpsub_dist/estimators/power.py",
+        "dpsub_dist/methods/power.py",
         "RowPasses(dataset, loader, row_norm, ctx.executor, ctx.progress, user_level)",
         "RowPasses(dataset, loader, row_norm, ctx.executor, ctx.progress, False)",
         "power",
@@ -368,7 +368,7 @@ MUTATIONS = [
     Plant(
         "boost: user groups hashed with the subsets' key (groups and subsets correlated)",
         "mutation",
-        "dpsub_dist/estimators/boost.py",
+        "dpsub_dist/methods/boost.py",
         'purpose=b"groups")',
         'purpose=b"subsets")',
         "boost",
@@ -377,7 +377,7 @@ MUTATIONS = [
     Plant(
         "covariance: each centred bound given the whole norm share (shares sum > 1)",
         "mutation",
-        "dpsub_dist/estimators/covariance.py",
+        "dpsub_dist/methods/gauss.py",
         "    half = (norm_share / 2, 0.0)",
         "    half = (norm_share, 0.0)",
         "private or auto",
@@ -386,7 +386,7 @@ MUTATIONS = [
     Plant(
         "covariance: row-level Gram drawn at add/remove's sensitivity, charged at replace's",
         "mutation",
-        "dpsub_dist/estimators/covariance.py",
+        "dpsub_dist/methods/gauss.py",
         "lambda mech, rng: analyze_gauss(summary.gram, mech, rng),",
         "lambda mech, rng: analyze_gauss(\n"
         '                summary.gram, mechanism.gaussian(ctx.grant("gram_noise"), 1.0), rng\n'
@@ -396,7 +396,7 @@ MUTATIONS = [
     Plant(
         "centring: the mean drawn in unit-norm units, not the clip bound's",
         "mutation",
-        "dpsub_dist/estimators/centring.py",
+        "dpsub_dist/methods/_centring.py",
         "gaussian_mean(row_sum, dataset.n_rows, mech, rng, unit=bound)",
         "gaussian_mean(row_sum, dataset.n_rows, mech, rng, unit=1.0)",
         "centred or auto",
@@ -404,7 +404,7 @@ MUTATIONS = [
     Plant(
         "sample_aggregate: core noise charged with its own grant as the core test's",
         "mutation",
-        "dpsub_dist/estimators/sample_aggregate.py",
+        "dpsub_dist/methods/_sample_aggregate.py",
         "friendly.core_noise_mechanism(noise_grant, test_grant, radius, core.lower_bound)",
         "friendly.core_noise_mechanism(noise_grant, noise_grant, radius, core.lower_bound)",
         "friendly or sample-aggregate",
@@ -412,7 +412,7 @@ MUTATIONS = [
     Plant(
         "online: tree ρ taken as one level's grant times L + 1",
         "mutation",
-        "dpsub_dist/estimators/online.py",
+        "dpsub_dist/methods/stream.py",
         '    tree_rho = grants["batch 1"].rho * levels',
         '    tree_rho = grants["batch 1"].rho * (levels + 1)',
         "stream",
@@ -420,7 +420,7 @@ MUTATIONS = [
     Plant(
         "online: tree steps charged a node of the whole stream's ρ, not the tree's share",
         "mutation",
-        "dpsub_dist/estimators/online.py",
+        "dpsub_dist/methods/stream.py",
         "    return node_mechanism(settings.tree_total, settings.horizon)",
         "    return node_mechanism(settings.rho, settings.horizon)",
         "stream",
@@ -437,7 +437,7 @@ MUTATIONS = [
     Plant(
         "covariance: gap-perturb's projector noise given no δ share under (ε, δ)",
         "mutation",
-        "dpsub_dist/estimators/covariance.py",
+        "dpsub_dist/methods/gauss.py",
         '"projector_noise": (1.0 - GAP_TEST_SHARE, 0.0 if zcdp else 0.5)',
         '"projector_noise": (1.0 - GAP_TEST_SHARE, 0.0)',
         "gap-perturb",

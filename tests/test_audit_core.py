@@ -26,7 +26,9 @@ import pytest
 from privacy_audit import AuditResult, audit
 from test_friendly_core_test import core_release
 
-from dpsub_dist.privacy import friendly, histogram, mechanism, noise, sparse_vector
+from dpsub_dist.privacy import friendly_core as friendly
+from dpsub_dist.privacy import histogram_cells as histogram
+from dpsub_dist.privacy import mechanism, noise, sparse_vector
 from dpsub_dist.privacy.accountant import ApproxDP
 
 SAMPLERS = {"laplace": ("add_laplace", "laplace_noise"), "gaussian": ("add_gaussian",)}

@@ -13,10 +13,10 @@ import pytest
 
 from dpsub_dist.cli import main
 from dpsub_dist.engine.sources import array_dataset
-from dpsub_dist.estimators import auto
-from dpsub_dist.estimators import sample_aggregate as sa
 from dpsub_dist.job import EstimateConfig, run_estimate
 from dpsub_dist.linalg import subspace_error
+from dpsub_dist.methods import _sample_aggregate as sa
+from dpsub_dist.methods import auto
 
 ROWS, DIM, RANK = 20_000, 8, 2
 BUDGET = ["--epsilon", "1", "--delta", "1e-6"]

@@ -300,7 +300,7 @@ def test_compare_gauss_friendly_writes_its_table(dirs, scheduler_address, capsys
 
 
 def test_auto_wide_knob_sends_auto_to_power_for_this_run_only(tmp_path, scheduler_address):
-    from dpsub_dist.estimators import auto
+    from dpsub_dist.methods import auto
 
     budget = auto.DRIVER_BYTES
     argv = ["--dims", "8", "--rows", "8000", "--rank", "2", "--models", "gaussian"]

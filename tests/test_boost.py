@@ -14,9 +14,9 @@ from dpsub_dist.engine.assign import random_row_subsets
 from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.sources import array_dataset
 from dpsub_dist.errors import InputError
-from dpsub_dist.estimators import boost
 from dpsub_dist.job import EstimateConfig, run_estimate, validate
 from dpsub_dist.linalg import subspace_error
+from dpsub_dist.methods import boost
 from dpsub_dist.privacy import mechanism, noise
 from dpsub_dist.privacy.accountant import ApproxDP, BudgetExceeded
 
@@ -235,7 +235,7 @@ def test_cli_boost_charges_the_budget_when_groups_straddle_the_sampled_centre(
     table's size, the three groups fall on both sides of it; the run must still charge its
     budget once (every group on one plan), not refuse with exit 4 after drawing noise."""
     from dpsub_dist.engine.sources import parquet_dataset
-    from dpsub_dist.estimators import covariance
+    from dpsub_dist.methods import gauss as covariance
     from dpsub_dist.synth import generate
 
     monkeypatch.setattr(covariance, "SAMPLE_MIN_ROWS", 1950)

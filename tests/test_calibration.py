@@ -145,7 +145,7 @@ def _textbook_analytic_sigma(sens: float, eps: float, delta: float) -> float:
 def test_analyze_gauss_and_mean_draw_the_formula_sigma() -> None:
     import numpy as np
 
-    from dpsub_dist.privacy import covariance as cov
+    from dpsub_dist.privacy import covariance_noise as cov
     from dpsub_dist.privacy import mechanism, noise
     from dpsub_dist.privacy.accountant import ZCDP, ApproxDP
 
@@ -173,7 +173,7 @@ def test_gap_test_and_projector_draw_the_formula_scales() -> None:
     import numpy as np
     from contexts import planned
 
-    from dpsub_dist.estimators.covariance import perturb_subspace
+    from dpsub_dist.methods.gauss import perturb_subspace
     from dpsub_dist.privacy import noise
 
     gram = np.diag([1000.0, 10.0, 1.0])
@@ -201,7 +201,8 @@ def test_gap_test_and_projector_draw_the_formula_scales() -> None:
 def test_sulq_grams_draw_sigma_with_sensitivity_two() -> None:
     import numpy as np
 
-    from dpsub_dist.privacy import clustering, noise
+    from dpsub_dist.privacy import noise
+    from dpsub_dist.privacy import subspace_clustering as clustering
     from dpsub_dist.privacy.accountant import ApproxDP
 
     iteration = clustering.iteration_mechanism(ApproxDP(1.0, 1e-6))

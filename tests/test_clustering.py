@@ -20,16 +20,16 @@ from dpsub_dist.cli import main
 from dpsub_dist.engine.sources import Dataset, array_dataset, parquet_dataset
 from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
 from dpsub_dist.errors import InputError
-from dpsub_dist.estimators import clustering as cl
-from dpsub_dist.estimators.clustering import (
+from dpsub_dist.job import ClusterConfig, run_cluster
+from dpsub_dist.methods import _clustering as cl
+from dpsub_dist.methods._clustering import (
     KPlaneStep,
     canonical_order,
     k_plane_clustering,
     matched_subspace_errors,
     merge_grams,
 )
-from dpsub_dist.job import ClusterConfig, run_cluster
-from dpsub_dist.privacy.clustering import random_bases
+from dpsub_dist.privacy.subspace_clustering import random_bases
 from dpsub_dist.synth import generate
 
 DPSUB = [sys.executable, "-m", "dpsub_dist.cli"]
@@ -387,8 +387,8 @@ def test_error_vs_n_bench_writes_its_table(scheduler_address, tmp_path, capsys) 
 
 
 def test_user_level_default_subsets_do_not_depend_on_the_private_row_count():
-    from dpsub_dist.estimators import sample_aggregate as sa
     from dpsub_dist.job import plan_budget
+    from dpsub_dist.methods import _sample_aggregate as sa
 
     config = ClusterConfig(clusters=3, rank=2, epsilon=1.0, delta=1e-6, unit_column="u")
     _, grants = plan_budget(config)

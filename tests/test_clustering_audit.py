@@ -22,17 +22,17 @@ import numpy as np
 import pytest
 from privacy_audit import audit, clopper_pearson
 
-from dpsub_dist.estimators.clustering import cluster_grams, unit_bounded
+from dpsub_dist.methods._clustering import cluster_grams, unit_bounded
 from dpsub_dist.privacy import calibration
 from dpsub_dist.privacy.accountant import ZCDP, ApproxDP
-from dpsub_dist.privacy.clustering import (
+from dpsub_dist.privacy.mechanism import Gaussian
+from dpsub_dist.privacy.subspace_clustering import (
     GRAM_SENSITIVITY,
     gibbs_subspace_clustering,
     gram_noise_sigma,
     release_cluster_grams,
     sample_bingham,
 )
-from dpsub_dist.privacy.mechanism import Gaussian
 
 # ----------------------------------------------------------------------------- SuLQ
 

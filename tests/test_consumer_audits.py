@@ -27,8 +27,8 @@ from dpsub_dist.context import RunContext
 from dpsub_dist.engine.assign import UnitIds
 from dpsub_dist.engine.compute import IN_PROCESS
 from dpsub_dist.engine.sources import Dataset, array_dataset
-from dpsub_dist.estimators import centring
 from dpsub_dist.job import ClusterConfig, EstimateConfig, run_cluster, run_estimate
+from dpsub_dist.methods import _centring as centring
 from dpsub_dist.privacy.accountant import ApproxDP, gaussian_sigma
 
 EPSILON, DELTA = 10.0, 1e-5
@@ -300,7 +300,7 @@ def test_one_user_moves_each_cumulative_user_count_by_at_most_one() -> None:
     """Δ = 1 of the user-level bound's queries through the engine's per-user pass: a user
     whose 40 rows are spread over both partitions (and whose rows alone lie in other bins)
     adds exactly 1 to the user count and at most 1 to every cumulative count."""
-    from dpsub_dist.estimators.norm_pass import compute_user_norm_counts
+    from dpsub_dist.methods._norm_pass import compute_user_norm_counts
 
     rng = np.random.default_rng(12)
     rows = rng.standard_normal((600, 2)) * rng.choice([0.01, 1.0, 50.0], (600, 1))
@@ -419,7 +419,7 @@ def test_published_user_level_power_audit_catches_a_16th_of_the_noise(gaussian_f
 @pytest.fixture()
 def auto_chooses_power(monkeypatch) -> None:
     """auto's driver budget at 0 bytes: it chooses power at D = 2, as at D ≳ 9,459."""
-    monkeypatch.setattr("dpsub_dist.estimators.auto.DRIVER_BYTES", 0)
+    monkeypatch.setattr("dpsub_dist.methods.auto.DRIVER_BYTES", 0)
 
 
 def test_published_user_level_auto_power_audit_catches_a_16th_of_the_noise(

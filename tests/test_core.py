@@ -15,9 +15,9 @@ import pytest
 from dpsub_dist import PrivateSubspace
 from dpsub_dist.engine.assign import contiguous_row_subsets, random_row_subsets, unit_subsets
 from dpsub_dist.engine.sources import array_dataset, parquet_dataset
-from dpsub_dist.estimators.sample_aggregate import ProjectedReferenceStep, reference_points
 from dpsub_dist.job import EstimateConfig, run_estimate, validate
 from dpsub_dist.linalg import subspace_error
+from dpsub_dist.methods._sample_aggregate import ProjectedReferenceStep, reference_points
 from dpsub_dist.synth import generate
 
 DPSUB = [sys.executable, "-m", "dpsub_dist.cli"]
@@ -295,8 +295,8 @@ def test_gram_route_equals_row_shuffle_route():
 
 def test_default_subsets_are_capped_and_large_t_refused():
     from dpsub_dist.errors import InputError
-    from dpsub_dist.estimators import sample_aggregate as sa
     from dpsub_dist.job import plan_budget
+    from dpsub_dist.methods import _sample_aggregate as sa
 
     config = EstimateConfig(rank=4, epsilon=1.0, delta=1e-6, method="friendly")
     _, grants = plan_budget(config)
@@ -309,8 +309,8 @@ def test_default_subsets_are_capped_and_large_t_refused():
 
 
 def test_friendly_default_subsets_stay_clear_of_the_minimum_when_rows_allow():
-    from dpsub_dist.estimators import sample_aggregate as sa
     from dpsub_dist.job import plan_budget
+    from dpsub_dist.methods import _sample_aggregate as sa
 
     config = EstimateConfig(rank=2, epsilon=1.0, delta=1e-6, method="friendly", center=False)
     _, grants = plan_budget(config)
@@ -367,7 +367,7 @@ def test_subsets_that_disagree_give_no_stable_subspace_not_a_useless_basis():
 
 
 def test_spread_check_compares_radius_with_the_released_signal():
-    from dpsub_dist.estimators.sample_aggregate import Aggregate, is_spread_release
+    from dpsub_dist.methods._sample_aggregate import Aggregate, is_spread_release
 
     point = np.full(400, 0.5)  # ‖ŷ‖² = 100
     agree = Aggregate(point, {"radius": 0.2, "noise_sigma": 0.01})

@@ -24,13 +24,13 @@ from dpsub_dist.engine.compute import IN_PROCESS, Executor
 from dpsub_dist.engine.gram import GramSummary, clip_rows, compute_gram
 from dpsub_dist.engine.sources import array_dataset, parquet_dataset
 from dpsub_dist.errors import InputError
-from dpsub_dist.estimators.covariance import budget_plan, perturb_subspace
 from dpsub_dist.job import EstimateConfig, run_estimate
 from dpsub_dist.linalg import subspace_error
+from dpsub_dist.methods.gauss import budget_plan, perturb_subspace
 from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import ZCDP, ApproxDP
 from dpsub_dist.privacy.calibration import classic_gaussian_sigma, gaussian_delta
-from dpsub_dist.privacy.covariance import (
+from dpsub_dist.privacy.covariance_noise import (
     SENSITIVITY,
     analyze_gauss,
     gap_failure,
@@ -566,8 +566,8 @@ def test_cli_bad_input_exits_2_and_writes_nothing(
 
 def _utility_errors(data, scheduler: str, tmp_path: Path, runs: int, row_norm: float) -> list:
     """One end-to-end CLI run, then more noise draws on the same Gram (what re-runs would see)."""
-    from dpsub_dist.estimators.covariance import plan_shares, release_basis
     from dpsub_dist.job import with_defaults
+    from dpsub_dist.methods.gauss import plan_shares, release_basis
 
     truth = np.load(data.truth_dir / "basis.npy")
     rank = truth.shape[1]

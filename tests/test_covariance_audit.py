@@ -21,8 +21,8 @@ import pytest
 from contexts import planned
 from privacy_audit import audit, scale_samplers
 
-from dpsub_dist.estimators.covariance import perturb_subspace
-from dpsub_dist.privacy import covariance as cov
+from dpsub_dist.methods.gauss import perturb_subspace
+from dpsub_dist.privacy import covariance_noise as cov
 from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import ApproxDP, gaussian_sigma
 

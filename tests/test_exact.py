@@ -21,9 +21,9 @@ from scipy import stats
 from dpsub_dist.cli import main
 from dpsub_dist.engine.sources import array_dataset
 from dpsub_dist.errors import InputError
-from dpsub_dist.estimators import exact
 from dpsub_dist.job import EstimateConfig, run_estimate
 from dpsub_dist.linalg import subspace_error
+from dpsub_dist.methods import exact
 from dpsub_dist.privacy import gap_max as gm
 from dpsub_dist.privacy.accountant import ZCDP, ApproxDP
 from dpsub_dist.privacy.noise import truncated_laplace, truncated_laplace_calibration

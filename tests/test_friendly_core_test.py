@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from dpsub_dist.privacy import friendly
+from dpsub_dist.privacy import friendly_core as friendly
 from dpsub_dist.privacy.accountant import ApproxDP, Budget
 
 T, DIM, DELTA = 400, 3, 1e-6

@@ -20,16 +20,16 @@ from dpsub_dist.engine import row_cache
 from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.gram import clip_rows, gram_of
 from dpsub_dist.engine.sources import array_dataset
-from dpsub_dist.estimators import norm_pass
-from dpsub_dist.estimators.covariance import fused_gram
-from dpsub_dist.estimators.norm_pass import (
+from dpsub_dist.job import EstimateConfig, run_estimate
+from dpsub_dist.methods import _norm_pass as norm_pass
+from dpsub_dist.methods._norm_pass import (
     LevelGrams,
     compute_level_grams,
     fuse_level_grams,
     gather_clipped_gram,
     partition_level_grams,
 )
-from dpsub_dist.job import EstimateConfig, run_estimate
+from dpsub_dist.methods.gauss import fused_gram
 from dpsub_dist.privacy.norm_bound import GRID, norm_counts
 
 NOISE_SEED = 0x6A3F

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dpsub_dist.cli import main
-from dpsub_dist.privacy.clustering import GIBBS_GUARANTEE
+from dpsub_dist.privacy.subspace_clustering import GIBBS_GUARANTEE
 from dpsub_dist.synth import generate
 
 

@@ -8,7 +8,7 @@ import pytest
 from dpsub_dist.engine.in_place import compute_subset_summaries_in_place, subset_starts
 from dpsub_dist.engine.sources import Dataset, array_dataset
 from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
-from dpsub_dist.estimators.sample_aggregate import ProjectedReferenceStep
+from dpsub_dist.methods._sample_aggregate import ProjectedReferenceStep
 
 
 def _split(data: np.ndarray, sizes: list[int]) -> Dataset:

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 from test_friendly_core_test import core_release
 
-from dpsub_dist.privacy import friendly, histogram, mechanism, noise, sparse_vector
+from dpsub_dist.privacy import friendly_core as friendly
+from dpsub_dist.privacy import histogram_cells as histogram
+from dpsub_dist.privacy import mechanism, noise, sparse_vector
 from dpsub_dist.privacy.accountant import ZCDP, ApproxDP
 from dpsub_dist.privacy.calibration import gaussian_delta, gaussian_sigma_approx_dp
 from dpsub_dist.privacy.noise import Draw
@@ -260,12 +262,12 @@ def test_choose_cell_side_queries_largest_count_with_sensitivity_one() -> None:
 def test_histogram_cell_search_stops_at_the_documented_fraction() -> None:
     """The aggregator's cell-side search uses HISTOGRAM_SEARCH_FRACTION of t (finding 12)."""
     from dpsub_dist.context import RunContext
-    from dpsub_dist.estimators import sample_aggregate as sa
+    from dpsub_dist.methods import _sample_aggregate as sa
     from dpsub_dist.params import EstimateConfig
 
     config = EstimateConfig(rank=1, epsilon=1.0, delta=1e-6, method="histogram")
     ctx = RunContext(config, None, None, False, 0)  # type: ignore[arg-type]
-    ctx.plan(sa.budget_plan("histogram", False))
+    ctx.plan(sa.aggregator_shares("histogram", False))
     summaries = np.random.default_rng(5).standard_normal((60, 4))
     _, seen = _searched(histogram, lambda: sa.aggregate(ctx, summaries, "histogram", 1, 2, 2))
     assert seen["threshold"] == pytest.approx(sa.HISTOGRAM_SEARCH_FRACTION * 60)

@@ -118,7 +118,7 @@ def test_gauss_with_rows_or_level_sums_held_on_the_workers_gathers_summaries_onl
     keeps there (norm_pass.LevelSums; a bin may hold one row): still only counts, the row
     sum and the Gram reach the driver."""
     from dpsub_dist.engine import row_cache
-    from dpsub_dist.estimators import covariance
+    from dpsub_dist.methods import gauss as covariance
 
     measured = {}
     for n, source in datasets.items():

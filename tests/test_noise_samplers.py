@@ -53,7 +53,7 @@ def _dlap_pmf(t: int):
 def _dgauss_pmf(sigma: int):
     mpmath.mp.dps = 40
     norm = mpmath.nsum(lambda k: mpmath.exp(-(k**2) / (2 * sigma**2)), [-mpmath.inf, mpmath.inf])
-    return lambda k: mpmath.exp(-mpmath.mpf(k) ** 2 / (2 * sigma**2)) / norm
+    return lambda k: mpmath.exp(-(mpmath.mpf(k) ** 2) / (2 * sigma**2)) / norm
 
 
 @pytest.mark.parametrize("t", [1, 3, 10])

@@ -23,8 +23,11 @@ import pytest
 from dpsub_dist.cli import main
 from dpsub_dist.engine.sources import array_dataset
 from dpsub_dist.errors import InputError
-from dpsub_dist.estimators import centring, clustering, covariance, power
 from dpsub_dist.job import ClusterConfig, EstimateConfig, run_cluster, run_estimate
+from dpsub_dist.methods import _centring as centring
+from dpsub_dist.methods import _clustering as clustering
+from dpsub_dist.methods import gauss as covariance
+from dpsub_dist.methods import power
 from dpsub_dist.privacy import norm_bound as nb
 from dpsub_dist.privacy.accountant import Accountant, ApproxDP
 

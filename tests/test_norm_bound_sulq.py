@@ -72,8 +72,8 @@ def test_sulq_on_a_table_without_rows_is_bad_input_before_any_read(
     exit 1, after the private-norm step had been charged)."""
     from dpsub_dist.engine.sources import parquet_dataset
     from dpsub_dist.errors import InputError
-    from dpsub_dist.estimators import clustering
     from dpsub_dist.job import ClusterConfig, run_cluster
+    from dpsub_dist.methods import _clustering as clustering
 
     path = tmp_path / "empty.parquet"
     pd.DataFrame({f"x{i}": pd.Series([], dtype=float) for i in range(4)}).to_parquet(path)

@@ -8,7 +8,7 @@ import numpy as np
 from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.p2p import compute_subset_summaries_p2p
 from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
-from dpsub_dist.estimators.sample_aggregate import ProjectedReferenceStep
+from dpsub_dist.methods._sample_aggregate import ProjectedReferenceStep
 
 
 def test_p2p_shuffle_gives_the_bucket_shuffles_summaries(dask_client):

@@ -1,4 +1,5 @@
-"""``--method power``: the private noisy power method (dpsub_dist/privacy/power.py, docs/power.md).
+"""``--method power``: the private noisy power method (dpsub_dist/privacy/noisy_power.py,
+docs/power.md).
 
 Calibration of one iteration's noise, an empirical audit of one iteration with a planted
 under-noised twin, composition across iterations against dp-accounting, utility on the
@@ -27,11 +28,13 @@ from dpsub_dist.engine.assign import UnitIds
 from dpsub_dist.engine.gram import clip_rows, user_squared_norms
 from dpsub_dist.engine.sources import array_dataset, load_native, parquet_dataset
 from dpsub_dist.errors import DataError, InputError
-from dpsub_dist.estimators import centring, covariance
-from dpsub_dist.estimators import power as runner
 from dpsub_dist.job import EstimateConfig, run_estimate
 from dpsub_dist.linalg import subspace_error
-from dpsub_dist.privacy import noise, power
+from dpsub_dist.methods import _centring as centring
+from dpsub_dist.methods import gauss as covariance
+from dpsub_dist.methods import power as runner
+from dpsub_dist.privacy import noise
+from dpsub_dist.privacy import noisy_power as power
 from dpsub_dist.privacy.accountant import ZCDP, ApproxDP, gaussian_sigma, zcdp_epsilon
 
 SQRT2 = math.sqrt(2.0)  # ‖aaᵀV − bbᵀV‖_F ≤ ‖aaᵀ − bbᵀ‖_F ≤ √2 for unit a, b (replace one row)

@@ -23,16 +23,17 @@ from dpsub_dist.engine import row_cache
 from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.gram import clip_weights
 from dpsub_dist.engine.sources import array_dataset
-from dpsub_dist.estimators import centring, norm_pass
-from dpsub_dist.estimators import power as runner
-from dpsub_dist.estimators.norm_pass import (
+from dpsub_dist.job import EstimateConfig, run_estimate
+from dpsub_dist.linalg import row_norms
+from dpsub_dist.methods import _centring as centring
+from dpsub_dist.methods import _norm_pass as norm_pass
+from dpsub_dist.methods import power as runner
+from dpsub_dist.methods._norm_pass import (
     LevelProducts,
     fuse_level_products,
     level_products,
 )
-from dpsub_dist.job import EstimateConfig, run_estimate
-from dpsub_dist.linalg import row_norms
-from dpsub_dist.privacy import power
+from dpsub_dist.privacy import noisy_power as power
 from dpsub_dist.privacy.norm_bound import GRID, norm_counts
 
 NOISE_SEED = 0x6A40

@@ -32,8 +32,7 @@ import test_noise_ledger as ledger
 
 from dpsub_dist import PrivateSubspace, PrivateSubspaceClustering, api
 from dpsub_dist.engine.subsets import SubsetPlan
-from dpsub_dist.estimators import boost
-from dpsub_dist.methods import REGISTRY
+from dpsub_dist.methods import REGISTRY, boost
 from dpsub_dist.privacy import noise
 from dpsub_dist.privacy.accountant import Accountant
 from dpsub_dist.synth import generate

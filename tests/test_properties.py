@@ -24,12 +24,12 @@ from hypothesis.extra import numpy as hnp
 from dpsub_dist import linalg
 from dpsub_dist.engine.sources import parquet_dataset
 from dpsub_dist.errors import InputError
-from dpsub_dist.estimators.sample_aggregate import (
+from dpsub_dist.linalg import subspace_error, top_left_singular_vectors, top_right_singular_vectors
+from dpsub_dist.methods._sample_aggregate import (
     basis_from_aggregate,
     is_null_release,
     reference_points,
 )
-from dpsub_dist.linalg import subspace_error, top_left_singular_vectors, top_right_singular_vectors
 
 SETTINGS = settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True

@@ -39,7 +39,6 @@ import pandas as pd
 import pytest
 
 from dpsub_dist.engine.sources import Dataset, array_dataset, parquet_dataset
-from dpsub_dist.estimators.online import open_stream
 from dpsub_dist.job import (
     ClusterConfig,
     EstimateConfig,
@@ -48,6 +47,7 @@ from dpsub_dist.job import (
     run_cluster,
     run_estimate,
 )
+from dpsub_dist.methods.stream import open_stream
 from dpsub_dist.privacy import calibration, noise
 
 EXPECTED_FILE = Path(__file__).with_name("release_identity.json")

@@ -132,8 +132,8 @@ def test_a_failed_stream_append_draws_inside_releases(guard, tmp_path) -> None:
     import pandas as pd
 
     from dpsub_dist.errors import DataError
-    from dpsub_dist.estimators.online import open_stream
     from dpsub_dist.job import StreamConfig, init_stream
+    from dpsub_dist.methods.stream import open_stream
 
     state = str(tmp_path / "s.stream")
     init_stream(state, StreamConfig(rank=2, horizon=4, rho=1.0, delta=1e-6, clip_norm=5.0))

@@ -76,8 +76,8 @@ def test_cached_rows_release_the_same_values_and_are_read_once(
     for cached in (True, False):
         if not cached:  # every pass reads, as before the cache (and without fusing passes)
             monkeypatch.setattr(row_cache, "IN_PROCESS_CACHE_BYTES", 0)
-            monkeypatch.setattr("dpsub_dist.estimators.norm_pass.LEVEL_SUMS_BYTES", 0)
-            monkeypatch.setattr("dpsub_dist.estimators.norm_pass.LEVEL_GRAMS_BYTES", 0)
+            monkeypatch.setattr("dpsub_dist.methods._norm_pass.LEVEL_SUMS_BYTES", 0)
+            monkeypatch.setattr("dpsub_dist.methods._norm_pass.LEVEL_GRAMS_BYTES", 0)
         loader = CountingLoader(data.loader)
         counted = dataclasses.replace(data, loader=loader)
         results[cached] = _released(_run(options, open_dataset=lambda _e, c=counted: c))
@@ -130,8 +130,8 @@ def test_cached_and_fused_runs_on_a_cluster_release_what_rereading_does(
     cached = _run({"method": "gauss"}, dask_client, open_dataset)
     monkeypatch.setattr(row_cache, "CACHE_FRACTION", 0.0)
     fused = _run({"method": "gauss"}, dask_client, open_dataset)  # level sums held there
-    monkeypatch.setattr("dpsub_dist.estimators.norm_pass.LEVEL_SUMS_BYTES", 0)
-    monkeypatch.setattr("dpsub_dist.estimators.norm_pass.LEVEL_GRAMS_BYTES", 0)
+    monkeypatch.setattr("dpsub_dist.methods._norm_pass.LEVEL_SUMS_BYTES", 0)
+    monkeypatch.setattr("dpsub_dist.methods._norm_pass.LEVEL_GRAMS_BYTES", 0)
     reread = _run({"method": "gauss"}, dask_client, open_dataset)
     assert _released(cached) == _released(reread)
     assert fused.timings["fused_gram"] and not reread.timings["fused_gram"]
@@ -145,7 +145,7 @@ def test_cached_and_fused_runs_on_a_cluster_release_what_rereading_does(
 def test_fused_mean_releases_what_the_separate_passes_do(monkeypatch, method: str) -> None:
     """Rows not held: the mean's bound and clipped sum take one read (norm_pass.LevelSums).
     Same counts, so the same released bound; the sum differs by rounding only."""
-    from dpsub_dist.estimators import norm_pass
+    from dpsub_dist.methods import _norm_pass as norm_pass
 
     monkeypatch.setattr(row_cache, "IN_PROCESS_CACHE_BYTES", 0)  # every pass reads
     data = array_dataset(_rows())
@@ -167,7 +167,7 @@ def test_fused_mean_releases_what_the_separate_passes_do(monkeypatch, method: st
 
 def test_level_sums_give_the_clipped_sum_at_every_grid_value() -> None:
     from dpsub_dist.engine.gram import clip_rows
-    from dpsub_dist.estimators.norm_pass import partition_level_sums
+    from dpsub_dist.methods._norm_pass import partition_level_sums
     from dpsub_dist.privacy.norm_bound import GRID, norm_counts
 
     rng = np.random.default_rng(0)

@@ -229,9 +229,7 @@ def test_existing_output_is_refused_but_a_published_run_id_is_ready(tmp_path, da
     assert f"run {RUN} is already published: a re-run charges nothing" in out
 
 
-def test_reserved_run_id_needs_no_more_budget_but_still_its_output_parent(
-    tmp_path, data, capsys
-):
+def test_reserved_run_id_needs_no_more_budget_but_still_its_output_parent(tmp_path, data, capsys):
     """A run id reserved by an interrupted run resumes without a new charge."""
     grant(tmp_path, data, "1")  # exactly one run's budget, all of it reserved below
     (tmp_path / "results").write_text("a file where the output's parent should be")

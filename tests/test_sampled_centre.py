@@ -26,9 +26,9 @@ from test_row_cache import CountingLoader
 from dpsub_dist.engine import row_cache, sources
 from dpsub_dist.engine.gram import clip_rows, gram_of
 from dpsub_dist.engine.sources import array_dataset
-from dpsub_dist.estimators import centring
-from dpsub_dist.estimators import covariance as cov
 from dpsub_dist.job import EstimateConfig, plan_budget, run_estimate, with_defaults
+from dpsub_dist.methods import _centring as centring
+from dpsub_dist.methods import gauss as cov
 from dpsub_dist.privacy import mechanism, norm_bound
 from dpsub_dist.privacy.accountant import ApproxDP, gaussian_sigma, laplace_epsilon
 

@@ -16,7 +16,7 @@ from dpsub_dist.engine.subsets import (
     shipping_rows,
     split_partition,
 )
-from dpsub_dist.estimators.sample_aggregate import ProjectedReferenceStep
+from dpsub_dist.methods._sample_aggregate import ProjectedReferenceStep
 
 SIZES = [700, 0, 1300, 37, 1963]  # unequal partitions and an empty one
 DIM = 5

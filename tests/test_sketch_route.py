@@ -16,7 +16,7 @@ from dpsub_dist.cli import main
 from dpsub_dist.engine import routes, sketch
 from dpsub_dist.engine.sketch import compute_subset_summaries_from_sketches, sketch_width
 from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries_from_grams
-from dpsub_dist.estimators.sample_aggregate import ProjectedReferenceStep, reference_points
+from dpsub_dist.methods._sample_aggregate import ProjectedReferenceStep, reference_points
 from dpsub_dist.synth import generate
 
 DIM, RANK, REF, SEED = 40, 3, 4, 11

@@ -415,7 +415,7 @@ def test_the_cli_and_the_engine_do_not_import_scikit_learn() -> None:
     import sys
 
     code = (
-        "import sys, dpsub_dist.cli, dpsub_dist.job, dpsub_dist.estimators.clustering; "
+        "import sys, dpsub_dist.cli, dpsub_dist.job, dpsub_dist.methods._clustering; "
         "assert 'sklearn' not in sys.modules, 'sklearn imported'; "
         "from dpsub_dist import PrivateSubspace; assert 'sklearn' in sys.modules"
     )

@@ -17,10 +17,10 @@ from privacy_audit import epsilon_lower_bound
 from dpsub_dist.cli import main
 from dpsub_dist.engine.gram import clip_rows
 from dpsub_dist.errors import BudgetRefused, DataError, InputError
-from dpsub_dist.estimators.online import open_stream
 from dpsub_dist.io.output import read_run
 from dpsub_dist.job import StreamConfig
 from dpsub_dist.linalg import subspace_error, top_eigenvectors
+from dpsub_dist.methods.stream import open_stream
 from dpsub_dist.privacy.accountant import zcdp_epsilon
 from dpsub_dist.privacy.mechanism import Gaussian
 from dpsub_dist.privacy.tree_aggregation import (
@@ -114,7 +114,7 @@ def test_a_level_draws_again_only_with_the_mechanism_it_was_charged(tmp_path):
 
     from dpsub_dist.context import PlanMismatch
     from dpsub_dist.engine.compute import IN_PROCESS
-    from dpsub_dist.estimators import online
+    from dpsub_dist.methods import stream as online
 
     settings = init_stream(str(tmp_path / "s.db"), horizon=4, rank=1, rho=1.0, delta=1e-6)
     ctx = online.append_context(settings, 3, None, IN_PROCESS, False, noise_seed=1)
@@ -384,8 +384,8 @@ def test_stream_cli(tmp_path, batches, scheduler_address, capsys):
 
 def test_an_append_racing_another_adds_nothing(tmp_path, batches, dask_client, monkeypatch):
     """Two appends read their batches at once: the second to commit is refused (exit 1)."""
-    from dpsub_dist.estimators import online
     from dpsub_dist.ledger import LedgerUnavailable
+    from dpsub_dist.methods import stream as online
 
     files, _ = batches
     state = str(tmp_path / "s.db")
@@ -889,7 +889,7 @@ def first_release_means(settings, rows: np.ndarray, runs: int, seed: int) -> tup
     ``mean`` step's charge."""
     from dpsub_dist.engine.compute import IN_PROCESS
     from dpsub_dist.engine.sources import array_dataset
-    from dpsub_dist.estimators import online
+    from dpsub_dist.methods import stream as online
 
     dataset = array_dataset(rows)
     out = np.empty(runs)
@@ -910,7 +910,7 @@ def _audit_first_release(
     draws the mean at ``twin_factor`` times the σ of the mechanism charged."""
     from dataclasses import replace
 
-    from dpsub_dist.estimators import centring
+    from dpsub_dist.methods import _centring as centring
     from dpsub_dist.privacy.accountant import gaussian_sigma
 
     state = str(tmp_path / f"audit-{twin_factor}.db")

@@ -22,8 +22,8 @@ from dpsub_dist.engine.gram import user_scale
 from dpsub_dist.engine.sources import parquet_dataset
 from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
 from dpsub_dist.errors import InputError
-from dpsub_dist.estimators.boost import group_seed, groups_of
 from dpsub_dist.job import ClusterConfig, EstimateConfig, run_cluster, run_estimate
+from dpsub_dist.methods.boost import group_seed, groups_of
 
 DIM = 6
 FEATURES = [f"f{j}" for j in range(DIM)]

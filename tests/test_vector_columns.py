@@ -17,11 +17,11 @@ import pytest
 from dpsub_dist.cli import main
 from dpsub_dist.engine.sources import parquet_dataset
 from dpsub_dist.errors import DataError, InputError
-from dpsub_dist.estimators import sample_aggregate as sa
 from dpsub_dist.io.output import read_run
 from dpsub_dist.io.parquet import Part, PartReader, feature_name
 from dpsub_dist.job import EstimateConfig, run_estimate
 from dpsub_dist.linalg import subspace_error
+from dpsub_dist.methods import _sample_aggregate as sa
 from dpsub_dist.synth import generate
 
 
@@ -365,8 +365,8 @@ def test_cli_synth_vector_column_then_estimate(tmp_path, scheduler_address, caps
 
 
 def test_stream_appends_vector_batches_and_refuses_a_width_change(tmp_path, dask_client):
-    from dpsub_dist.estimators.online import open_stream
     from dpsub_dist.job import StreamConfig, init_stream
+    from dpsub_dist.methods.stream import open_stream
 
     state = str(tmp_path / "stream.db")
     options = {"horizon": 3, "rank": 2, "clip_norm": 5.0, "rho": 1.0, "delta": 1e-6}

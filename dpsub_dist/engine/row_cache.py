@@ -15,7 +15,7 @@ facts only (n and D from the footers, public at row level; the cluster's configu
 changes time and memory, never a published value. At user level n is private, so rows are
 never cached there (the decision would follow it). Where they do not fit, every pass reads the
 files again and worker memory stays one partition per task, flat in n. gauss's sampled-centre
-route (:func:`dpsub_dist.estimators.covariance.centre_sample`) reads the rows once and never
+route (:func:`dpsub_dist.methods.gauss.centre_sample`) reads the rows once and never
 asks for the cache: holding them would save no read.
 """
 

@@ -24,7 +24,7 @@ from scipy.linalg.blas import dsyrk
 
 from dpsub_dist.engine.assign import contiguous_row_subsets, random_row_subsets, unit_subsets
 from dpsub_dist.engine.compute import IN_PROCESS, Executor, gather_summaries, tree_sum
-from dpsub_dist.engine.progress import progress_bar  # noqa: F401  (estimators/clustering.py)
+from dpsub_dist.engine.progress import progress_bar  # noqa: F401  (methods/_clustering.py)
 from dpsub_dist.engine.sources import Loader
 
 LocalStep = Callable[[np.ndarray, int], np.ndarray]

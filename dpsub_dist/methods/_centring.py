@@ -1,7 +1,412 @@
 """The options of the private row-norm bound and private centring, shared by every method whose
-estimate is meant to be PCA (friendly, histogram, gauss, gap-perturb, auto): one declaration."""
+estimate is meant to be PCA (friendly, histogram, gauss, gap-perturb, auto): one declaration.
 
+Private centring and private explained variance for sample and aggregate (friendly, histogram).
+
+Centring (row level): a private row-norm bound ``B`` (:mod:`dpsub_dist.privacy.norm_bound`, step
+``norm_bound``; skipped with a public ``--row-norm``), then the Gaussian mean of the rows
+clipped to ``B`` (:func:`dpsub_dist.privacy.covariance_noise.gaussian_mean`, step ``mean``: the same
+mechanism as gauss's ``--center``); where each pass re-reads the files the two steps share one
+read (:func:`fused_mean`). The released mean ``μ̂`` is subtracted from every row on the
+workers before the local step. Privacy by composition: ``μ̂`` is a DP release, and for any fixed
+public ``μ̂`` the map ``x ↦ x − μ̂`` is applied row by row, so replacing one row still changes one
+subset's summary and the aggregator's argument holds unchanged.
+
+Explained variance (row level): after the basis is released, a private bound ``C`` on the norms
+of the centred rows (step ``variance_norm_bound``), then a Gaussian on the k squared projections
+and the squared norm of the rows clipped to ``C`` (:mod:`dpsub_dist.privacy.variance`, step
+``explained_variance``). Components are ordered by the released variances (post-processing).
+
+Both private bounds (the mean's ``norm_bound`` and ``variance_norm_bound``) take the low-side
+margin of :func:`dpsub_dist.privacy.norm_bound.margined_quantile` at the public n. Where n is
+too small for the mean's, the run is bad input before any read (:func:`check_bounds`; a public
+``--row-norm`` replaces that bound); where it is too small for the explained variance's, the
+basis is released without it (nothing drawn or charged for those two steps: a function of the
+public n and ε only).
+
+User level: the mean needs a count, private there, and both sums move by a user's row count:
+centring is refused (``--center``) or off (default), and no explained variance is released.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import dask
+import numpy as np
+
+from dpsub_dist.engine.gram import clip_rows, sum_on_workers
+from dpsub_dist.engine.row_cache import is_held
+from dpsub_dist.engine.sources import load_native, owns_rows
+from dpsub_dist.errors import InputError
+from dpsub_dist.linalg import top_eigenvectors
+from dpsub_dist.methods._norm_pass import (
+    NORM_SOURCE,
+    compute_level_sums,
+    compute_norm_counts,
+    compute_user_norm_counts,
+    fuse_level_sums,
+    gather_clipped_sum,
+)
+from dpsub_dist.privacy import mechanism
+from dpsub_dist.privacy.accountant import Budget, laplace_epsilon
+from dpsub_dist.privacy.covariance_noise import SENSITIVITY, gaussian_mean
+from dpsub_dist.privacy.norm_bound import (
+    FIX,
+    GRID,
+    NORM_QUANTILE,
+    NormBound,
+    TooFewForBound,
+    margined_quantile,
+    norm_bound_mechanism,
+    private_norm_bound,
+    private_user_norm_bound,
+    user_norm_bound_mechanism,
+)
+from dpsub_dist.privacy.variance import (
+    private_variances,
+    projected_sums,
+    released_variance,
+    variance_mechanism,
+)
+
+if TYPE_CHECKING:
+    from dpsub_dist.context import RunContext
+    from dpsub_dist.engine.sources import Dataset
+    from dpsub_dist.params import EstimateConfig
 from dpsub_dist.methods.spec import Param, positive
+
+SAMPLE_AGGREGATE = ("friendly", "histogram")
+
+CENTRED_BY_DEFAULT = (*SAMPLE_AGGREGATE, "gauss", "gap-perturb", "auto")
+"""Methods whose estimate is meant to be PCA: centred unless ``--no-center`` (row level)."""
+
+MEAN_SHARE = 0.2
+"""Share of the budget spent on the mean when centring (its error enters only as n‖μ̂ − μ‖²)."""
+
+CENTRING_SHARES = {"norm_bound": (0.05, 0.0), "mean": (MEAN_SHARE, MEAN_SHARE)}
+"""(ε or ρ share, δ share) of the centring steps in sample and aggregate (``norm_bound`` only
+without ``--row-norm``); the mean takes gauss's share. The mean's error ``e`` enters every
+subset's Gram as ``−m(m_j eᵀ + e m_jᵀ)``, with ``m_j`` the subset's own mean: measured on
+near-low-rank data (docs/centring.md) a 6% share doubled the friend radius, 20% did not."""
+
+
+VARIANCE_SHARES = {"variance_norm_bound": (0.03, 0.0), "explained_variance": (0.07, 0.05)}
+"""Budget of the explained-variance steps (row level, after the basis is released)."""
+
+
+def resolve_center(config: EstimateConfig) -> bool:
+    """``--center``/``--no-center`` as given; by default on at row level for the PCA methods."""
+    if config.center is not None:
+        return bool(config.center)
+    return config.unit_column is None and config.method in CENTRED_BY_DEFAULT
+
+
+def check_options(config: EstimateConfig) -> None:
+    """Centring options of friendly/histogram (public facts: exit 2, nothing read)."""
+    if config.method not in SAMPLE_AGGREGATE:
+        return
+    if config.center and config.unit_column:
+        raise InputError(
+            "--center is row level only: the private mean needs the row count, which is private "
+            "at user level; drop --center (or pass --no-center) with --unit-column"
+        )
+    if config.row_norm is not None and not resolve_center(config):
+        raise InputError(
+            f"--row-norm bounds the rows for the private mean: it needs centring with "
+            f"--method {config.method}; drop --row-norm or --no-center"
+        )
+
+
+def plan_shares(
+    base: dict[str, tuple[float, float]], config: EstimateConfig, centre: bool = True
+) -> dict[str, tuple[float, float]]:
+    """``base`` (the estimator's shares) scaled down to make room for the centring steps
+    (unless ``centre`` is False: the base has them) and the explained variance (row level)."""
+    before: dict[str, tuple[float, float]] = {}
+    if centre and resolve_center(config):
+        before = dict(CENTRING_SHARES)
+        if config.row_norm is not None:
+            before.pop("norm_bound")
+    after = VARIANCE_SHARES if config.unit_column is None else {}
+    extra = [*before.values(), *after.values()]
+    rest_p = 1.0 - sum(p for p, _ in extra)
+    rest_q = 1.0 - sum(q for _, q in extra)
+    scaled = {name: (p * rest_p, q * rest_q) for name, (p, q) in base.items()}
+    return {**before, **scaled, **after}
+
+
+BOUND_STEPS = {
+    "norm_bound": ("a private norm bound", FIX),
+    "variance_norm_bound": ("the explained variance's private norm bound", "pass a larger ε"),
+}
+"""This module's private bounds at row level: (what the message calls it, its fix). The mean's
+bound is replaced by ``--row-norm``; the explained variance's is always private."""
+
+
+def margined_row_quantile(step: str, grants: dict[str, Budget], n_rows: int) -> float:
+    """Row level: :data:`NORM_QUANTILE` with the margins of
+    :func:`~dpsub_dist.privacy.norm_bound.margined_quantile` for the bound charged as ``step``
+    (at ε of its grant); raises :class:`TooFewForBound` where the public n is too small. At
+    0.99 the quantile is unchanged wherever n is large enough."""
+    bound, fix = BOUND_STEPS[step]
+    return margined_quantile(
+        NORM_QUANTILE, n_rows, laplace_epsilon(grants[step]), "rows", bound, fix
+    )
+
+
+def row_quantile(step: str, grants: dict[str, Budget], n_rows: int) -> float:
+    """:func:`margined_row_quantile`, with too few rows as bad input (exit 2)."""
+    try:
+        return margined_row_quantile(step, grants, n_rows)
+    except TooFewForBound as err:
+        raise InputError(str(err)) from None
+
+
+def check_bounds(config: EstimateConfig, grants: dict[str, Budget], n_rows: int) -> None:
+    """Before any read, at row level: the mean's private bound (step ``norm_bound``, when the
+    plan has it) must meet its margin, or the run is bad input with nothing read or charged
+    (n and the grants are public). The explained variance's bound is not checked here: where
+    it cannot meet its margin the basis is released without it (:func:`explain`)."""
+    if config.unit_column is None and "norm_bound" in grants:
+        row_quantile("norm_bound", grants, n_rows)
+
+
+@dataclass(frozen=True)
+class CentredLoader:
+    """The dataset's loader, with the released mean subtracted from every row (on a worker)."""
+
+    loader: Any
+    mean: np.ndarray
+    OWNS_ROWS: ClassVar[bool] = True
+    """Each call returns a new float64 array (:func:`~dpsub_dist.engine.sources.owns_rows`)."""
+
+    def __call__(self, part: Any) -> tuple[np.ndarray, Any]:
+        rows, units = self.loader(part)
+        # One float64 array, centred in place: the loader's own where it owns it (the Parquet
+        # reader's), else one new copy (``asarray(rows) − mean`` allocated two for float32
+        # rows, and every large allocation costs page faults on a Dask worker: its nanny's
+        # MALLOC_TRIM_THRESHOLD_ hands freed memory back at once; docs/scale.md).
+        if owns_rows(self.loader) and rows.dtype == np.float64:
+            centred = rows
+        else:
+            centred = np.array(rows, dtype=np.float64)
+        centred -= self.mean
+        return centred, units
+
+    def native(self, part: Any) -> tuple[np.ndarray, Any]:
+        """The centred rows in the source's precision (:func:`load_native`: float32 rows minus
+        the mean rounded to float32), a new array."""
+        centred, _, units = self.native_with_source(part)
+        return centred, units
+
+    def native_with_source(self, part: Any) -> tuple[np.ndarray, np.ndarray, Any]:
+        """:meth:`native`'s centred rows and the source rows they came from, from one read."""
+        rows, units = load_native(self.loader, part)
+        return rows - self.mean.astype(rows.dtype), rows, units
+
+
+def private_bound(
+    ctx: RunContext, step: str, dataset: Dataset, loader: Any, quantile: float = NORM_QUANTILE
+) -> float:
+    """The private row-norm bound of ``loader``'s rows (over ``dataset``'s partitions) at
+    ``quantile``, released as ``step`` (norm_bound.py)."""
+    counts = compute_norm_counts(dataset.parts, loader, ctx.executor, ctx.progress)
+    return release_bound(ctx, step, counts, dataset.n_rows, quantile)
+
+
+def release_bound(
+    ctx: RunContext, step: str, counts: np.ndarray, n_rows: int, quantile: float = NORM_QUANTILE
+) -> float:
+    """The driver's half of :func:`private_bound`: the sparse vector over the grid's norm
+    ``counts`` (:func:`~dpsub_dist.privacy.norm_bound.private_norm_bound`), released as
+    ``step``; whichever pass summed the counts (a fused one too), the release is this one."""
+    return ctx.release(
+        step,
+        norm_bound_mechanism(ctx.grant(step)),
+        lambda mech, rng: private_norm_bound(counts, n_rows, mech, rng, quantile=quantile).bound,
+    )
+
+
+def private_user_bound(ctx: RunContext, quantile_for: Callable[[float, float], float]) -> NormBound:
+    """User level: the private bound on the users' norms ``√Σ‖x‖²`` (raw rows of
+    ``ctx.dataset``), released as ``norm_bound``
+    (:func:`dpsub_dist.privacy.norm_bound.private_user_norm_bound`); an input without parts
+    gives zero counts (n is private: no refusal). Raises
+    :class:`~dpsub_dist.privacy.norm_bound.TooFewForBound` where the released ñ is too small
+    for the sparse vector's margins (the caller publishes ⊥: the step was read and charged)."""
+    dataset = ctx.dataset
+    counts = (
+        compute_user_norm_counts(dataset.parts, dataset.loader, ctx.executor, ctx.progress)
+        if dataset.parts
+        else np.zeros(len(GRID) + 1, dtype=np.int64)
+    )
+    return ctx.release(
+        "norm_bound",
+        user_norm_bound_mechanism(ctx.grant("norm_bound")),
+        lambda mech, rng: private_user_norm_bound(counts, mech, rng, quantile_for),
+    )
+
+
+def centre(
+    ctx: RunContext, dataset: Dataset | None = None
+) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """The loader the local step reads (centred or not), the parameters and the release;
+    the mean is taken over ``dataset`` (default: the run's)."""
+    config = ctx.config
+    dataset = ctx.dataset if dataset is None else dataset
+    if not resolve_center(config):
+        return dataset.loader, {"center": False, "center_note": UNCENTRED_NOTE}, {}
+    if config.row_norm is None:
+        quantile = row_quantile("norm_bound", ctx.grants, dataset.n_rows)  # low-side margin
+        source = NORM_SOURCE.format(q=quantile, step="norm_bound")
+    else:
+        bound, source = float(config.row_norm), "public (--row-norm)"
+    if config.row_norm is None and fused_mean(dataset):
+        bound, row_sum = _bound_and_sum(ctx, dataset, quantile)
+    else:
+        if config.row_norm is None:
+            bound = private_bound(ctx, "norm_bound", dataset, dataset.loader, quantile)
+        total = dask.delayed(_clipped_row_sum, pure=True)
+        tasks = [total(dataset.loader, bound, part) for part in dataset.parts]
+        label = f"{len(tasks)} partitions → clipped row sum"
+        row_sum = sum_on_workers(tasks, ctx.executor, label, ctx.progress)
+    mean = ctx.release(
+        "mean",
+        mechanism.gaussian(ctx.grant("mean"), SENSITIVITY["replace"].row_sum),
+        lambda mech, rng: gaussian_mean(row_sum, dataset.n_rows, mech, rng, unit=bound),
+    )
+    parameters = {"center": True, "mean_row_norm": bound, "mean_row_norm_source": source}
+    release = {
+        "mean": mean.mean.tolist(),
+        "mean_note": "private mean of the rows clipped to norm ≤ mean_row_norm, input units; "
+        "subtracted from every row before the estimate",
+        "mean_sensitivity": mean.sensitivity,
+        "mean_noise_sigma": mean.sigma,
+    }
+    return CentredLoader(dataset.loader, mean.mean), parameters, release
+
+
+def sample_partitions(dataset: Dataset, target_rows: int, seed: int) -> Dataset:
+    """A public random subset S of ``dataset``'s partitions: in the order of a permutation
+    drawn from the public ``seed``, the fewest partitions holding ≥ ``target_rows`` rows (all
+    of them if they hold fewer), in file order, with ``n_rows`` their public row count n_S.
+
+    Public facts only (the seed, the partitions' row counts from the footers, public at row
+    level). Any fixed S keeps a step's sensitivity: a replace-one neighbour differs in at
+    most one row of S, and n_S does not move."""
+    sizes = np.diff([*dataset.offsets, dataset.n_rows]).astype(np.int64)
+    order = np.random.default_rng(seed).permutation(len(sizes))
+    taken = int(np.searchsorted(np.cumsum(sizes[order]), target_rows)) + 1
+    chosen = np.sort(order[:taken]).tolist()
+    return dataclasses.replace(
+        dataset,
+        parts=[dataset.parts[i] for i in chosen],
+        offsets=[int(dataset.offsets[i]) for i in chosen],
+        n_rows=int(sizes[chosen].sum()),
+    )
+
+
+def fused_mean(dataset: Dataset) -> bool:
+    """Whether the mean's bound and clipped sum take one read of the rows (public facts
+    only): where each pass re-reads the files (rows not held, :mod:`dpsub_dist.engine.row_cache`)
+    and D is small enough (:func:`fuse_level_sums`). Held rows keep the two passes, which
+    cost no read and give the sum bit for bit as before."""
+    return not is_held(dataset) and fuse_level_sums(dataset.dim)
+
+
+def _bound_and_sum(ctx: RunContext, dataset: Dataset, quantile: float) -> tuple[float, np.ndarray]:
+    """The private bound (step ``norm_bound``, at ``quantile``) and the rows' clipped sum at it,
+    in one read.
+
+    The workers keep, per bin of the public grid, the count, ``Σ x`` and ``Σ x/‖x‖``
+    (:class:`~dpsub_dist.methods._norm_pass.LevelSums`); the driver gets the counts, runs
+    the sparse vector exactly as :func:`private_bound` does, and then gathers the clipped sum
+    at the released bound, computed on the workers from those per-bin sums. Privacy is
+    unchanged: the counts are the ones the separate pass sums, the bound is the same release
+    of them, and the sum is the same function of the rows and the released bound (up to float
+    rounding: the rows are added by bin), so the mean's sensitivity and noise are as before.
+    The noisy mean is rounded to its noise grid (:func:`noise.add_gaussian`), so it is the
+    separate passes' bit for bit unless the sum lies within rounding of a grid midpoint (the
+    release checksums did not move).
+    """
+    counts, held = compute_level_sums(dataset.parts, dataset.loader, ctx.executor, ctx.progress)
+    bound = release_bound(ctx, "norm_bound", counts, dataset.n_rows, quantile)
+    return bound, gather_clipped_sum(held, bound, ctx.executor)
+
+
+UNCENTRED_NOTE = (
+    "uncentred: the basis spans the top directions of the raw second moment E[xxᵀ], which on "
+    "data with a mean far from 0 is close to the mean's direction, not the principal components"
+)
+
+
+def _clipped_row_sum(loader: Any, bound: float, part: Any) -> np.ndarray:
+    return clip_rows(loader(part)[0], bound).sum(axis=0)
+
+
+def explain(
+    ctx: RunContext, basis: np.ndarray | None, loader: Any
+) -> tuple[np.ndarray | None, dict[str, Any]]:
+    """Private explained variance of a released basis over ``loader``'s rows of the run's
+    dataset; the basis re-ordered by it. Where the public n and ε are too small for its
+    bound's margin, its two steps are skipped (:meth:`RunContext.skip`: nothing drawn or
+    charged)."""
+    if basis is None:
+        return None, {}
+    config, dataset = ctx.config, ctx.dataset
+    if config.unit_column is not None:
+        return basis, {
+            "explained_variance": None,
+            "explained_variance_ratio": None,
+            "explained_variance_note": "not released at user level: the sums move by a user's "
+            "row count and n is private",
+        }
+    try:
+        quantile = margined_row_quantile("variance_norm_bound", ctx.grants, dataset.n_rows)
+    except TooFewForBound as err:  # public n and ε: skipped, nothing drawn or charged
+        for step in VARIANCE_SHARES:
+            ctx.skip(step)
+        return basis, {
+            "explained_variance": None,
+            "explained_variance_ratio": None,
+            "explained_variance_note": f"not released, nothing charged for it: {err}",
+        }
+    bound = private_bound(ctx, "variance_norm_bound", dataset, loader, quantile)
+    part_sums = dask.delayed(_projected_sums, pure=True)
+    tasks = [part_sums(loader, basis, bound, part) for part in dataset.parts]
+    label = f"{len(tasks)} partitions → projected variances"
+    sums = sum_on_workers(tasks, ctx.executor, label, ctx.progress)
+    release = ctx.release(
+        "explained_variance",
+        variance_mechanism(ctx.grant("explained_variance")),
+        lambda mech, rng: private_variances(sums, dataset.n_rows, bound, mech, rng),
+    )
+    values, rotation = top_eigenvectors(release.matrix, basis.shape[1])  # descending
+    details = released_variance(values, release.total, 1.0, 1, "replace")
+    details.update(
+        explained_variance_note=VARIANCE_NOTE,
+        variance_row_norm=bound,
+        variance_sensitivity=release.sensitivity,
+        variance_noise_sigma=release.sigma,
+        component_order="principal axes of the released projected covariance, descending",
+    )
+    return basis @ rotation, details
+
+
+VARIANCE_NOTE = (
+    "private (steps variance_norm_bound, explained_variance): eigenvalues of the noisy k×k "
+    "Σ (Vᵀz)(Vᵀz)ᵀ and the noisy Σ ‖z‖² over the rows z = clip(x − mean, variance_row_norm), "
+    "divided by n, clipped at 0; the basis is rotated to that matrix's eigenvectors"
+)
+
+
+def _projected_sums(loader: Any, basis: np.ndarray, bound: float, part: Any) -> np.ndarray:
+    return projected_sums(loader(part)[0], basis, bound)
+
 
 ROW_NORM = Param(
     "row_norm",

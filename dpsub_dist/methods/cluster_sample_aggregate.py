@@ -3,7 +3,7 @@ projected reference points aggregated privately (WWS15 §9 a; ALGORITHMS.md §9)
 
 from typing import Any
 
-from dpsub_dist.estimators import clustering
+from dpsub_dist.methods import _clustering as clustering
 from dpsub_dist.methods._sample_aggregate import PLAN_PARAMS, check_plan
 from dpsub_dist.methods.spec import Method, Param, from_options, positive
 

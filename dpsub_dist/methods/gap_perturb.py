@@ -1,7 +1,7 @@
 """``--method gap-perturb``: subspace perturbation with a noisy eigengap (DTTZ14 Alg. 2;
-ALGORITHMS.md §7). Budget plan: :func:`dpsub_dist.estimators.covariance.plan_shares`."""
+ALGORITHMS.md §7). Budget plan: :func:`dpsub_dist.methods.gauss.plan_shares`."""
 
-from dpsub_dist.estimators import covariance as cov
+from dpsub_dist.methods import gauss as cov
 from dpsub_dist.methods.gauss import COVARIANCE_PARAMS, check_covariance
 from dpsub_dist.methods.spec import Method
 

@@ -2,7 +2,7 @@
 (WWS15 §9 c). A finite chain has no DP guarantee: nothing is charged, and job files refuse it.
 """
 
-from dpsub_dist.estimators import clustering
+from dpsub_dist.methods import _clustering as clustering
 from dpsub_dist.methods.spec import Method, Param, from_options, positive
 from dpsub_dist.methods.sulq import ROW_LEVEL, UNIT_ROW_NORM
 

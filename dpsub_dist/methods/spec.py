@@ -41,8 +41,8 @@ def not_applicable(method: str, names: list[str], takers: list[str]) -> InputErr
 class Method:
     """One method: its table, its runner, and the cross-parameter checks its table cannot say.
 
-    ``run(config, open_dataset, client, progress, noise_seed)`` runs it end to end (the worker
-    and driver halves live in :mod:`dpsub_dist.estimators`); a stream's ``run(path, config)``
+    ``run(config, open_dataset, client, progress, noise_seed)`` runs it end to end (its driver,
+    in the method's own module); a stream's ``run(path, config)``
     creates the stream, whose appends then run its plan. ``plan(config, dataset)`` is its
     budget plan: each named private step's (share of ε or ρ, share of δ), from public facts
     only (the options and the opened dataset's footers; None where no dataset is open yet),

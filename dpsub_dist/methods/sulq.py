@@ -4,7 +4,7 @@
 from typing import Any
 
 from dpsub_dist.errors import InputError
-from dpsub_dist.estimators import clustering
+from dpsub_dist.methods import _clustering as clustering
 from dpsub_dist.methods.spec import Method, Param, from_options, positive
 
 ITERATIONS = Param(

@@ -135,7 +135,7 @@ def noise_matched_quantile(
     can find it (:data:`SV_MARGIN`). ``q`` is a function of public values, so the threshold
     ``q·n`` is public and the sparse vector's argument is unchanged. ``max_clipped`` caps the
     clipped share (default :data:`MAX_CLIPPED`; the power method allows more:
-    :data:`dpsub_dist.estimators.power.MAX_CLIPPED`).
+    :data:`dpsub_dist.methods.power.MAX_CLIPPED`).
     """
     if n_rows < 1:
         raise ValueError(f"the rule needs the public row count n ≥ 1, got {n_rows}")

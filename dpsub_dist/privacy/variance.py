@@ -41,7 +41,7 @@ import scipy.linalg
 
 from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import Budget
-from dpsub_dist.privacy.covariance import Neighbours
+from dpsub_dist.privacy.covariance_noise import Neighbours
 
 SENSITIVITY = math.sqrt(2.0)
 """L2 sensitivity of Σ u(x) under replace-one (module docstring)."""

@@ -231,7 +231,7 @@ def run_page(
 ) -> str:
     """The run's report page; the operator section only with ``operator=True``."""
     title = f"dpsub run report: {manifest.get('method')} on {manifest.get('input')}"
-    from dpsub_dist.estimators.boost import chosen_view
+    from dpsub_dist.methods.boost import chosen_view
 
     sections = [
         f'<p class="free" id="free">{escape(FREE)}</p>',

@@ -61,13 +61,19 @@ from dpsub_dist.engine.progress import progress_bar
 from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
 from dpsub_dist.errors import InputError
-from dpsub_dist.estimators import centring
-from dpsub_dist.estimators import sample_aggregate as sa
-from dpsub_dist.estimators.covariance import norm_bound_first
-from dpsub_dist.estimators.norm_pass import NORM_SOURCE, compute_norm_counts
 from dpsub_dist.linalg import subspace_error, top_eigenvectors
+from dpsub_dist.methods import _centring as centring
+from dpsub_dist.methods import _sample_aggregate as sa
+from dpsub_dist.methods._norm_pass import NORM_SOURCE, compute_norm_counts
+from dpsub_dist.methods.gauss import norm_bound_first
 from dpsub_dist.privacy.accountant import Budget, laplace_epsilon
-from dpsub_dist.privacy.clustering import (
+from dpsub_dist.privacy.mechanism import Gaussian
+from dpsub_dist.privacy.norm_bound import (
+    TooFewForBound,
+    margined_quantile,
+    noise_matched_quantile,
+)
+from dpsub_dist.privacy.subspace_clustering import (
     GIBBS_GUARANTEE,
     GRAM_SENSITIVITY,
     GibbsChain,
@@ -76,12 +82,6 @@ from dpsub_dist.privacy.clustering import (
     random_bases,
     release_cluster_grams,
     squared_distances,
-)
-from dpsub_dist.privacy.mechanism import Gaussian
-from dpsub_dist.privacy.norm_bound import (
-    TooFewForBound,
-    margined_quantile,
-    noise_matched_quantile,
 )
 
 MethodOutcome = tuple[np.ndarray | None, dict[str, Any], dict[str, Any], int]
@@ -312,7 +312,7 @@ def matched_subspace_errors(bases_hat: np.ndarray, bases_true: np.ndarray) -> np
 def budget_shares(config: Any) -> dict[str, tuple[float, float]]:
     """How the run's budget is split between the method's private steps."""
     if config.method == "sample-aggregate":
-        return sa.budget_plan(config.aggregator, config.scale is not None)
+        return sa.aggregator_shares(config.aggregator, config.scale is not None)
     if config.method == "sulq":
         iterations = config.iterations or DEFAULT_ITERATIONS
         if not config.private_norm:

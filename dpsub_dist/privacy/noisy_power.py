@@ -7,7 +7,7 @@ columns (``k' ≥ k``, the oversampled width); for ``t = 1 … T``
 1. ``Y_t = C V_{t−1}`` with ``C = AᵀA`` the Gram matrix of the rows clipped to norm ≤ ``B`` and
    scaled by ``1/B`` (every row has norm ≤ 1), computed on the workers as ``Xᵀ diag(w) X V``
    with per-row weights ``w = m/max(‖x‖, B)²`` (:func:`dpsub_dist.engine.gram.clip_weights`,
-   :mod:`dpsub_dist.estimators.power`): ``D × k'`` numbers, never ``D × D``;
+   :mod:`dpsub_dist.methods.power`): ``D × k'`` numbers, never ``D × D``;
 2. release ``Ŷ_t = Y_t + G_t``, ``G_t`` i.i.d. Gaussian (:meth:`PowerIterations.release`);
 3. ``V_t = orth(Ŷ_t − n·μ̂(μ̂ᵀV_{t−1}))`` (QR; the centring term uses the released mean μ̂ only).
 
@@ -16,7 +16,7 @@ The output is the top-``k`` left singular vectors of the last release ``Ŷ_T −
 eigenvalues of the centred ``C``. Everything after the noise is post-processing of released
 values and of ``V_{t−1}`` (itself released), so it costs nothing. Where the runner fuses the
 private bound's counting pass into the first iteration
-(:meth:`dpsub_dist.estimators.power.RowPasses.fused_first`), ``Y_1`` is computed from per-bin
+(:meth:`dpsub_dist.methods.power.RowPasses.fused_first`), ``Y_1`` is computed from per-bin
 sums after ``B`` is released, the same function of the rows and ``B`` up to float rounding:
 nothing below changes.
 
@@ -27,7 +27,7 @@ replace one row ``a`` by ``b`` (row level) gives ``E = bbᵀ − aaᵀ`` with ``
 (``‖V‖₂ = 1``), ``‖EV‖_F ≤ ‖E‖_F‖V‖₂ = ‖E‖_F``. For one row this is exact arithmetic:
 ``‖aaᵀV‖_F = ‖a‖·‖Vᵀa‖ ≤ ‖a‖² ≤ 1``. So the ℓ2 sensitivity of ``Y_t`` (all ``D·k'`` entries
 together) is the same constant as the Gram matrix's Frobenius bound of Analyze Gauss —
-:data:`dpsub_dist.privacy.covariance.SENSITIVITY` ``.gram``: √2 replace-one, 1 add/remove
+:data:`dpsub_dist.privacy.covariance_noise.SENSITIVITY` ``.gram``: √2 replace-one, 1 add/remove
 — whatever ``V_{t−1}`` is, because ``V_{t−1}`` is a function of earlier releases only
 (adaptive composition). ``V₀`` is public randomness (the run's public seed), not DP noise.
 
@@ -104,7 +104,7 @@ import numpy as np
 
 from dpsub_dist.privacy import mechanism, noise
 from dpsub_dist.privacy.accountant import ZCDP, ApproxDP, Budget, gaussian_sigma, zcdp_epsilon
-from dpsub_dist.privacy.covariance import SENSITIVITY, Neighbours
+from dpsub_dist.privacy.covariance_noise import SENSITIVITY, Neighbours
 
 DEFAULT_ITERATIONS = 6
 """T: iterations (passes over the rows) when --iterations is not given (docs/power.md)."""

@@ -336,7 +336,7 @@ def level_products(rows: np.ndarray, norms: np.ndarray, basis: np.ndarray) -> Le
     """One partition's :class:`LevelProducts` (runs on a worker) from its rows in their own
     precision and their float64 ``norms`` (the counting pass's: the bins of
     :func:`norm_counts`). ``P = XV₀`` and ``P/‖x‖²`` are formed once (``r × 2k′``, SGEMM for
-    float32 rows as :func:`~dpsub_dist.estimators.power._product`), then per filled bin one
+    float32 rows as :func:`~dpsub_dist.methods.power._product`), then per filled bin one
     ``X_bᵀ[P_b, P_b/‖x‖²]`` from a copy of the bin's rows: the same flops as an iteration's
     ``Xᵀ(w ⊙ P)`` plus one copy of the block (measured at D = 10⁵, 1000 rows over 8 bins: as
     fast as that product, docs/power.md)."""
