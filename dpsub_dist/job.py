@@ -15,7 +15,7 @@ from typing import Any
 
 from dpsub_dist.context import EstimateResult, plan, progress_shown, versions
 from dpsub_dist.engine.sources import Dataset
-from dpsub_dist.methods import REGISTRY, check_config, method_named
+from dpsub_dist.methods import MODIFIERS, REGISTRY, check_config, method_named
 from dpsub_dist.methods._centring import resolve_center
 from dpsub_dist.methods._clustering import run_clustering
 from dpsub_dist.methods.boost import run_boosted
@@ -66,6 +66,8 @@ def with_defaults(config: EstimateConfig) -> EstimateConfig:
     """``config`` with its method table's defaults and those that depend on other options
     (centring) filled in; the parsed budget is a field, so it goes with it."""
     defaults = method_named("estimate", config.method).defaults(config)
+    for modifier in MODIFIERS["estimate"]:
+        defaults.update(modifier.defaults(config))
     return replace(config, center=resolve_center(config), **defaults)
 
 

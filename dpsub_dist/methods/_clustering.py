@@ -314,7 +314,7 @@ def budget_shares(config: Any) -> dict[str, tuple[float, float]]:
     if config.method == "sample-aggregate":
         return sa.aggregator_shares(config.aggregator, config.scale is not None)
     if config.method == "sulq":
-        iterations = config.iterations or DEFAULT_ITERATIONS
+        iterations = config.iterations
         if not config.private_norm:
             return {f"iteration_{i + 1}": (1.0, 1.0) for i in range(iterations)}
         return norm_bound_first(
@@ -559,9 +559,7 @@ def run_gibbs(ctx: RunContext) -> MethodOutcome:
             f"columns), this input has {n} rows × {dim} columns: use --method sample-aggregate "
             "or sulq, or a sample of the rows"
         )
-    chain = GibbsChain(
-        laplace_epsilon(ctx.grant("exponential_mechanism")), config.sweeps or DEFAULT_SWEEPS
-    )
+    chain = GibbsChain(laplace_epsilon(ctx.grant("exponential_mechanism")), config.sweeps)
     with ctx.timed("gather_s"):
         rows = gather_bounded_rows(dataset, config.row_norm, ctx.executor)
     with ctx.timed("sampler_s"):

@@ -206,7 +206,7 @@ def run_boosted(
     """``--boost B`` around ``config.method``, whose runner is ``runner`` (SS21 Alg. 3)."""
     ctx = RunContext.open(config, open_dataset, client, progress, noise_seed)
     groups = int(config.boost)
-    alpha = config.boost_alpha or DEFAULT_BOOST_ALPHA
+    alpha = config.boost_alpha
     dataset = ctx.dataset
     seed = public_seed(config)
     seed_of_groups = group_seed(seed)

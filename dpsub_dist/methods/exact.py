@@ -116,7 +116,7 @@ def run_exact(
     ctx = RunContext.open(config, open_dataset, client, progress, noise_seed)
     ctx.plan(BUDGET_SHARES)
     outliers = config.outliers or 0
-    tolerance = config.tolerance or DEFAULT_TOLERANCE
+    tolerance = config.tolerance
     dataset = ctx.dataset
     candidates = check_size(dataset.n_rows, config.rank)
     steps = gap_max_mechanism(

@@ -161,7 +161,7 @@ USER_VARIANCE_NOTE = (
 
 def iterations(config: EstimateConfig) -> int:
     """T, public: --iterations or :data:`power.DEFAULT_ITERATIONS`."""
-    return int(config.iterations or power.DEFAULT_ITERATIONS)
+    return int(config.iterations)
 
 
 def width(config: EstimateConfig, dim: int) -> int:

@@ -37,6 +37,15 @@ def not_applicable(method: str, names: list[str], takers: list[str]) -> InputErr
     )
 
 
+def unset_defaults(params: tuple[Param, ...], config: Any) -> dict[str, Any]:
+    """The table's defaults for the options ``config`` leaves unset, by config attribute."""
+    return {
+        p.field: p.default
+        for p in params
+        if p.default is not None and getattr(config, p.field) is None
+    }
+
+
 @dataclass(frozen=True)
 class Method:
     """One method: its table, its runner, and the cross-parameter checks its table cannot say.
@@ -65,11 +74,7 @@ class Method:
     def defaults(self, config: Any) -> dict[str, Any]:
         """Its table's defaults for the options ``config`` leaves unset, by config attribute:
         the values the run uses (help texts print the same table)."""
-        return {
-            p.field: p.default
-            for p in self.params
-            if p.default is not None and getattr(config, p.field) is None
-        }
+        return unset_defaults(self.params, config)
 
 
 def from_options(plan: Callable[[Any], Shares]) -> Callable[[Any, Dataset | None], Shares]:
@@ -85,3 +90,9 @@ class Modifier:
     command: str
     params: tuple[Param, ...]
     check: Callable[[Any], None] | None = None
+
+    def defaults(self, config: Any) -> dict[str, Any]:
+        """Its table's defaults for the options ``config`` leaves unset, once the modifier is
+        in use (its first parameter given); nothing otherwise."""
+        in_use = getattr(config, self.params[0].field) is not None
+        return unset_defaults(self.params, config) if in_use else {}
