@@ -13,7 +13,10 @@ run time (the data changed, the ledger's budget was spent meanwhile, a storage o
    against the job's columns and unit column (no row is read: a variable list's width,
    which only its rows hold, is reported as read at run time, and the rank is checked
    against it then);
-5. **output**: the run's output folder is usable, by the check the run makes itself: its
+5. **plan**: the budget plan the run will declare, each private step's share of the charge
+   (from the options and the footers, as the run decides it: the manifest lists the same
+   steps);
+6. **output**: the run's output folder is usable, by the check the run makes itself: its
    parent (or, when that is missing and the run would create it, the nearest existing
    ancestor) is a writable folder (local) or the bucket accepts a write (object storage),
    and it does not exist yet unless the job sets ``overwrite`` or the run id is already
@@ -36,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from dpsub_dist.context import check_schema_width
+from dpsub_dist.engine.sources import parquet_dataset
 from dpsub_dist.errors import BudgetRefused, DpsubError, InputError
 from dpsub_dist.io.output import check_output_dir
 from dpsub_dist.io.parquet import (
@@ -48,6 +52,7 @@ from dpsub_dist.io.parquet import (
     widths_in_rows,
 )
 from dpsub_dist.io.storage import StorageOptions
+from dpsub_dist.job import plan_budget
 from dpsub_dist.jobfile import Job, own_unpublished_output
 from dpsub_dist.ledger import Grant, RunRecord, RunRequest, check_run_id, open_ledger
 from dpsub_dist.ledger.core import charged_accountant, check_compatible, describe_budget
@@ -79,6 +84,8 @@ def preflight(job: Job, run_id: str | None = None, ledger: str | None = None) ->
     ledger_checks, record = _ledger_checks(job, run_id, ledger or job.ledger)
     checks += ledger_checks
     checks.append(_guarded("dataset", lambda: _dataset(job)))
+    if checks[-1].ok:
+        checks.append(_guarded("plan", lambda: _plan(job)))
     checks.append(_guarded("output", lambda: _output(job, run_id, record)))
     return checks
 
@@ -182,6 +189,20 @@ def _dataset(job: Job) -> str:
             )
         features = f"{count} features"
     return f"{found}, {features}" + (f" (left out: {left_out})" if left_out else "")
+
+
+def _plan(job: Job) -> str:
+    """The steps the run will charge, from the footers (no row): the plan its method declares."""
+    options = StorageOptions.wrap(job.storage_options)
+    infos = [inspect_file(name, options) for name in list_parquet_files(job.dataset, options)]
+    choice = select_columns(infos, job.columns, job.unit_column, job.exclude_columns)
+    if widths_in_rows(infos, choice.used):
+        return "fixed when the run reads the list columns' width from their rows"
+    dataset = parquet_dataset(
+        job.dataset, job.columns, job.unit_column, options, None, job.exclude_columns
+    )
+    _, grants = plan_budget(job.config(), dataset)
+    return "; ".join(f"{step}: {describe_budget(grant)}" for step, grant in grants.items())
 
 
 def _output(job: Job, run_id: str, record: RunRecord | None) -> str:

@@ -80,6 +80,10 @@ def test_ready_job_reports_budget_and_writes_nothing(tmp_path, data, capsys):
     assert "epsilon=3, delta=1e-05 remaining" in out  # what is left of the grant
     assert "the run charges epsilon=1, delta=1e-06" in out
     assert "4 Parquet files, footers readable, 10 features" in out
+    plan = next(line for line in out.splitlines() if line.split()[:2] == ["ok", "plan"])
+    steps = dict(step.split(": ", 1) for step in plan.split(None, 2)[2].split("; "))
+    assert list(steps) == ["norm_bound", "mean", "centred_norm_bound", "gram_noise"], plan
+    assert steps["gram_noise"].startswith("epsilon=0.7"), plan  # the run's own shares
     assert list((tmp_path / "results").iterdir()) == []  # no output folder made
     assert ledger_runs(tmp_path, capsys) == "[]"  # nothing reserved
 

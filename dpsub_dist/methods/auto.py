@@ -113,6 +113,15 @@ def run_auto(
     return result
 
 
+def plan_shares(config: Any, dataset: Dataset | None) -> dict[str, tuple[float, float]]:
+    """The chosen method's plan on ``dataset`` (auto spends nothing itself); before a dataset
+    is open, D is unknown and so is the choice: no step yet."""
+    if dataset is None:
+        return {}
+    method = CHOICES[choose(config, dataset.dim)[0]]
+    return method.plan(chosen_config(config, method), dataset)
+
+
 def chosen_config(config: Any, method: Method) -> Any:
     """``config`` for the chosen ``method`` (the parsed budget goes with it): auto's options
     must be the chosen method's too, refused as ``--method <chosen>`` refuses them; then the
@@ -136,5 +145,5 @@ METHOD = Method(
     summary="the default: gauss, power or friendly, chosen from public facts (docs/auto.md)",
     params=(*PLAN_PARAMS, RADIUS, *CENTRING_PARAMS),
     run=run_auto,
-    plan=lambda config, dataset: {},  # spends nothing itself: the chosen method's plan applies
+    plan=plan_shares,
 )
