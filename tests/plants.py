@@ -264,7 +264,7 @@ MUTATIONS = [
         "power",
     ),
     Plant(
-        "estimators/power: user weights divided by √(user total), not the total",
+        "methods/power: user weights divided by √(user total), not the total",
         "mutation",
         "dpsub_dist/methods/power.py",
         "        weights /= user_totals(units, users)",
@@ -272,7 +272,7 @@ MUTATIONS = [
         "power",
     ),
     Plant(
-        "estimators/power: the passes run without per-user scaling",
+        "methods/power: the passes run without per-user scaling",
         "mutation",
         "dpsub_dist/methods/power.py",
         "RowPasses(dataset, loader, row_norm, ctx.executor, ctx.progress, user_level)",

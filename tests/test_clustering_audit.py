@@ -180,7 +180,7 @@ def test_gibbs_chain_samples_the_exponential_mechanism_and_passes_the_audit() ->
 
     The chain is only asymptotically exact; this checks that after 5 sweeps it is close on
     an input where mixing is fast. That is evidence about the sampler, not a privacy proof
-    for a finite chain (none is claimed, see privacy/clustering.py).
+    for a finite chain (none is claimed, see privacy/subspace_clustering.py).
     """
     rows_a = np.array([[1.0, 0.0]] * 9)
     rows_b = np.array([[0.0, 1.0]] + [[1.0, 0.0]] * 8)

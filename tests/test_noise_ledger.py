@@ -176,7 +176,7 @@ def _tree_node(run: Run, step: dict[str, Any]) -> list[float]:
 
 def _power_iterations(run: Run, step: dict[str, Any]) -> list[float]:
     """T Gaussians, iteration t at ρ_t (the manifest's ``rho_per_iteration``, split by
-    ``privacy.power.iteration_shares``): valid only if Σ ρ_t is within the grant (ρ for a zCDP
+    ``privacy.noisy_power.iteration_shares``): valid only if Σ ρ_t is within the grant (ρ for a zCDP
     grant; for (ε, δ), if (Σ ρ_t)-zCDP implies it: CKS conversion)."""
     grant, release = _grant(step), run.manifest["release"]
     rhos = release["rho_per_iteration"]

@@ -172,8 +172,8 @@ def test_one_iteration_audit_catches_half_noise(monkeypatch) -> None:
     """Replace row e₁ by e₂ with V = I₂: C·V moves by diag(−1, 1), norm √2 = Δ.
 
     The mechanism is the run's own chain for one iteration: the rows clipped as on a worker,
-    ``Xᵀ(XV)`` (estimators.power) and the noise of an (ε, δ) grant converted to ρ
-    (privacy.power). The runs are drawn as one stack of independent copies of the
+    ``Xᵀ(XV)`` (methods.power) and the noise of an (ε, δ) grant converted to ρ
+    (privacy.noisy_power). The runs are drawn as one stack of independent copies of the
     ``2 × 2`` release (the noise is i.i.d. per entry), so 2·10⁵ runs take a second.
     """
     grant = power.iteration_grants(ApproxDP(AUDIT_EPSILON, AUDIT_DELTA), 1)[0]
@@ -287,7 +287,7 @@ def _user_loader(rows: np.ndarray, users: list[int]):
 
 def _user_rows(rows: np.ndarray, users: list[int], bound: float, scaled: bool = True):
     """The rows a worker multiplies at user level: clipped, scaled by 1/B and (unless the
-    planted bug drops it) each user's rows scaled jointly to Σ‖x‖² ≤ 1 (estimators.power)."""
+    planted bug drops it) each user's rows scaled jointly to Σ‖x‖² ≤ 1 (methods.power)."""
     loader = _user_loader(rows, users)
     totals = user_squared_norms(loader, bound, 0) if scaled else None
     rows, weights = runner._load_weighted(loader, bound, 0, totals)

@@ -14,14 +14,14 @@ Three methods behind one runner, :func:`run_cluster` (``dpsub cluster``):
 - ``sulq`` (§9 b): k-plane iterations from public random subspaces. Each iteration
   assigns rows to the nearest current subspace and sums each cluster's Gram matrix on
   the workers (only d×d matrices travel), then releases them with the Gaussian
-  mechanism (:func:`privacy.clustering.release_cluster_grams`); T iterations are T
+  mechanism (:func:`privacy.subspace_clustering.release_cluster_grams`); T iterations are T
   charges to the accountant. From random subspaces, plain k-plane ends in a local
   optimum in most runs (two true clusters shared by two planes), so the first half of
   the iterations use ``OVERCLUSTER·K`` planes (the sensitivity does not grow with the
   number of planes: a row still leaves one Gram and joins one), and the released
   Grams are then merged to K by Ward's rule (:func:`merge_grams`, post-processing).
 - ``gibbs`` (§9 c): the exponential-mechanism Gibbs sampler
-  (:func:`privacy.clustering.gibbs_subspace_clustering`) for small inputs only
+  (:func:`privacy.subspace_clustering.gibbs_subspace_clustering`) for small inputs only
   (:data:`GIBBS_MAX_ROWS`): the workers load and bound the rows, the driver (operator
   side) gathers them and runs the chain inside the release of its one step (the private
   generator is used there only), so no private seed enters the task graph. **Not

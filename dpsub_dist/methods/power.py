@@ -387,7 +387,7 @@ def run_power(
     progress: bool,
     noise_seed: int | None,
 ) -> EstimateResult:
-    """``--method power`` end to end (module doc; mechanism in :mod:`privacy.power`)."""
+    """``--method power`` end to end (module doc; mechanism in :mod:`privacy.noisy_power`)."""
     ctx = RunContext.open(config, open_dataset, client, progress, noise_seed)
     ctx.plan(plan_shares(config))
     relation = cov.neighbours(config)
