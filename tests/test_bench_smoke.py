@@ -24,6 +24,7 @@ from bench import (  # noqa: E402
     centring_offset,
     compare_gauss_friendly,
     defaults_sweep,
+    heavy_tails,
     mean_estimation,
     memory,
     norm_quantile,
@@ -354,6 +355,17 @@ def test_norm_quantile_prints_hand_picked_and_private_bounds(capsys):
     for row in rows[1:]:
         bound, error = (float(cell) for cell in row.strip("| ").split(" | ")[1:])
         assert bound > 0 and 0 <= error <= 1
+
+
+def test_heavy_tails_prints_runs_histogram_rules_and_the_check(capsys):
+    argv = ["--tables", "mimic", "--epsilons", "3", "--seeds", "1", "--window", "--check"]
+    heavy_tails.main([*argv, "--cases", "mimic"])
+    out = capsys.readouterr().out
+    (run,) = [line for line in out.splitlines() if line.startswith("| 3 |")]
+    default, best = (float(cell.split()[0]) for cell in run.split(" | ")[1:3])
+    assert 0 <= best <= default <= 1  # the hand-tuned grid's best is no worse than the default
+    assert "- mimic, ε = 1: best " in out and "noise over M: β = " in out
+    assert "- mimic, ε = 3: B_hi = " in out and "with the check (B_lo = " in out
 
 
 def test_user_norm_bound_counts_failed_draws(capsys):
