@@ -117,7 +117,7 @@ def run_one(args: Any, n: int) -> dict[str, Any]:
     written: dict[str, Any] = {}
     if args.parquet:
         started = time.monotonic()
-        rows = write_parquet(
+        source = write_parquet(
             args.parquet,
             n,
             args.dim,
@@ -127,15 +127,15 @@ def run_one(args: Any, n: int) -> dict[str, Any]:
             args.seed,
             args.file_mib,
         )
-        files = sorted(rows.glob("*.parquet"))
+        files = sorted(source.glob("*.parquet"))
         written = {
-            "parquet": str(rows),
+            "parquet": str(source),
             "write_s": round(time.monotonic() - started, 1),  # ~0 where the folder was reused
             "files": len(files),
             "parquet_bytes": sum(f.stat().st_size for f in files),
         }
     else:
-        rows = generated_rows(n, args.dim, args.rank, args.gamma, args.chunk_rows, args.seed)
+        source = generated_rows(n, args.dim, args.rank, args.gamma, args.chunk_rows, args.seed)
     limit = None if args.memory_limit == "default" else args.memory_limit
     with dask_client(None, True, args.workers, limit) as client:
         limits = {w["memory_limit"] for w in client.scheduler_info()["workers"].values()}
@@ -150,7 +150,7 @@ def run_one(args: Any, n: int) -> dict[str, Any]:
                 model.set_params(row_norm=args.row_norm)
             if args.no_center:  # no private mean: gauss skips its centring passes
                 model.set_params(center=False)
-            model.fit(str(rows) if args.parquet else rows)
+            model.fit(str(source) if args.parquet else source)
             wall = time.monotonic() - started
     manifest = model.manifest_
     error = subspace_error(model.basis_, truth(args.dim, args.rank, args.seed))
