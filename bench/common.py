@@ -457,6 +457,36 @@ class PeakMemory:
         }
 
 
+class GatherMeter:
+    """Counts the pickled bytes of everything ``Client.gather`` and ``Future.result`` return
+    in this process while it is entered: what the driver actually received from the cluster
+    (footers, summaries), to set beside the manifest's ``summary_bytes_gathered``."""
+
+    def __enter__(self) -> GatherMeter:
+        import pickle
+
+        from distributed import Client, Future
+
+        self.bytes = 0
+        self._saved = Client.gather, Future.result
+
+        def counted(method: Callable[..., Any]) -> Callable[..., Any]:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                value = method(*args, **kwargs)
+                self.bytes += len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+                return value
+
+            return call
+
+        Client.gather, Future.result = (counted(m) for m in self._saved)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from distributed import Client, Future
+
+        Client.gather, Future.result = self._saved
+
+
 # --------------------------------------------------------------------------- plots
 
 

@@ -15,12 +15,25 @@ and the error (sin of the largest principal angle) against U.
 ``--row-norm C --no-center`` gives gauss a public row-norm bound and no private mean, so
 it reads the rows once instead of four times.
 
-Example: ``python -m bench.generated_rows --rows 1e7,1e8 --dim 32``.
+``--parquet DIR`` instead writes the same rows (chunk i is the array's chunk i) to Parquet
+under ``DIR/n{n}-d{D}-…/``, then fits that folder as a user would (``fit(path)``): scalar
+float32 columns ``x0 …``, one row group per chunk, files of about ``--file-mib`` MiB
+(128: what Parquet writers produce), written one chunk at a time (memory: one chunk), into
+a temporary folder renamed into place when complete; a complete folder is reused, and
+``write_s`` says how long it took to write. ``--memory-limit default`` gives the workers
+dpsub's default limit (80 % of the machine's memory shared among them).
+``received_bytes`` counts what the driver actually received (:class:`common.GatherMeter`),
+beside the manifest's ``summary_bytes_gathered``.
+
+Examples: ``python -m bench.generated_rows --rows 1e7,1e8 --dim 32``;
+``python -m bench.generated_rows --rows 1e8 --dim 8 --parquet /work/big --memory-limit default``.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,14 +70,76 @@ def generated_rows(n: int, dim: int, rank: int, gamma: float, chunk_rows: int, s
     return da.map_blocks(block, dtype=np.float32, chunks=(tuple(sizes), (dim,)))
 
 
+def write_parquet(
+    root: Path,
+    n: int,
+    dim: int,
+    rank: int,
+    gamma: float,
+    chunk_rows: int,
+    seed: int,
+    file_mib: float,
+) -> Path:
+    """The rows of :func:`generated_rows` as Parquet files under ``root`` (module docstring);
+    a folder already complete is returned as it is."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    name = f"n{n}-d{dim}-k{rank}-g{gamma:g}-c{chunk_rows}-s{seed}-f{file_mib:g}"
+    folder = Path(root) / name
+    if folder.exists():
+        return folder
+    partial = Path(root) / f"{name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)  # what an interrupted write left
+    partial.mkdir(parents=True)
+    basis = truth(dim, rank, seed)
+    chunks_per_file = max(1, int(file_mib * 2**20) // (chunk_rows * dim * 4))
+    chunks = -(-n // chunk_rows)
+    names = [f"x{j}" for j in range(dim)]
+    for first in range(0, chunks, chunks_per_file):
+        path = partial / f"part-{first // chunks_per_file:05d}.parquet"
+        schema = pa.schema([(c, pa.float32()) for c in names])
+        # Random floats do not dictionary-encode (dpsub_dist.synth): trying only costs time.
+        with pq.ParquetWriter(path, schema, use_dictionary=False) as writer:
+            for index in range(first, min(first + chunks_per_file, chunks)):
+                rows = min(chunk_rows, n - index * chunk_rows)
+                columns = _chunk((index, 0), rows, basis, gamma, seed).T
+                writer.write_table(pa.Table.from_arrays(list(columns), names=names))
+    partial.rename(folder)
+    return folder
+
+
 def run_one(args: Any, n: int) -> dict[str, Any]:
     from dpsub_dist.api import PrivateSubspace
     from dpsub_dist.engine.cluster import dask_client
     from dpsub_dist.linalg import subspace_error
 
-    rows = generated_rows(n, args.dim, args.rank, args.gamma, args.chunk_rows, args.seed)
-    with dask_client(None, True, args.workers, args.memory_limit) as client:
-        with common.PeakMemory(client, interval=0.2) as memory:
+    written: dict[str, Any] = {}
+    if args.parquet:
+        started = time.monotonic()
+        source = write_parquet(
+            args.parquet,
+            n,
+            args.dim,
+            args.rank,
+            args.gamma,
+            args.chunk_rows,
+            args.seed,
+            args.file_mib,
+        )
+        files = sorted(source.glob("*.parquet"))
+        written = {
+            "parquet": str(source),
+            "write_s": round(time.monotonic() - started, 1),  # ~0 where the folder was reused
+            "files": len(files),
+            "parquet_bytes": sum(f.stat().st_size for f in files),
+        }
+    else:
+        source = generated_rows(n, args.dim, args.rank, args.gamma, args.chunk_rows, args.seed)
+    limit = None if args.memory_limit == "default" else args.memory_limit
+    with dask_client(None, True, args.workers, limit) as client:
+        limits = {w["memory_limit"] for w in client.scheduler_info()["workers"].values()}
+        with common.PeakMemory(client, interval=0.2) as memory, common.GatherMeter() as meter:
             started = time.monotonic()
             model = PrivateSubspace(
                 args.rank, epsilon=args.epsilon, delta=args.delta, seed=args.seed, client=client
@@ -75,7 +150,7 @@ def run_one(args: Any, n: int) -> dict[str, Any]:
                 model.set_params(row_norm=args.row_norm)
             if args.no_center:  # no private mean: gauss skips its centring passes
                 model.set_params(center=False)
-            model.fit(rows)
+            model.fit(str(source) if args.parquet else source)
             wall = time.monotonic() - started
     manifest = model.manifest_
     error = subspace_error(model.basis_, truth(args.dim, args.rank, args.seed))
@@ -89,7 +164,10 @@ def run_one(args: Any, n: int) -> dict[str, Any]:
         # sample, e.g. with --no-center); its rows are read once more besides the full pass.
         "centre_sample": manifest.get("parameters", {}).get("centre_sample"),
         "bytes_gathered": manifest.get("summary_bytes_gathered"),
+        "received_bytes": meter.bytes,
         "error": float(error),
+        "worker_memory_limit_mib": sorted(round(x / 2**20) for x in limits),
+        **written,
         **memory.report(),
     }
 
@@ -105,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-center", action="store_true", help="no private mean (one pass)")
     parser.add_argument("--chunk-rows", type=int, default=1_000_000)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--memory-limit", default="1GiB", help="per worker")
+    parser.add_argument("--memory-limit", default="1GiB", help="per worker, or 'default'")
+    parser.add_argument("--parquet", type=Path, help="write the rows to Parquet here, read them")
+    parser.add_argument("--file-mib", type=float, default=128, help="--parquet's file size")
     parser.add_argument("--seed", type=int, default=1)
     args = common.parse_args(parser, argv)
     run = common.BenchRun.start("generated_rows", args)
@@ -126,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         "workers": args.workers,
         "threads_per_worker": 1,
         "memory_limit": args.memory_limit,
+        "parquet": args.parquet,
+        "file_mib": args.file_mib if args.parquet else None,
         "epsilon": args.epsilon,
         "delta": args.delta,
     }

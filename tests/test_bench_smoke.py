@@ -24,6 +24,7 @@ from bench import (  # noqa: E402
     centring_offset,
     compare_gauss_friendly,
     defaults_sweep,
+    generated_rows,
     heavy_tails,
     mean_estimation,
     memory,
@@ -103,6 +104,40 @@ def test_memory_reports_peak_rss_and_bytes_gathered(dirs, scheduler_address):
     first, second = (r["bytes_gathered"] for r in dpsub)
     assert first == second and first % (60 * 6 * 8) == 0
     assert all(r["peak_worker_rss_mib"] >= r["baseline_worker_rss_mib"] > 0 for r in records)
+
+
+def test_generated_rows_parquet_writes_the_arrays_rows_and_fits_the_files(dirs):
+    """--parquet: the lazy array's rows, chunk by chunk, in files of whole row groups (two
+    48,000-byte chunks fit 0.1 MiB), then fit from the folder on dpsub's default workers."""
+    import os
+
+    import pyarrow.parquet as pq
+
+    argv = ["--rows", "20000", "--dim", "4", "--rank", "2", "--chunk-rows", "3000"]
+    argv += ["--parquet", str(dirs["data"] / "gen"), "--file-mib", "0.1", "--workers", "1"]
+    argv += ["--memory-limit", "default"]
+    for attempt in range(2):  # the second run reuses the complete folder
+        assert generated_rows.main(argv + _common(dirs)) == 0
+        (record,) = _read(dirs, "generated_rows")["records"]
+        files = sorted(Path(record["parquet"]).glob("*.parquet"))
+        mtimes = [f.stat().st_mtime_ns for f in files]
+        if attempt == 0:
+            written = mtimes
+    assert mtimes == written
+    assert [pq.ParquetFile(f).metadata.num_row_groups for f in files] == [2, 2, 2, 1]
+    assert record["files"] == 4 and record["parquet_bytes"] == sum(f.stat().st_size for f in files)
+    assert list(Path(record["parquet"]).parent.iterdir()) == [Path(record["parquet"])]
+    table = pq.read_table(files)
+    assert table.column_names == ["x0", "x1", "x2", "x3"]
+    array = generated_rows.generated_rows(20000, 4, 2, 0.01, 3000, seed=1)
+    np.testing.assert_array_equal(
+        np.column_stack([c.to_numpy() for c in table.columns]),
+        array.compute(scheduler="synchronous"),
+    )
+    assert record["method"] == "gauss" and record["error"] < 0.2  # the default, from Parquet
+    assert record["bytes_gathered"] > 0 and record["received_bytes"] >= record["bytes_gathered"]
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert record["worker_memory_limit_mib"] == [round(0.8 * machine / 2**20)]  # dpsub's default
 
 
 def test_wide_runs_what_fits_and_records_what_does_not(dirs, scheduler_address):
