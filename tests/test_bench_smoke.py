@@ -341,10 +341,11 @@ def test_passes_times_the_full_pass_task_beside_the_floors(dirs, capsys):
     """docs/scale.md's per-task comparison: each step of the default's partition tasks timed
     on one partition beside the floor's two tasks, and the full pass's ratio to the stacked."""
     argv = ["--rows", "20000", "--dim", "8", "--repeats", "1", "--data-dir", str(dirs["data"])]
-    assert passes.main(argv) == 0
+    assert passes.main([*argv, "--subsets", "50"]) == 0
     lines = dict(line.split(": ") for line in capsys.readouterr().err.splitlines() if ": " in line)
     seconds = {name.strip(): float(value) for name, value in lines.items()}
-    for step in ("floor_task", "floor_stacked_task", "decode", "full_pass_task", "level_grams"):
+    steps = ("floor_task", "floor_stacked_task", "full_pass_task", "level_grams")
+    for step in (*steps, "subset_grams_task", "subset_sketch_task", "sketch_route_task"):
         assert seconds[step] > 0
     ratio = seconds["full_pass_task"] / seconds["floor_stacked_task"]
     assert seconds["full_pass_over_floor_stacked"] == pytest.approx(ratio, rel=1e-3, abs=1e-4)
