@@ -217,19 +217,17 @@ def partition_grams(
     order, counts, bounds = subset_order(plan, rows.shape[0], units, offset)
     width = rows.shape[1] if right is None else right.shape[-1]
     grams = np.zeros((plan.subsets, rows.shape[1], width))
-    rows = np.take(rows, order, axis=0)  # by subset: each subset's block is one slice
-    present = np.flatnonzero(counts)
     peaks = np.zeros(plan.subsets)
-    if len(rows):
-        peaks[present] = np.maximum.reduceat(np.abs(rows).max(axis=1), bounds[present])
-    for j in present.tolist():
-        grams[j] = _product(rows[bounds[j] : bounds[j + 1]], right, j)
+    for j in np.flatnonzero(counts):  # each subset's rows gathered on their own: cache-sized
+        block = rows[order[bounds[j] : bounds[j + 1]]]
+        peaks[j] = max(block.max(), -block.min())
+        grams[j] = _product(block, right, j)
     nonzero = peaks > 0
     exponents = np.full(plan.subsets, EMPTY_EXPONENT, dtype=np.int64)
     exponents[nonzero] = np.frexp(peaks[nonzero])[1]
     extreme = nonzero & (np.abs(exponents) >= SAFE_EXPONENT)
     for j in np.flatnonzero(extreme):  # the raw product may have overflowed: scale rows first
-        block = np.ldexp(rows[bounds[j] : bounds[j + 1]], -exponents[j])
+        block = np.ldexp(rows[order[bounds[j] : bounds[j + 1]]], -exponents[j])
         grams[j] = _product(block, right, j)
     shift = np.where(nonzero & ~extreme, -2 * exponents, 0)
     grams = scaled(grams, shift)
