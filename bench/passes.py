@@ -27,6 +27,9 @@ from typing import Any
 
 from bench import common, speed
 
+GRAM_TASK_BYTES = 2**30
+"""``subset_grams_task`` is timed only where its t·D² floats take at most this many bytes."""
+
 
 def timed(function: Callable[[], Any], repeats: int) -> float:
     """Median wall seconds of ``function()``."""
@@ -70,9 +73,10 @@ def profile(path: Any, repeats: int, subsets: int, rank: int) -> dict[str, float
         "full_pass_task": lambda: partition_gram(
             CentredLoader(dataset.loader, mean), 1.0, True, part
         ),
-        "subset_grams_task": lambda: partition_grams(plan, dataset.loader, part, 0),
         "subset_sketch_task": lambda: partition_grams(plan, dataset.loader, part, 0, omega),
     }
+    if subsets * dataset.dim**2 * 8 <= GRAM_TASK_BYTES:
+        steps["subset_grams_task"] = lambda: partition_grams(plan, dataset.loader, part, 0)
     with threadpool_limits(limits=1, user_api="blas"):
         seconds = {name: timed(step, repeats) for name, step in steps.items()}
     seconds["full_pass_over_floor_stacked"] = (
