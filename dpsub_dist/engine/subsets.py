@@ -263,9 +263,8 @@ def add_grams(a: ScaledGrams, b: ScaledGrams) -> ScaledGrams:
 
 def scaled(stack: np.ndarray, shift: np.ndarray) -> np.ndarray:
     """``np.ldexp(stack, shift)`` per subset (a t × d × w stack, t exponents), bit for bit, as
-    one multiply per float by the exact ``2^shift`` instead of a libm call per float
-    (``add_grams`` took longer than a partition's Grams at t = 4000, D = 32): both are the
-    correctly rounded ``x·2^shift``. Subsets shifted below 2⁻¹⁰²², where ``2^shift`` is
+    one multiply per float by the exact ``2^shift`` instead of a libm call per float: both
+    are the correctly rounded ``x·2^shift``. Subsets shifted below 2⁻¹⁰²², where ``2^shift`` is
     subnormal or 0 (an empty subset's, or magnitudes 10³⁰⁰ apart), keep ``np.ldexp``."""
     out = stack * np.ldexp(1.0, np.maximum(shift, -1022))[:, None, None]
     tiny = np.flatnonzero(shift < -1022)
