@@ -3,7 +3,8 @@
 For each width D (default 32, 128, 512) and each n in ``--rows`` (default n and 10·n),
 runs on the same cached Parquet files (``bench.speed``'s Gaussian-gap data), each
 ``--repeats`` times, on a fresh local cluster per run (so a peak holds nothing left by
-the run before): dpsub's default (``--assign random``: the route is whatever
+the run before): dpsub with ``--method`` (default ``auto``, dpsub's default; with
+``--method friendly`` and ``--assign random`` the route is whatever
 ``engine.routes.local_route`` picks at that D), the floor (bare pyarrow read + XᵀX per
 file) and dask-ml's randomized PCA. Per D it reports the ratios of medians in the run:
 
@@ -153,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=common.int_list, default=[10**6, 10**7])
     parser.add_argument("--dims", type=common.int_list, default=[32, 128, 512])
     parser.add_argument("--rank", type=int, default=4)
-    parser.add_argument("--method", default=DEFAULTS["estimate"], help="default: dpsub's")
+    parser.add_argument(
+        "--method", default=DEFAULTS["estimate"], help=f"default: {DEFAULTS['estimate']} (dpsub's)"
+    )
     parser.add_argument("--tools", type=common.str_list, default=list(TOOLS))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)

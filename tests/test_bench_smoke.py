@@ -29,6 +29,7 @@ from bench import (  # noqa: E402
     mean_estimation,
     memory,
     norm_quantile,
+    passes,
     peers,
     power,
     privacy_audit_table,
@@ -370,6 +371,21 @@ def test_defaults_sweep_prints_each_t_and_q(capsys):
         ["t=676", "rows/subset=5", "q=4"],
     ]
     assert all(" bottom=" in line and "/1 " in line for line in lines)
+
+
+def test_passes_times_the_full_pass_task_beside_the_floors(dirs, capsys):
+    """docs/scale.md's per-task comparison: each step of the default's partition tasks timed
+    on one partition beside the floor's two tasks, and the full pass's ratio to the stacked."""
+    argv = ["--rows", "20000", "--dim", "8", "--repeats", "1", "--data-dir", str(dirs["data"])]
+    assert passes.main([*argv, "--subsets", "50"]) == 0
+    lines = dict(line.split(": ") for line in capsys.readouterr().err.splitlines() if ": " in line)
+    seconds = {name.strip(): float(value) for name, value in lines.items()}
+    steps = ("floor_task", "floor_stacked_task", "full_pass_task", "level_grams")
+    for step in (*steps, "subset_grams_task", "subset_sketch_task", "sketch_route_task"):
+        assert seconds[step] > 0
+    ratio = seconds["full_pass_task"] / seconds["floor_stacked_task"]
+    assert seconds["full_pass_over_floor_stacked"] == pytest.approx(ratio, rel=1e-3, abs=1e-4)
+    assert seconds["rows"] == 5000 and seconds["partitions"] == 4
 
 
 def test_vector_read_reads_both_layouts_to_the_same_rows(capsys):

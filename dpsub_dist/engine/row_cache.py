@@ -14,17 +14,23 @@ limits summed (:data:`IN_PROCESS_CACHE_BYTES` without a cluster). The decision r
 facts only (n and D from the footers, public at row level; the cluster's configuration) and
 changes time and memory, never a published value. At user level n is private, so rows are
 never cached there (the decision would follow it). Where they do not fit, every pass reads the
-files again and worker memory stays one partition per task, flat in n. gauss's sampled-centre
-route (:func:`dpsub_dist.methods.gauss.centre_sample`) reads the rows once and never
-asks for the cache: holding them would save no read.
+files again and worker memory stays one partition per task, flat in n.
+
+:func:`hold_parts` holds some partitions only: gauss's sampled-centre route
+(:func:`dpsub_dist.methods.gauss.centre_sample`) holds its public sample's partitions, which
+its two sample passes and then its one full pass read, so every partition is read once.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import dask
+import numpy as np
+
+from dpsub_dist.engine.sources import owns_rows
 
 if TYPE_CHECKING:
     from dpsub_dist.engine.compute import Executor
@@ -62,3 +68,49 @@ def cache_rows(dataset: Dataset, executor: Executor, user_level: bool) -> Datase
     load = dask.delayed(dataset.loader, pure=True)
     held = executor.persist([load(part) for part in dataset.parts])
     return dataclasses.replace(dataset, parts=held, loader=held_rows)
+
+
+class HeldRows(NamedTuple):
+    """A partition held by :func:`hold_parts`: its loader's ``(rows, units)``."""
+
+    rows: np.ndarray
+    units: Any
+
+
+def _hold(loader: Any, part: Any) -> HeldRows:
+    return HeldRows(*loader(part))
+
+
+@dataclasses.dataclass(frozen=True)
+class PartlyHeld:
+    """The loader of a dataset some of whose partitions are held (:func:`hold_parts`): a held
+    partition gives its rows (a new copy where ``loader`` owns its rows, so that the caller
+    may still modify them in place), any other is read by ``loader``. The same values either
+    way."""
+
+    loader: Any
+
+    @property
+    def OWNS_ROWS(self) -> bool:  # noqa: N802 - the attribute owns_rows reads
+        return owns_rows(self.loader)
+
+    def __call__(self, part: Any) -> tuple[np.ndarray, Any]:
+        if not isinstance(part, HeldRows):
+            return self.loader(part)
+        return (np.array(part.rows) if self.OWNS_ROWS else part.rows), part.units
+
+
+def hold_parts(dataset: Dataset, positions: Sequence[int], executor: Executor) -> Dataset:
+    """``dataset`` with the partitions at ``positions`` read once and held where they were read
+    (their rows must fit: :func:`rows_fit` of their public row count), the others read by each
+    pass as before; ``dataset`` itself where they do not fit. Row level only (the caller's)."""
+    sizes = np.diff([*dataset.offsets, dataset.n_rows])
+    rows = int(sum(sizes[i] for i in positions))
+    if not positions or not rows_fit(rows, dataset.dim, executor):
+        return dataset
+    hold = dask.delayed(_hold, pure=True)
+    held = executor.persist([hold(dataset.loader, dataset.parts[i]) for i in positions])
+    parts = list(dataset.parts)
+    for i, part in zip(positions, held, strict=True):
+        parts[i] = part
+    return dataclasses.replace(dataset, parts=parts, loader=PartlyHeld(dataset.loader))

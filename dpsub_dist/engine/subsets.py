@@ -230,7 +230,7 @@ def partition_grams(
         block = np.ldexp(rows[order[bounds[j] : bounds[j + 1]]], -exponents[j])
         grams[j] = _product(block, right, j)
     shift = np.where(nonzero & ~extreme, -2 * exponents, 0)
-    grams = np.ldexp(grams, shift[:, None, None])
+    grams = scaled(grams, shift)
     if right is None:
         upper = np.triu_indices(rows.shape[1], 1)
         grams[:, upper[1], upper[0]] = grams[:, upper[0], upper[1]]  # dsyrk fills the upper half
@@ -256,9 +256,21 @@ def no_grams(subsets: int, dim: int, width: int | None = None) -> ScaledGrams:
 def add_grams(a: ScaledGrams, b: ScaledGrams) -> ScaledGrams:
     """Sum two partitions' per-subset Gram matrices and counts (a node of the tree)."""
     exponents = np.maximum(a[2], b[2])
-    shift_a = np.maximum(2 * (a[2] - exponents), EMPTY_EXPONENT)[:, None, None]
-    shift_b = np.maximum(2 * (b[2] - exponents), EMPTY_EXPONENT)[:, None, None]
-    return np.ldexp(a[0], shift_a) + np.ldexp(b[0], shift_b), a[1] + b[1], exponents
+    shift_a = np.maximum(2 * (a[2] - exponents), EMPTY_EXPONENT)
+    shift_b = np.maximum(2 * (b[2] - exponents), EMPTY_EXPONENT)
+    return scaled(a[0], shift_a) + scaled(b[0], shift_b), a[1] + b[1], exponents
+
+
+def scaled(stack: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """``np.ldexp(stack, shift)`` per subset (a t × d × w stack, t exponents), bit for bit, as
+    one multiply per float by the exact ``2^shift`` instead of a libm call per float: both
+    are the correctly rounded ``x·2^shift``. Subsets shifted below 2⁻¹⁰²², where ``2^shift`` is
+    subnormal or 0 (an empty subset's, or magnitudes 10³⁰⁰ apart), keep ``np.ldexp``."""
+    out = stack * np.ldexp(1.0, np.maximum(shift, -1022))[:, None, None]
+    tiny = np.flatnonzero(shift < -1022)
+    if len(tiny):
+        out[tiny] = np.ldexp(stack[tiny], shift[tiny][:, None, None])
+    return out
 
 
 GROUP_ROWS_PER_FLOAT = 8

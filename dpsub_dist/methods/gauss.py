@@ -29,6 +29,7 @@ exactly like a public bound. The histogram and the Gram share one read where D a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -44,7 +45,7 @@ from dpsub_dist.context import (
     public_seed,
 )
 from dpsub_dist.engine.gram import GramSummary, compute_gram
-from dpsub_dist.engine.row_cache import cache_rows
+from dpsub_dist.engine.row_cache import cache_rows, hold_parts
 from dpsub_dist.errors import InputError
 from dpsub_dist.linalg import top_eigenvectors
 from dpsub_dist.methods import _centring as centring
@@ -412,6 +413,24 @@ def centre_sample(config: EstimateConfig, dataset: Dataset | None) -> CentreSamp
     return CentreSample(sample, seed, len(dataset.parts))
 
 
+def hold_sample(
+    sample: CentreSample, dataset: Dataset, executor: Any
+) -> tuple[CentreSample, Dataset]:
+    """S and the dataset with S's partitions read once and held where their n_S rows fit
+    (:func:`~dpsub_dist.engine.row_cache.hold_parts`; public facts: the footers' counts and
+    the cluster's memory limits): S's two passes (the mean, the centred rows' bound) and the
+    full pass then take them from memory, so every partition is read once. The rows are the
+    ones each read would give, so every count, sum and release is unchanged."""
+    index = {id(part): i for i, part in enumerate(dataset.parts)}
+    positions = [index[id(part)] for part in sample.dataset.parts]
+    held = hold_parts(dataset, positions, executor)
+    if held is dataset:
+        return sample, dataset
+    parts = [held.parts[i] for i in positions]
+    inner = dataclasses.replace(sample.dataset, parts=parts, loader=held.loader)
+    return dataclasses.replace(sample, dataset=inner), held
+
+
 def release_centred_mean(ctx: RunContext, clipped_sum: np.ndarray, n_rows: int) -> MeanRelease:
     """Step ``centred_sum``: the mean z̄ = s/n of the centred rows clipped to the released B₂
     and scaled by 1/B₂ (each of norm ≤ 1), by the Gaussian mechanism.
@@ -456,8 +475,8 @@ def bound_gram_and_correction(
     """The sampled route after its centre c (:func:`centre_sample`): the centred rows' bound
     B₂ from S's rows, then one full read for the Gram and the correction.
 
-    1. Step ``centred_norm_bound`` on S (a second read of S's partitions): the sparse vector
-       over the norm counts of S's rows y = x − c at the quantile ``quantile`` chosen for all
+    1. Step ``centred_norm_bound`` on S (its partitions held, :func:`hold_sample`): the sparse
+       vector over the norm counts of S's rows y = x − c at the quantile ``quantile`` chosen for all
        n rows, its threshold capped at n_S − SV_MARGIN/ε (:func:`norm_bound.margined_quantile`).
        Privacy: S is public, and replacing one row moves S's counts by ≤ 1 (by 0 if the row
        is outside S), so the argument and the cost are those of the bound over all rows;
@@ -542,7 +561,9 @@ def run_covariance(
         dataset = ctx.dataset = cache_rows(
             dataset, ctx.executor, user_level=relation == "add_remove"
         )
-    # else: the sample's reads, then one full read: held rows would save nothing
+    else:  # S's partitions held for its two passes and the full pass: each one read once
+        sample, dataset = hold_sample(sample, dataset, ctx.executor)
+        ctx.dataset = dataset
     ctx.timings["inspect_s"] = time.monotonic() - ctx.started
     # Centred: the private mean first, subtracted from every row on the workers; the Gram
     # then sums the centred rows, clipped to their own bound (docs/centring.md).
