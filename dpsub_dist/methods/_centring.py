@@ -51,6 +51,7 @@ from dpsub_dist.methods._norm_pass import (
     fuse_level_sums,
     gather_clipped_sum,
 )
+from dpsub_dist.methods._standardize import standardize
 from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import Budget, laplace_epsilon
 from dpsub_dist.privacy.covariance_noise import SENSITIVITY, gaussian_mean
@@ -102,6 +103,8 @@ def resolve_center(config: EstimateConfig) -> bool:
     """``--center``/``--no-center`` as given; by default on at row level for the PCA methods."""
     if config.center is not None:
         return bool(config.center)
+    if getattr(config, "standardize", False):
+        return False  # the standardisation's location centres the rows (_standardize.py)
     return config.unit_column is None and config.method in CENTRED_BY_DEFAULT
 
 
@@ -254,10 +257,13 @@ def private_user_bound(ctx: RunContext, quantile_for: Callable[[float, float], f
 def centre(
     ctx: RunContext, dataset: Dataset | None = None
 ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
-    """The loader the local step reads (centred or not), the parameters and the release;
+    """The loader the local step reads (centred or not, or standardised with ``--standardize``:
+    :func:`~dpsub_dist.methods._standardize.standardize`), the parameters and the release;
     the mean is taken over ``dataset`` (default: the run's)."""
     config = ctx.config
     dataset = ctx.dataset if dataset is None else dataset
+    if getattr(config, "standardize", False):
+        return standardize(ctx, dataset)
     if not resolve_center(config):
         return dataset.loader, {"center": False, "center_note": UNCENTRED_NOTE}, {}
     if config.row_norm is None:

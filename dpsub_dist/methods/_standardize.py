@@ -1,0 +1,171 @@
+"""``--standardize``: the run's first three steps release every column's private location and
+scale (:mod:`dpsub_dist.privacy.standardize`: steps ``standardize_histogram``,
+``standardize_moments`` and ``standardize_refine``), and the method then reads ``(x − μ̂)/σ̂``
+(computed on the workers) instead of ``x``: its basis is the private PCA of the correlation matrix.
+
+Its own private mean is then skipped, not declared: the standardised rows are already centred
+at the released location, and a second mean would spend a share on a vector that is 0 up to
+the location's noise. Row level only (the location needs the public row count; exit 2 with
+``--unit-column``); ``exact`` (a subspace through the origin) and boosting refuse it.
+
+Budget: :data:`SHARES` of the run's ε (or ρ) and δ, declared ahead of the method's own steps,
+which are scaled to the rest (:func:`with_standardize`): public facts only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import dask
+import numpy as np
+
+from dpsub_dist.engine.gram import sum_on_workers
+from dpsub_dist.engine.sources import load_native
+from dpsub_dist.errors import InputError
+from dpsub_dist.privacy import standardize as private
+
+if TYPE_CHECKING:
+    from dpsub_dist.context import RunContext
+    from dpsub_dist.engine.sources import Dataset
+
+ROUNDS = ("standardize_moments", "standardize_refine")
+"""The moments steps, each around the previous one's centre and spread (CoinPress rounds)."""
+SHARES = {
+    "standardize_histogram": (0.04, 0.04),
+    "standardize_moments": (0.04, 0.04),
+    "standardize_refine": (0.06, 0.06),
+}
+"""(ε or ρ share, δ share) of the three steps (14 % together); δ shares are 0 under zCDP."""
+
+REFUSED_METHODS = {
+    "exact": "it finds a subspace through the origin of the raw rows",
+}
+
+
+def check(config: Any) -> None:
+    """Public refusals of ``--standardize`` (exit 2, nothing read or spent)."""
+    if not getattr(config, "standardize", False):
+        return
+    if config.unit_column is not None:
+        raise InputError(
+            "--standardize is row level only: the private location needs the public row "
+            "count, which is private at user level; drop --standardize or --unit-column"
+        )
+    if config.method in REFUSED_METHODS:
+        raise InputError(
+            f"--standardize does not apply to --method {config.method} "
+            f"({REFUSED_METHODS[config.method]}): drop --standardize or pick another method"
+        )
+    if config.boost is not None:
+        raise InputError("--standardize does not combine with --boost: drop one of them")
+    if config.center is not None:
+        raise InputError(
+            "--standardize centres the rows at their private location itself: drop "
+            "--center/--no-center"
+        )
+
+
+def with_standardize(shares: dict[str, tuple[float, float]], config: Any):
+    """``shares`` (a method's plan) with the two standardisation steps first and the rest
+    scaled to make room, when ``config.standardize``; else ``shares`` unchanged."""
+    if not getattr(config, "standardize", False):
+        return shares
+    zcdp = config.rho is not None
+    steps = {name: (p, 0.0 if zcdp else q) for name, (p, q) in SHARES.items()}
+    rest_p = 1.0 - sum(p for p, _ in steps.values())
+    rest_q = 1.0 - sum(q for _, q in steps.values())
+    return {**steps, **{name: (p * rest_p, q * rest_q) for name, (p, q) in shares.items()}}
+
+
+@dataclass(frozen=True)
+class StandardisedLoader:
+    """The dataset's loader, with every row mapped to ``(x − location)/scale`` (on a worker)."""
+
+    loader: Any
+    location: np.ndarray
+    scale: np.ndarray
+    OWNS_ROWS: ClassVar[bool] = True
+    """Each call returns a new float64 array (:func:`~dpsub_dist.engine.sources.owns_rows`)."""
+
+    def __call__(self, part: Any) -> tuple[np.ndarray, Any]:
+        rows, units = self.loader(part)
+        return (np.asarray(rows, dtype=np.float64) - self.location) / self.scale, units
+
+    def native(self, part: Any) -> tuple[np.ndarray, Any]:
+        """The standardised rows in the source's precision, a new array."""
+        standardised, _, units = self.native_with_source(part)
+        return standardised, units
+
+    def native_with_source(self, part: Any) -> tuple[np.ndarray, np.ndarray, Any]:
+        """:meth:`native`'s rows and the source rows they came from, from one read."""
+        rows, units = load_native(self.loader, part)
+        dtype = rows.dtype
+        return (rows - self.location.astype(dtype)) / self.scale.astype(dtype), rows, units
+
+
+NOTE = (
+    "private standardisation (steps standardize_histogram, standardize_moments, "
+    "standardize_refine): every row is "
+    "(x − location)/scale before the method's steps; the basis is in those standardised units"
+)
+
+
+def standardize(ctx: RunContext, dataset: Dataset) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """Release the location and scale of ``dataset``'s columns (three passes over the rows) and
+    return the standardised loader, the parameters and the release."""
+    dim = dataset.dim
+    histogram = dask.delayed(_histograms, pure=True)
+    tasks = [histogram(dataset.loader, part) for part in dataset.parts]
+    label = f"{len(tasks)} partitions → column histograms"
+    counts = sum_on_workers(tasks, ctx.executor, label, ctx.progress)  # n ≥ 1: some part
+    ranges = ctx.release(
+        "standardize_histogram",
+        private.histogram_mechanism(ctx.grant("standardize_histogram"), dim),
+        lambda mech, rng: private.private_ranges(counts, mech, rng),
+    )
+    moments = dask.delayed(_moments, pure=True)
+    around = ranges
+    for step in ROUNDS:
+        tasks = [moments(dataset.loader, around.centre, around.spread, p) for p in dataset.parts]
+        label = f"{len(tasks)} partitions → clipped moments"
+        sums = sum_on_workers(tasks, ctx.executor, label, ctx.progress)
+        released = ctx.release(
+            step,
+            private.moments_mechanism(ctx.grant(step), dim),
+            lambda mech, rng, sums=sums, around=around: private.private_location_scale(
+                sums, dataset.n_rows, around, mech, rng
+            ),
+        )
+        around = released.refined
+    parameters = {
+        "center": False,
+        "center_note": "no separate private mean: " + NOTE,
+        "standardize": True,
+        "standardize_clip": private.CLIP,
+        "standardize_grid": f"signed, 2^{private.LOW}…2^{private.HIGH}, "
+        f"{private.PER_OCTAVE} bins per octave",
+    }
+    release = {
+        "location": released.location.tolist(),
+        "scale": released.scale.tolist(),
+        "standardize_note": NOTE,
+        "coarse_centre": ranges.centre.tolist(),
+        "coarse_spread": ranges.spread.tolist(),
+        "standardize_histogram_sigma": ranges.sigma,
+        "standardize_moments_sigma": released.sigma,  # the last round's
+        "standardize_sensitivity": released.sensitivity,
+    }
+    return (
+        StandardisedLoader(dataset.loader, released.location, released.scale),
+        parameters,
+        release,
+    )
+
+
+def _histograms(loader: Any, part: Any) -> np.ndarray:
+    return private.column_histograms(loader(part)[0])
+
+
+def _moments(loader: Any, centre: np.ndarray, spread: np.ndarray, part: Any) -> np.ndarray:
+    return private.clipped_moments(loader(part)[0], centre, spread)
