@@ -61,8 +61,8 @@ def check(config: Any) -> None:
         raise InputError("--standardize does not combine with --boost: drop one of them")
     if config.center is not None:
         raise InputError(
-            "--standardize centres the rows at their private location itself: drop "
-            "--center/--no-center"
+            "--standardize centres the rows at their private location itself: leave --center "
+            "unset"
         )
 
 
@@ -125,7 +125,7 @@ def standardize(ctx: RunContext, dataset: Dataset) -> tuple[Any, dict[str, Any],
         lambda mech, rng: private.private_ranges(counts, mech, rng),
     )
     moments = dask.delayed(_moments, pure=True)
-    around = ranges
+    around, rounds = ranges, []
     for step in ROUNDS:
         tasks = [moments(dataset.loader, around.centre, around.spread, p) for p in dataset.parts]
         label = f"{len(tasks)} partitions → clipped moments"
@@ -138,6 +138,7 @@ def standardize(ctx: RunContext, dataset: Dataset) -> tuple[Any, dict[str, Any],
             ),
         )
         around = released.refined
+        rounds.append(released.location.tolist())
     parameters = {
         "center": False,
         "center_note": "no separate private mean: " + NOTE,
@@ -150,6 +151,7 @@ def standardize(ctx: RunContext, dataset: Dataset) -> tuple[Any, dict[str, Any],
         "location": released.location.tolist(),
         "scale": released.scale.tolist(),
         "standardize_note": NOTE,
+        "location_rounds": rounds,
         "coarse_centre": ranges.centre.tolist(),
         "coarse_spread": ranges.spread.tolist(),
         "standardize_histogram_sigma": ranges.sigma,

@@ -100,14 +100,11 @@ def moments_mechanism(grant: Budget, dim: int) -> mechanism.Gaussian:
 
 
 def bin_index(rows: np.ndarray) -> np.ndarray:
-    """Each value's bin on :data:`GRID` (same shape, int64): a public function of the value."""
+    """Each value's bin on :data:`GRID` (same shape, int64), by comparisons with the public
+    :data:`EDGES` only (the same bin on every machine)."""
     values = np.asarray(rows, dtype=np.float64)
-    magnitude = np.abs(values)
-    with np.errstate(divide="ignore"):
-        level = np.floor((np.log2(magnitude) - LOW) * PER_OCTAVE)
-    level = np.clip(np.nan_to_num(level, nan=-1.0, neginf=-1.0), -1, MAGNITUDES - 1)
-    offset = (level + 1).astype(np.int64)  # 0: the centre bin
-    return CENTRE_BIN + np.where(values < 0, -offset, offset)
+    offset = np.minimum(np.searchsorted(EDGES, np.abs(values), side="right"), MAGNITUDES)
+    return CENTRE_BIN + np.where(values < 0, -offset, offset).astype(np.int64)
 
 
 def column_histograms(rows: np.ndarray) -> np.ndarray:
