@@ -443,7 +443,7 @@ def standardize_audit(
     (Σz/(2c))₀ + (Σz/(2c))₁, lies 3σ_twin·√2 above the second input's" depends on the
     ``standardize_moments`` release alone and must stay below that step's charge."""
     config = EstimateConfig(
-        1, epsilon=50.0, delta=DELTA, method="gauss", row_norm=1.0, standardize=True
+        1, epsilon=40.0, delta=DELTA, method="gauss", row_norm=1.0, standardize=True
     )
     run = published(config)
     base = np.ones((200, 2))
@@ -452,7 +452,7 @@ def standardize_audit(
     grant = charged(first, "standardize_moments")
     centre = np.asarray(first["release"]["coarse_centre"])
     spread = np.asarray(first["release"]["coarse_spread"])
-    clip = first["parameters"]["standardize_clip"]
+    clip = first["parameters"]["standardize_clips"][0]
     sigma = gaussian_sigma(grant, 2.0)  # Δ = √(2D), D = 2
     n = len(before)
     reference = np.sum(np.clip((after - centre) / spread, -clip, clip), axis=0) / (2 * clip)

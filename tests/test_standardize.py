@@ -71,18 +71,19 @@ def test_one_replaced_row_moves_the_stacked_histograms_by_at_most_sqrt_2d() -> N
 def test_one_replaced_row_moves_the_moment_sums_by_at_most_sqrt_2d() -> None:
     """(Σz/(2c), Σz²/c²) moves by ≤ 1 per coordinate pair's entries: the grid maximum of one
     pair's squared move is ≤ 2 (it is 1.29), and random far rows stay within √(2D)."""
-    assert private.moments_sensitivity_bound() <= 2.0
-    assert private.moments_sensitivity_bound() > 1.25  # the bound is not vacuous
+    for clip in private.CLIPS:
+        assert 1.25 < private.moments_sensitivity_bound(clip) <= 2.0  # ≤ 2, and not vacuous
     rng = np.random.default_rng(2)
     dim = 4
     centre, spread = rng.standard_normal(dim), rng.uniform(0.1, 2.0, dim)
     rows = rng.standard_normal((30, dim))
-    base = private.clipped_moments(rows, centre, spread)
-    for far in (1e9, -1e9, 0.0, 3.0):
-        other = rows.copy()
-        other[0] = far
-        moved = np.linalg.norm(private.clipped_moments(other, centre, spread) - base)
-        assert moved <= private.sensitivity(dim) + 1e-12
+    for clip in private.CLIPS:
+        base = private.clipped_moments(rows, centre, spread, clip)
+        for far in (1e9, -1e9, 0.0, 3.0):
+            other = rows.copy()
+            other[0] = far
+            moved = np.linalg.norm(private.clipped_moments(other, centre, spread, clip) - base)
+            assert moved <= private.sensitivity(dim) + 1e-12
 
 
 def test_each_step_draws_at_the_sigma_its_grant_buys_for_sqrt_2d() -> None:
@@ -102,7 +103,7 @@ def test_released_location_and_scale_are_finite_and_positive_for_any_noise() -> 
         hist = private.histogram_mechanism(ApproxDP(0.01, 1e-9), 3)
         ranges = private.private_ranges(np.zeros((3, private.BINS)), hist, rng)
         assert np.all(np.isfinite(ranges.centre)) and np.all(ranges.spread > 0)
-        out = private.private_location_scale(np.zeros(6), 1, ranges, mech, rng)
+        out = private.private_location_scale(np.zeros(6), 1, ranges, 8.0, mech, rng)
         assert np.all(np.isfinite(out.location)) and np.all(out.scale > 0)
         assert np.all(np.isfinite(out.scale))
 
@@ -118,13 +119,12 @@ def test_the_refine_round_resolves_a_spread_far_below_the_grid_resolution() -> N
     )
     assert ranges.spread[0] > 0.1  # the bin's width, 10× the spread
     mech = private.moments_mechanism(grant, 2)
-    first = private.private_location_scale(
-        private.clipped_moments(rows, ranges.centre, ranges.spread), 10**6, ranges, mech, rng
-    )
+    first_clip, second_clip = private.CLIPS
+    sums = private.clipped_moments(rows, ranges.centre, ranges.spread, first_clip)
+    first = private.private_location_scale(sums, 10**6, ranges, first_clip, mech, rng)
     around = first.refined
-    second = private.private_location_scale(
-        private.clipped_moments(rows, around.centre, around.spread), 10**6, around, mech, rng
-    )
+    sums = private.clipped_moments(rows, around.centre, around.spread, second_clip)
+    second = private.private_location_scale(sums, 10**6, around, second_clip, mech, rng)
     assert abs(second.scale[0] / 0.01 - 1) < 0.15
     assert abs(second.scale[1] - 1) < 0.05 and abs(second.location[0] - 2) < 1e-3
 
@@ -146,7 +146,7 @@ def test_api_on_a_mixed_unit_dataframe_approaches_the_correlation_pca() -> None:
     # and transform standardises with them.
     mean, std = frame.mean().to_numpy(), frame.std().to_numpy()
     assert np.all(np.abs(est.mean_ - mean) / std < 0.05), (est.mean_, mean)
-    np.testing.assert_allclose(est.scale_, std, rtol=0.1)
+    np.testing.assert_allclose(est.scale_, std, rtol=0.15)
     rows = frame.to_numpy()[:5]
     np.testing.assert_allclose(
         est.transform(frame.iloc[:5]), (rows - est.mean_) / est.scale_ @ est.basis_
@@ -177,7 +177,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_cli_standardize_in_a_subprocess(tmp_path: Path) -> None:
     data = tmp_path / "mixed.parquet"
-    mixed_units(50_000).to_parquet(data)
+    mixed_units(200_000).to_parquet(data)
     out = tmp_path / "run"
     proc = run_cli(
         "estimate", str(data), "--rank", "2", "--epsilon", "1", "--delta", "1e-6",
@@ -188,10 +188,10 @@ def test_cli_standardize_in_a_subprocess(tmp_path: Path) -> None:
     assert manifest["parameters"]["standardize"] is True
     steps = {s["step"]: s for s in manifest["privacy"]["budget"]["steps"]}
     shares = manifest["parameters"]["budget_shares"]
-    assert math.fsum(shares[s][0] for s in private_steps()) == pytest.approx(0.14)
+    assert math.fsum(shares[s][0] for s in private_steps()) == pytest.approx(0.15)
     assert set(private_steps()) <= set(steps)
     basis = np.load(out / "basis.npy")
-    assert subspace_error(basis, correlation_pca(mixed_units(50_000), 2)) < 0.3
+    assert subspace_error(basis, correlation_pca(mixed_units(200_000), 2)) < 0.25
     assert "standardize" in run_cli("estimate", "--help").stdout
 
 

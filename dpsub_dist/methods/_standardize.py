@@ -32,11 +32,12 @@ if TYPE_CHECKING:
 ROUNDS = ("standardize_moments", "standardize_refine")
 """The moments steps, each around the previous one's centre and spread (CoinPress rounds)."""
 SHARES = {
-    "standardize_histogram": (0.04, 0.04),
-    "standardize_moments": (0.04, 0.04),
-    "standardize_refine": (0.06, 0.06),
+    "standardize_histogram": (0.02, 0.02),
+    "standardize_moments": (0.05, 0.05),
+    "standardize_refine": (0.08, 0.08),
 }
-"""(ε or ρ share, δ share) of the three steps (14 % together); δ shares are 0 under zCDP."""
+"""(ε or ρ share, δ share) of the three steps (15 % together); δ shares are 0 under zCDP.
+The last round's noise is what the released scale keeps: it takes the largest share."""
 
 REFUSED_METHODS = {
     "exact": "it finds a subspace through the origin of the raw rows",
@@ -61,8 +62,7 @@ def check(config: Any) -> None:
         raise InputError("--standardize does not combine with --boost: drop one of them")
     if config.center is not None:
         raise InputError(
-            "--standardize centres the rows at their private location itself: leave --center "
-            "unset"
+            "--standardize centres the rows at their private location itself: leave --center unset"
         )
 
 
@@ -126,15 +126,17 @@ def standardize(ctx: RunContext, dataset: Dataset) -> tuple[Any, dict[str, Any],
     )
     moments = dask.delayed(_moments, pure=True)
     around, rounds = ranges, []
-    for step in ROUNDS:
-        tasks = [moments(dataset.loader, around.centre, around.spread, p) for p in dataset.parts]
+    for step, clip in zip(ROUNDS, private.CLIPS, strict=True):
+        tasks = [
+            moments(dataset.loader, around.centre, around.spread, clip, p) for p in dataset.parts
+        ]
         label = f"{len(tasks)} partitions → clipped moments"
         sums = sum_on_workers(tasks, ctx.executor, label, ctx.progress)
         released = ctx.release(
             step,
             private.moments_mechanism(ctx.grant(step), dim),
-            lambda mech, rng, sums=sums, around=around: private.private_location_scale(
-                sums, dataset.n_rows, around, mech, rng
+            lambda mech, rng, sums=sums, around=around, clip=clip: private.private_location_scale(
+                sums, dataset.n_rows, around, clip, mech, rng
             ),
         )
         around = released.refined
@@ -143,7 +145,7 @@ def standardize(ctx: RunContext, dataset: Dataset) -> tuple[Any, dict[str, Any],
         "center": False,
         "center_note": "no separate private mean: " + NOTE,
         "standardize": True,
-        "standardize_clip": private.CLIP,
+        "standardize_clips": list(private.CLIPS),
         "standardize_grid": f"signed, 2^{private.LOW}…2^{private.HIGH}, "
         f"{private.PER_OCTAVE} bins per octave",
     }
@@ -169,5 +171,7 @@ def _histograms(loader: Any, part: Any) -> np.ndarray:
     return private.column_histograms(loader(part)[0])
 
 
-def _moments(loader: Any, centre: np.ndarray, spread: np.ndarray, part: Any) -> np.ndarray:
-    return private.clipped_moments(loader(part)[0], centre, spread)
+def _moments(
+    loader: Any, centre: np.ndarray, spread: np.ndarray, clip: float, part: Any
+) -> np.ndarray:
+    return private.clipped_moments(loader(part)[0], centre, spread, clip)

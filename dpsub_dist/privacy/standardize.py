@@ -18,25 +18,29 @@ the D histograms by −1 in one bin and +1 in another (or not at all), so the st
 counts move by at most √(2D) in L2: one Gaussian at Δ = √(2D) (``coordinates_changed`` 2D).
 From each noisy histogram, bins below a public threshold (the noise's 1 %-per-column tail) are
 zeroed, and the 25th, 50th and 75th percentile bins give a coarse centre ``m_j`` (the median
-bin's value) and spread ``s_j = max(v₇₅ − v₂₅, w(m_j)) / 1.349`` (``w``: the median bin's
-width; the normal's IQR is 1.349σ). Post-processing of the noisy counts: no further cost.
+bin's value) and spread ``s_j = max(max(v₇₅ − v₂₅, w(m_j)) / 1.349, r_j/c₁)`` (``w``: the
+median bin's width; the normal's IQR is 1.349σ; ``r_j``: the farthest kept bin's reach from
+``m_j``, so that the first round's clip at c₁ spreads covers every kept bin, as CoinPress
+starts from a range that holds the data; a point mass at 0 does not make s_j vanish).
+Post-processing of the noisy counts: no further cost.
 Where no bin survives the threshold (too few rows for the noise), ``m_j = 0`` and ``s_j = 1``.
 
 Steps 2 and 3, ``standardize_moments`` and ``standardize_refine`` (:func:`clipped_moments`,
 :func:`private_location_scale`), one CoinPress round each.
-Every row gives ``z_j = clip((x_j − m_j)/s_j, −c, c)`` (c = :data:`CLIP`), and the run
+Every row gives ``z_j = clip((x_j − m_j)/s_j, −c, c)`` (c: :data:`CLIPS`), and the run
 releases the 2D-vector ``(Σ z_j/(2c), Σ z_j²/c²)_j`` with one Gaussian. Replacing row a by row
 b moves coordinate j of the first half by ``(z_a − z_b)/(2c) ∈ [−1, 1]`` and of the second by
 ``(z_a² − z_b²)/c² ∈ [−1, 1]``, so the vector moves by at most √(2D) in L2 (the true maximum is
 √(1.29·D); :func:`moments_sensitivity_bound` checks it). For the fixed released ``m`` and
 ``s`` (step 1) this is the Gaussian mechanism; then ``μ̂_j = m_j + s_j·z̄_j`` and
-``σ̂_j = s_j·√max(E[z_j²] − z̄_j², VARIANCE_FLOOR)``: finite and > 0 for every input (a
-column whose spread is below the noise is scaled by at most 32/s_j). Step 3 repeats step 2
-around the refined centre ``μ̂`` and spread ``s_j·√(v_j + 2·sd_j)`` (``v_j`` the noisy variance
-of z, ``sd_j`` its noise's standard deviation, a public function of σ, c, n and the released
-z̄): a column whose spread is far below the grid's resolution at its centre (2 ± 0.01) is
-resolved in the second round (CoinPress's shrinking radius). The released μ̂ and σ̂ are the
-last round's. Clipping biases them only through rows more than c spreads from the centre.
+``σ̂_j = s_j·√max(E[z_j²] − z̄_j², sd_j, VARIANCE_FLOOR)`` (``sd_j`` below): finite and > 0
+for every input, and a column whose variance is below the noise is scaled as if it were at
+the noise's level, not blown up by it. Step 3 repeats step 2
+around the refined centre ``μ̂`` and spread ``s_j·√(max(v_j, 0) + 2·sd_j)`` (``v_j`` the
+noisy variance of z, ``sd_j`` its noise's standard deviation, a public function of σ, c, n
+and the released z̄): a column whose spread is far below the grid's resolution at its centre
+(2 ± 0.01) is resolved in the second round (CoinPress's shrinking radius). The released μ̂ and
+σ̂ are the last round's. Clipping biases them only through rows more than c spreads from the centre.
 
 Privacy of the whole: the two steps compose (basic composition of their grants); the rows the
 method then reads are ``(x − μ̂)/σ̂`` for the fixed released ``μ̂, σ̂``, a row-by-row map, so
@@ -71,8 +75,10 @@ GRID = np.concatenate(
 WIDTH = np.concatenate([(EDGES[1:] - EDGES[:-1])[::-1], [2 * EDGES[0]], EDGES[1:] - EDGES[:-1]])
 """Each bin's width."""
 
-CLIP = 4.0
-"""c: each coordinate is clipped to c coarse spreads around the coarse centre (step 2)."""
+CLIPS = (16.0, 8.0)
+"""c of each moments round: each coordinate is clipped to c spreads around the centre; wide
+in the first round (the coarse spread of a heavy-tailed column is a fraction of σ), narrower
+around the refined spread (the variance's noise grows with c²)."""
 VARIANCE_FLOOR = 2.0**-10
 """The released variance of z is at least this (σ̂_j ≥ s_j/32): finite and positive."""
 IQR_PER_SD = 1.349
@@ -150,14 +156,19 @@ def private_ranges(
         cumulative = np.cumsum(column)
         q25, q50, q75 = (int(np.searchsorted(cumulative, q * total)) for q in (0.25, 0.5, 0.75))
         centre[j] = GRID[q50]
-        spread[j] = max(GRID[q75] - GRID[q25], WIDTH[q50]) / IQR_PER_SD
+        kept_bins = np.flatnonzero(column)
+        reach = np.max(np.abs(GRID[kept_bins] - centre[j]) + WIDTH[kept_bins])
+        iqr = max(GRID[q75] - GRID[q25], WIDTH[q50]) / IQR_PER_SD
+        spread[j] = max(iqr, reach / CLIPS[0])  # the first round's clip covers every kept bin
     return Ranges(noisy, centre, spread, mech.sigma, mech.sensitivity)
 
 
-def clipped_moments(rows: np.ndarray, centre: np.ndarray, spread: np.ndarray) -> np.ndarray:
+def clipped_moments(
+    rows: np.ndarray, centre: np.ndarray, spread: np.ndarray, clip: float
+) -> np.ndarray:
     """One block's 2D sums ``(Σ z/(2c), Σ z²/c²)``, z = clip((x − centre)/spread, −c, c)."""
-    z = np.clip((np.asarray(rows, dtype=np.float64) - centre) / spread, -CLIP, CLIP)
-    return np.concatenate([z.sum(axis=0) / (2 * CLIP), (z * z).sum(axis=0) / CLIP**2])
+    z = np.clip((np.asarray(rows, dtype=np.float64) - centre) / spread, -clip, clip)
+    return np.concatenate([z.sum(axis=0) / (2 * clip), (z * z).sum(axis=0) / clip**2])
 
 
 @dataclass(frozen=True)
@@ -176,33 +187,35 @@ def private_location_scale(
     sums: np.ndarray,
     n_rows: int,
     ranges: Ranges,
+    clip: float,
     mech: mechanism.Gaussian,
     rng: np.random.Generator,
 ) -> LocationScale:
-    """A moments step: the ``mech`` Gaussian on the 2D clipped moment ``sums`` of ``n_rows``
-    rows (public at row level) taken around ``ranges``, then μ̂ and σ̂ and the next round's
+    """A moments step: the ``mech`` Gaussian on the 2D moment ``sums`` of ``n_rows`` rows
+    (public at row level) clipped at ``clip`` around ``ranges``, then μ̂ and σ̂ and the next round's
     centre and spread (post-processing; module docstring)."""
     if n_rows < 1:
         raise ValueError(f"n_rows must be ≥ 1 (got {n_rows})")
     noisy = mech.release(rng, np.asarray(sums, dtype=np.float64))
     dim = noisy.size // 2
-    mean_z = 2 * CLIP * noisy[:dim] / n_rows
-    square_z = CLIP**2 * noisy[dim:] / n_rows
+    mean_z = 2 * clip * noisy[:dim] / n_rows
+    square_z = clip**2 * noisy[dim:] / n_rows
     variance = square_z - mean_z**2
     location = ranges.centre + ranges.spread * mean_z
-    scale = ranges.spread * np.sqrt(np.maximum(variance, VARIANCE_FLOOR))
     # The noise's standard deviation in the variance of z (σ₂ on Σz²/c², and on Σz/(2c)
-    # through z̄²): two of them above the noisy variance bound the true one w.h.p.
-    noise_sd = (CLIP**2 + 4 * CLIP * np.abs(mean_z)) * mech.sigma / n_rows
-    upper = np.minimum(np.maximum(variance + 2 * noise_sd, VARIANCE_FLOOR), CLIP**2)
+    # through z̄²): a variance below it is read as it (a column is never scaled up by noise
+    # alone), and the next spread keeps two of them.
+    noise_sd = (clip**2 + 4 * clip * np.abs(mean_z)) * mech.sigma / n_rows
+    scale = ranges.spread * np.sqrt(np.maximum(variance, np.maximum(noise_sd, VARIANCE_FLOOR)))
+    upper = np.clip(np.maximum(variance, 0.0) + 2 * noise_sd, VARIANCE_FLOOR, clip**2)
     spread = ranges.spread * np.sqrt(upper)
     refined = Ranges(ranges.counts, location, spread, ranges.sigma, ranges.sensitivity)
     return LocationScale(location, scale, refined, mech.sigma, mech.sensitivity)
 
 
-def moments_sensitivity_bound(points: int = 401) -> float:
+def moments_sensitivity_bound(clip: float = CLIPS[0], points: int = 401) -> float:
     """max over z_a, z_b ∈ [−c, c] of one coordinate's squared move
     ((z_a − z_b)/(2c))² + ((z_a² − z_b²)/c²)², on a grid: ≤ 2 (the calibration's bound)."""
-    z = np.linspace(-CLIP, CLIP, points)
+    z = np.linspace(-clip, clip, points)
     a, b = np.meshgrid(z, z)
-    return float(np.max(((a - b) / (2 * CLIP)) ** 2 + ((a * a - b * b) / CLIP**2) ** 2))
+    return float(np.max(((a - b) / (2 * clip)) ** 2 + ((a * a - b * b) / clip**2) ** 2))
