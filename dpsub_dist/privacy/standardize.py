@@ -19,8 +19,9 @@ counts move by at most √(2D) in L2: one Gaussian at Δ = √(2D) (``coordinate
 From each noisy histogram, bins below a public threshold (the noise's 1 %-per-column tail) are
 zeroed, and the 25th, 50th and 75th percentile bins give a coarse centre ``m_j`` (the median
 bin's value) and spread ``s_j = max(max(v₇₅ − v₂₅, w(m_j)) / 1.349, r_j/c₁)`` (``w``: the
-median bin's width; the normal's IQR is 1.349σ; ``r_j``: the farthest kept bin's reach from
-``m_j``, so that the first round's clip at c₁ spreads covers every kept bin, as CoinPress
+median bin's width; the normal's IQR is 1.349σ; ``r_j``: the reach from ``m_j`` of the farthest bin
+above a stricter threshold (:data:`REACH_TAIL`), so that the first round's clip at c₁ spreads
+covers those bins, as CoinPress
 starts from a range that holds the data; a point mass at 0 does not make s_j vanish).
 Post-processing of the noisy counts: no further cost.
 Where no bin survives the threshold (too few rows for the noise), ``m_j = 0`` and ``s_j = 1``.
@@ -85,6 +86,9 @@ IQR_PER_SD = 1.349
 """The interquartile range of a normal distribution, in standard deviations."""
 TAIL_PER_COLUMN = 0.01
 """Chance that one column's histogram keeps a bin whose true count is 0 (the threshold)."""
+REACH_TAIL = 1e-9
+"""The same chance for the bins the coarse spread must reach: one false far bin would make the
+spread, and then σ̂, as large as its magnitude."""
 
 HISTOGRAM_SENSITIVITY = "√(2D): each of the D histograms moves by ±1 in at most two bins"
 MOMENTS_SENSITIVITY = "√(2D): each (Σz/(2c), Σz²/c²) coordinate moves by ≤ 1"
@@ -134,9 +138,9 @@ class Ranges:
     sensitivity: float
 
 
-def threshold(sigma: float) -> float:
-    """Counts below this are zeroed: the noise's :data:`TAIL_PER_COLUMN` tail over BINS bins."""
-    return float(sigma * stats.norm.isf(TAIL_PER_COLUMN / BINS))
+def threshold(sigma: float, tail: float = TAIL_PER_COLUMN) -> float:
+    """Counts below this are zeroed: the noise's ``tail`` over BINS bins (per column)."""
+    return float(sigma * stats.norm.isf(tail / BINS))
 
 
 def private_ranges(
@@ -148,6 +152,7 @@ def private_ranges(
     dim = counts.shape[0]
     noisy = mech.release(rng, counts, coordinates_changed=2 * dim)
     kept = np.where(noisy >= threshold(mech.sigma), noisy, 0.0)
+    far = noisy >= threshold(mech.sigma, REACH_TAIL)
     centre, spread = np.zeros(dim), np.ones(dim)
     for j, column in enumerate(kept):
         total = column.sum()
@@ -156,10 +161,10 @@ def private_ranges(
         cumulative = np.cumsum(column)
         q25, q50, q75 = (int(np.searchsorted(cumulative, q * total)) for q in (0.25, 0.5, 0.75))
         centre[j] = GRID[q50]
-        kept_bins = np.flatnonzero(column)
-        reach = np.max(np.abs(GRID[kept_bins] - centre[j]) + WIDTH[kept_bins])
+        reached = np.flatnonzero(far[j])
+        reach = np.max(np.abs(GRID[reached] - centre[j]) + WIDTH[reached], initial=0.0)
         iqr = max(GRID[q75] - GRID[q25], WIDTH[q50]) / IQR_PER_SD
-        spread[j] = max(iqr, reach / CLIPS[0])  # the first round's clip covers every kept bin
+        spread[j] = max(iqr, reach / CLIPS[0])  # the first round's clip covers the far bins
     return Ranges(noisy, centre, spread, mech.sigma, mech.sensitivity)
 
 
