@@ -18,12 +18,11 @@ the D histograms by −1 in one bin and +1 in another (or not at all), so the st
 counts move by at most √(2D) in L2: one Gaussian at Δ = √(2D) (``coordinates_changed`` 2D).
 From each noisy histogram, bins below a public threshold (the noise's 1 %-per-column tail) are
 zeroed, and the 25th, 50th and 75th percentile bins give a coarse centre ``m_j`` (the median
-bin's value) and spread ``s_j = max(max(v₇₅ − v₂₅, w(m_j)) / 1.349, r_j/c₁)`` (``w``: the
-median bin's width; the normal's IQR is 1.349σ; ``r_j``: the reach from ``m_j`` of the farthest bin
-above a stricter threshold (:data:`REACH_TAIL`), so that the first round's clip at c₁ spreads
-covers those bins, as CoinPress
-starts from a range that holds the data; a point mass at 0 does not make s_j vanish).
-Post-processing of the noisy counts: no further cost.
+bin's value) and spread ``s_j = max(max(v₇₅ − v₂₅, w(m_j))/1.349, r_j/c₁)``: ``w`` the median
+bin's width, 1.349σ a normal's IQR, ``r_j`` the reach from ``m_j`` of the farthest bin above a
+stricter threshold (:data:`REACH_TAIL`), so that the first round's clip at c₁ spreads covers
+those bins, as CoinPress starts from a range that holds the data (a point mass at 0 does not
+make s_j vanish). Post-processing of the noisy counts: no further cost.
 Where no bin survives the threshold (too few rows for the noise), ``m_j = 0`` and ``s_j = 1``.
 
 Steps 2 and 3, ``standardize_moments`` and ``standardize_refine`` (:func:`clipped_moments`,
@@ -36,14 +35,15 @@ b moves coordinate j of the first half by ``(z_a − z_b)/(2c) ∈ [−1, 1]`` a
 ``s`` (step 1) this is the Gaussian mechanism; then ``μ̂_j = m_j + s_j·z̄_j`` and
 ``σ̂_j = s_j·√max(E[z_j²] − z̄_j², sd_j, VARIANCE_FLOOR)`` (``sd_j`` below): finite and > 0
 for every input, and a column whose variance is below the noise is scaled as if it were at
-the noise's level, not blown up by it. Step 3 repeats step 2
-around the refined centre ``μ̂`` and spread ``s_j·√(max(v_j, 0) + 2·sd_j)`` (``v_j`` the
-noisy variance of z, ``sd_j`` its noise's standard deviation, a public function of σ, c, n
-and the released z̄): a column whose spread is far below the grid's resolution at its centre
-(2 ± 0.01) is resolved in the second round (CoinPress's shrinking radius). The released μ̂ and
-σ̂ are the last round's. Clipping biases them only through rows more than c spreads from the centre.
+the noise's level, not blown up by it. Step 3 repeats step 2 around the refined centre ``μ̂``
+and spread ``s_j·√(max(v_j, 0) + 2·sd_j)`` (``v_j`` the noisy variance of z, ``sd_j`` its
+noise's standard deviation, a public function of σ, c, n and the released z̄): a column whose
+spread is far below the grid's resolution at its centre (2 ± 0.01) is resolved in the second
+round (CoinPress's shrinking radius). The released μ̂ and σ̂ are the last round's. Clipping
+biases them only through rows more than c spreads from the centre.
 
-Privacy of the whole: the two steps compose (basic composition of their grants); the rows the
+Privacy of the whole: the three steps compose (basic composition of their grants; each later
+step is the Gaussian mechanism for every fixed value of the earlier releases); the rows the
 method then reads are ``(x − μ̂)/σ̂`` for the fixed released ``μ̂, σ̂``, a row-by-row map, so
 replacing one row still replaces one (standardised) row and every later step's argument holds
 at its own grant.
