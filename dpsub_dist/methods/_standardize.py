@@ -1,7 +1,10 @@
 """``--standardize``: the run's first three steps release every column's private location and
 scale (:mod:`dpsub_dist.privacy.standardize`: steps ``standardize_histogram``,
-``standardize_moments`` and ``standardize_refine``), and the method then reads ``(x − μ̂)/σ̂``
-(computed on the workers) instead of ``x``: its basis is the private PCA of the correlation matrix.
+``standardize_moments`` and ``standardize_refine``; released by
+:func:`dpsub_dist.methods._centring.standardize`, beside the private mean it replaces), and the
+method then reads ``(x − μ̂)/σ̂`` (computed on the workers) instead of ``x``: its basis is the
+private PCA of the correlation matrix. This module declares it: its plan, its refusals, its
+loader.
 
 Its own private mean is then skipped, not declared: the standardised rows are already centred
 at the released location, and a second mean would spend a share on a vector that is 0 up to
@@ -15,19 +18,12 @@ which are scaled to the rest (:func:`with_standardize`): public facts only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-import dask
 import numpy as np
 
-from dpsub_dist.engine.gram import sum_on_workers
 from dpsub_dist.engine.sources import load_native
 from dpsub_dist.errors import InputError
-from dpsub_dist.privacy import standardize as private
-
-if TYPE_CHECKING:
-    from dpsub_dist.context import RunContext
-    from dpsub_dist.engine.sources import Dataset
 
 ROUNDS = ("standardize_moments", "standardize_refine")
 """The moments steps, each around the previous one's centre and spread (CoinPress rounds)."""
@@ -102,76 +98,3 @@ class StandardisedLoader:
         rows, units = load_native(self.loader, part)
         dtype = rows.dtype
         return (rows - self.location.astype(dtype)) / self.scale.astype(dtype), rows, units
-
-
-NOTE = (
-    "private standardisation (steps standardize_histogram, standardize_moments, "
-    "standardize_refine): every row is "
-    "(x − location)/scale before the method's steps; the basis is in those standardised units"
-)
-
-
-def standardize(ctx: RunContext, dataset: Dataset) -> tuple[Any, dict[str, Any], dict[str, Any]]:
-    """Release the location and scale of ``dataset``'s columns (three passes over the rows) and
-    return the standardised loader, the parameters and the release."""
-    dim = dataset.dim
-    histogram = dask.delayed(_histograms, pure=True)
-    tasks = [histogram(dataset.loader, part) for part in dataset.parts]
-    label = f"{len(tasks)} partitions → column histograms"
-    counts = sum_on_workers(tasks, ctx.executor, label, ctx.progress)  # n ≥ 1: some part
-    ranges = ctx.release(
-        "standardize_histogram",
-        private.histogram_mechanism(ctx.grant("standardize_histogram"), dim),
-        lambda mech, rng: private.private_ranges(counts, mech, rng),
-    )
-    moments = dask.delayed(_moments, pure=True)
-    around, rounds = ranges, []
-    for step, clip in zip(ROUNDS, private.CLIPS, strict=True):
-        tasks = [
-            moments(dataset.loader, around.centre, around.spread, clip, p) for p in dataset.parts
-        ]
-        label = f"{len(tasks)} partitions → clipped moments"
-        sums = sum_on_workers(tasks, ctx.executor, label, ctx.progress)
-        released = ctx.release(
-            step,
-            private.moments_mechanism(ctx.grant(step), dim),
-            lambda mech, rng, sums=sums, around=around, clip=clip: private.private_location_scale(
-                sums, dataset.n_rows, around, clip, mech, rng
-            ),
-        )
-        around = released.refined
-        rounds.append(released.location.tolist())
-    parameters = {
-        "center": False,
-        "center_note": "no separate private mean: " + NOTE,
-        "standardize": True,
-        "standardize_clips": list(private.CLIPS),
-        "standardize_grid": f"signed, 2^{private.LOW}…2^{private.HIGH}, "
-        f"{private.PER_OCTAVE} bins per octave",
-    }
-    release = {
-        "location": released.location.tolist(),
-        "scale": released.scale.tolist(),
-        "standardize_note": NOTE,
-        "location_rounds": rounds,
-        "coarse_centre": ranges.centre.tolist(),
-        "coarse_spread": ranges.spread.tolist(),
-        "standardize_histogram_sigma": ranges.sigma,
-        "standardize_moments_sigma": released.sigma,  # the last round's
-        "standardize_sensitivity": released.sensitivity,
-    }
-    return (
-        StandardisedLoader(dataset.loader, released.location, released.scale),
-        parameters,
-        release,
-    )
-
-
-def _histograms(loader: Any, part: Any) -> np.ndarray:
-    return private.column_histograms(loader(part)[0])
-
-
-def _moments(
-    loader: Any, centre: np.ndarray, spread: np.ndarray, clip: float, part: Any
-) -> np.ndarray:
-    return private.clipped_moments(loader(part)[0], centre, spread, clip)
