@@ -282,9 +282,10 @@ class PrivateSubspace(_PrivateEstimator):
     :mod:`dpsub_dist.params` and :mod:`dpsub_dist.methods`): ``n_components`` (K, default 2;
     ``rank`` is an alias), ``epsilon``/``delta`` or ``rho`` (+ ``delta``; default ε = 1,
     δ = 10⁻⁶), ``method``, ``subsets``, ``ref_points``, ``assign``, ``unit_column``,
-    ``columns``, ``exclude_columns`` (named tables), ``seed`` (public randomness only: DP
-    noise always comes from OS entropy), ``radius`` (friendly, auto) / ``cell_side``
-    (histogram): the public radius or cell side (``scale``, their old shared name, is
+    ``columns``, ``exclude_columns`` (named tables), ``standardize`` (private per-column
+    location and scale first: the correlation matrix's PCA; row level), ``seed`` (public
+    randomness only: DP noise always comes from OS entropy), ``radius`` (friendly, auto) /
+    ``cell_side`` (histogram): the public radius or cell side (``scale``, their old shared name, is
     deprecated), ``row_norm``/``center``
     (centring is on by default at row level for every method but exact; ``center=False`` for
     the uncentred subspace), ``outliers``/``tolerance`` (exact), ``boost``/``boost_alpha``
@@ -299,7 +300,9 @@ class PrivateSubspace(_PrivateEstimator):
 
     - ``components_`` (K×D, orthonormal rows, as scikit-learn's PCA), ``basis_`` (D×K),
       ``n_components_`` (K);
-    - ``mean_``: the private mean subtracted before projecting (centred runs), else None;
+    - ``mean_``: the private mean subtracted before projecting (centred runs; with
+      ``standardize=True`` the private location), else None; ``scale_``: with
+      ``standardize=True`` the private per-column scale rows are divided by, else None;
     - ``explained_variance_`` / ``explained_variance_ratio_`` / ``singular_values_``: for
       ``gauss``, from the released noisy covariance's eigenvalues (post-processing); for
       friendly, histogram and gap-perturb from their own small private step (row level); the
@@ -327,6 +330,7 @@ class PrivateSubspace(_PrivateEstimator):
         exclude_columns: list[str] | None = None,
         seed: int | None = None,
         storage_options: dict[str, Any] | None = None,
+        standardize: bool = False,
         method: str = DEFAULTS["estimate"],
         subsets: int | None = None,
         ref_points: int | None = None,
@@ -386,7 +390,9 @@ class PrivateSubspace(_PrivateEstimator):
         self.n_components_ = result.basis.shape[1]
         self._n_features_out = self.n_components_
         release = chosen_view(result.manifest)["release"]
-        self.mean_ = None if release.get("mean") is None else np.asarray(release["mean"])
+        centre = release.get("location", release.get("mean"))
+        self.mean_ = None if centre is None else np.asarray(centre)
+        self.scale_ = None if release.get("scale") is None else np.asarray(release["scale"])
         self.explained_variance_ = _array_or_none(release.get("explained_variance"))
         self.explained_variance_ratio_ = _array_or_none(release.get("explained_variance_ratio"))
         n_rows = result.manifest.get("n_rows")
@@ -400,17 +406,20 @@ class PrivateSubspace(_PrivateEstimator):
     def transform(self, X: Any) -> Any:
         """Project rows onto the private basis (post-processing: no extra privacy cost).
 
-        Subtracts ``mean_`` first when the fit centred. NumPy and pandas input give a NumPy
-        array; Dask arrays/DataFrames and Parquet paths give a lazy Dask array.
+        Subtracts ``mean_`` first when the fit centred, and divides by ``scale_`` when it
+        standardised. NumPy and pandas input give a NumPy array; Dask arrays/DataFrames and
+        Parquet paths give a lazy Dask array.
         """
         with _api_errors(self):
             rows = self._rows(X)
         if self.mean_ is not None:
             rows = rows - self.mean_
+        if self.scale_ is not None:
+            rows = rows / self.scale_
         return rows @ self.basis_
 
     def inverse_transform(self, X: Any) -> Any:
-        """Map projected rows back to feature space: ``X @ components_ (+ mean_)``."""
+        """Map projected rows back to feature space: ``X @ components_ (· scale_) (+ mean_)``."""
         check_is_fitted(self)
         if not _is_dask(X):
             X = check_array(X, dtype=np.float64)
@@ -418,6 +427,8 @@ class PrivateSubspace(_PrivateEstimator):
         if X.ndim != 2 or X.shape[1] != k:
             raise ValueError(f"expected n_components_ = {k} columns per row, got shape {X.shape}")
         out = X @ self.components_
+        if self.scale_ is not None:
+            out = out * self.scale_
         return out if self.mean_ is None else out + self.mean_
 
     def plot_explained_variance(self, ax: Any = None) -> Any:

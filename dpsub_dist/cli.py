@@ -112,6 +112,11 @@ def _words(param: Param):
 
 def add_param(parser, param: Param, help: str | None = None, **kwargs) -> None:
     """The flag of a run-level parameter, from its table entry."""
+    if param.kind is bool:  # a switch: --standardize
+        parser.add_argument(
+            param.flag, dest=_dest(param), action="store_true", help=help or param.described
+        )
+        return
     kwargs.setdefault("metavar", param.metavar)
     if param is STORAGE_OPTIONS:  # --storage-option KEY=VALUE, once per option
         kwargs.update(type=_storage_option, action="append", default=[])

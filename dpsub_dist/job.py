@@ -18,6 +18,7 @@ from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.methods import MODIFIERS, REGISTRY, check_config, method_named
 from dpsub_dist.methods._centring import resolve_center
 from dpsub_dist.methods._clustering import run_clustering
+from dpsub_dist.methods._standardize import check as standardize_check
 from dpsub_dist.methods.boost import run_boosted
 from dpsub_dist.params import ClusterConfig, EstimateConfig, RunConfig, StreamConfig
 from dpsub_dist.privacy.accountant import Accountant, Budget
@@ -47,6 +48,7 @@ def validate(config: RunConfig) -> None:
     columns…), the method's table and cross-checks, then the budget, parsed once here."""
     config.check_run()
     check_config(config, config.command)
+    standardize_check(config)
     config.budget()
 
 

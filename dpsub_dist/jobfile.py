@@ -78,6 +78,7 @@ from dpsub_dist.params import (
     RANK,
     REQUIRED,
     SEED,
+    STANDARDIZE,
     STORAGE_OPTIONS,
     UNIT_COLUMN,
     EstimateConfig,
@@ -86,7 +87,7 @@ from dpsub_dist.params import (
 from dpsub_dist.privacy.accountant import Budget, parse_budget
 from dpsub_dist.privacy.subspace_clustering import GIBBS_GUARANTEE
 
-TOP_LEVEL = (RANK, COLUMNS, EXCLUDE_COLUMNS, UNIT_COLUMN, STORAGE_OPTIONS)
+TOP_LEVEL = (RANK, COLUMNS, EXCLUDE_COLUMNS, UNIT_COLUMN, STORAGE_OPTIONS, STANDARDIZE)
 """The run-level parameters a job file gives as top-level keys; the budget is ``budget:``
 and the public seed ``parameters.seed`` (:data:`dpsub_dist.params.RUN_PARAMS`)."""
 
@@ -123,6 +124,7 @@ class Job:
     columns: list[str] | None = None
     exclude_columns: list[str] | None = None
     unit_column: str | None = None
+    standardize: bool = False
     parameters: dict[str, Any] = field(default_factory=dict)
     overwrite: bool = False
     storage_options: dict[str, Any] = field(default_factory=dict)
@@ -140,6 +142,7 @@ class Job:
             columns=self.columns,
             exclude_columns=self.exclude_columns,
             unit_column=self.unit_column,
+            standardize=self.standardize,
             storage_options=dict(self.storage_options),
             **self.budget_values,
             parsed_budget=self.budget,  # parsed once, by _budget
@@ -158,9 +161,11 @@ class Job:
     def fingerprint(self) -> str:
         """Hash of everything that determines the release (not output, ledger or cluster)."""
         excluded = {"exclude_columns": self.exclude_columns} if self.exclude_columns else {}
+        standardized = {"standardize": True} if self.standardize else {}
         return fingerprint(
             {
                 **excluded,  # only when set: older jobs keep their run ids
+                **standardized,
                 "dataset": self.dataset_key,
                 "columns": self.columns,
                 "unit_column": self.unit_column,
@@ -243,6 +248,7 @@ def parse_job(document: Any, where: str = "job", default_name: str = "job") -> J
         columns=fields.param(COLUMNS),
         exclude_columns=fields.param(EXCLUDE_COLUMNS),
         unit_column=fields.param(UNIT_COLUMN),
+        standardize=bool(fields.param(STANDARDIZE)),
         parameters=_parameters(document.get("parameters"), method, where),
         overwrite=fields.boolean("overwrite"),
         storage_options=fields.param(STORAGE_OPTIONS) or {},

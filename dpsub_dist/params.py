@@ -192,11 +192,22 @@ STORAGE_OPTIONS = Param(
     secret=True,
 )
 
+STANDARDIZE = Param(
+    "standardize",
+    bool,
+    "standardise every column first with a private location and scale (a share of the "
+    "budget; the basis is then the private PCA of the correlation matrix; row level, "
+    "docs/centring.md)",
+    need="true or false",
+    example=True,
+    default=False,
+)
+
 REQUIRED = ("rank", "clusters")
 """The run-level parameters without a default."""
 _DATA = (UNIT_COLUMN, COLUMNS, EXCLUDE_COLUMNS, SEED, STORAGE_OPTIONS)
 RUN_PARAMS: dict[str, tuple[Param, ...]] = {
-    "estimate": (RANK, *BUDGET, *_DATA),
+    "estimate": (RANK, *BUDGET, *_DATA, STANDARDIZE),
     "cluster": (CLUSTERS, replace(RANK, help="q, the dimension of each subspace"), *BUDGET, *_DATA),
     "stream": (RANK, *BUDGET, COLUMNS),
 }
@@ -270,6 +281,7 @@ class EstimateConfig(TableConfig):
 
     command: ClassVar[str] = "estimate"
 
+    standardize: bool = False  # private location and scale first (row level)
     method: str = DEFAULT_METHODS["estimate"]
     subsets: int | None = None
     ref_points: int | None = None

@@ -35,6 +35,7 @@ from bench import (  # noqa: E402
     privacy_audit_table,
     report,
     speed,
+    standardize,
     user_norm_bound,
     utility_dim,
     utility_n,
@@ -442,3 +443,11 @@ def test_peer_environments_install_and_fit(dirs):
     for record in _read(dirs, "peers")["records"]:
         assert record["status"] == "ok", record
         assert 0 <= record["error"] <= 1
+
+
+def test_standardize_bench_prints_both_variants(capsys):
+    """docs/real-data.md's scale table: --standardize against z-scoring by hand on flights."""
+    assert standardize.main(["--epsilons", "10", "--seeds", "1", "--max-rows", "20000"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 10 |")]
+    assert [row.split(" | ")[1] for row in rows] == ["standardize", "by hand"]
+    assert all(float(row.split(" | ")[2].split()[0]) < 0.5 for row in rows)

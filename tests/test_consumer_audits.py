@@ -428,3 +428,58 @@ def test_published_user_level_auto_power_audit_catches_a_16th_of_the_noise(
     honest, twin = user_power_audit(gaussian_factor, "auto", 1 / 16, 250)
     assert honest.epsilon_lower < 2.0, honest
     assert twin.epsilon_lower > 2.0, twin
+
+
+def standardize_audit(
+    gaussian_factor, twin: float, runs: int
+) -> tuple[AuditResult, AuditResult, ApproxDP]:
+    """``--standardize``'s first moments round as published: 200 rows (1, 1) and one row
+    (10³, 10³) against one row (−10³, −10³), so the audited row is clipped to +c against −c in
+    both columns and (Σz/(2c))_j moves by 1 in each (√2 of Δ = √(2D) = 2).
+
+    The histogram step's coarse centre and spread are the same on both inputs in every run
+    (asserted: the 200 equal rows fill one bin far above the noise, the audited row's count
+    is far below the threshold), so the event "the first round's location, read back as
+    (Σz/(2c))₀ + (Σz/(2c))₁, lies 3σ_twin·√2 above the second input's" depends on the
+    ``standardize_moments`` release alone and must stay below that step's charge."""
+    config = EstimateConfig(
+        1, epsilon=40.0, delta=DELTA, method="gauss", row_norm=1.0, standardize=True
+    )
+    run = published(config)
+    base = np.ones((200, 2))
+    before, after = np.vstack([base, [[1e3, 1e3]]]), np.vstack([base, [[-1e3, -1e3]]])
+    first = run(before, np.random.default_rng(0))
+    grant = charged(first, "standardize_moments")
+    centre = np.asarray(first["release"]["coarse_centre"])
+    spread = np.asarray(first["release"]["coarse_spread"])
+    clip = first["parameters"]["standardize_clips"][0]
+    sigma = gaussian_sigma(grant, 2.0)  # Δ = √(2D), D = 2
+    n = len(before)
+    reference = np.sum(np.clip((after - centre) / spread, -clip, clip), axis=0) / (2 * clip)
+
+    def statistic(manifest: dict[str, Any]) -> float:
+        release = manifest["release"]
+        assert release["coarse_centre"] == centre.tolist(), "the histogram step moved"
+        assert release["coarse_spread"] == spread.tolist(), "the histogram step moved"
+        location = np.asarray(release["location_rounds"][0])
+        sums = (location - centre) * n / (2 * clip * spread)
+        return float(np.sum(sums - reference))
+
+    def once(factor: float) -> AuditResult:
+        gaussian_factor(factor)
+        cut = 3.0 * twin * sigma * math.sqrt(2.0)  # 3σ_twin of the sum of two coordinates
+        return audit(run, before, after, lambda m: statistic(m) > cut, runs, grant.delta)
+
+    return once(1.0), once(twin), grant
+
+
+def test_published_standardize_audit_catches_an_eighth_of_the_noise(gaussian_factor) -> None:
+    honest, twin, grant = standardize_audit(gaussian_factor, 0.125, 400)
+    assert grant.epsilon == pytest.approx(2.0)
+    assert_holds_and_catches(honest, twin, grant)
+
+
+@pytest.mark.slow
+def test_published_standardize_audit_catches_a_quarter_of_the_noise(gaussian_factor) -> None:
+    honest, twin, grant = standardize_audit(gaussian_factor, 0.25, 3000)
+    assert_holds_and_catches(honest, twin, grant)

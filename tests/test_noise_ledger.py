@@ -74,6 +74,8 @@ TREE_NODE = math.sqrt(2.0)  # §8: Σ aaᵀ with ‖a‖ ≤ 1, replace one row
 NORM_COUNT = 1.0  # norm_bound: a replaced row moves each count #{‖x‖ ≤ grid_j} by ≤ 1
 VARIANCE_SUMS = math.sqrt(2.0)  # Σ ((v_iᵀz)², ‖z‖²) of norm-≤1 rows z, replace one row
 POWER_PRODUCT = {"replace": math.sqrt(2.0), "add_remove": 1.0}  # ‖EV‖_F ≤ ‖E‖_F, V orthonormal
+STANDARDIZE_PER_COLUMN = 2.0  # each column's histogram (2 bins) or (Σz/2c, Σz²/c²) pair, squared
+STANDARDIZE_BINS = 1025  # bins per column of the signed grid: 2·(40 + 24)·8 + 1
 
 
 def _grant(step: dict[str, Any]) -> Budget:
@@ -191,6 +193,11 @@ def _power_iterations(run: Run, step: dict[str, Any]) -> list[float]:
     return [POWER_PRODUCT[release["neighbours"]] / math.sqrt(2 * rho) for rho in rhos]
 
 
+def _standardize(run: Run, step: dict[str, Any]) -> list[float]:
+    """Each standardisation step: one Gaussian for Δ = √(2D) on its stacked vector."""
+    return [gaussian_sigma(_grant(step), math.sqrt(STANDARDIZE_PER_COLUMN * run.manifest["dim"]))]
+
+
 Formula = Callable[["Run", dict[str, Any]], list[float]]
 
 STEP_SCALES: dict[str, Formula] = {
@@ -214,6 +221,7 @@ STEP_SCALES: dict[str, Formula] = {
     r"iteration_\d+": lambda run, step: [gaussian_sigma(_grant(step), SULQ_GRAM)],
     r"batch \d+": _tree_node,
     "power": _power_iterations,
+    "standardize_histogram|standardize_moments|standardize_refine": _standardize,
 }
 """Step name (a regular expression) → the noise scales that step's charged budget buys."""
 
@@ -301,6 +309,8 @@ STEP_SIZES: dict[str, Size] = {
     r"batch \d+": lambda run, name: _triangle(run),
     r"iteration_\d+": lambda run, name: _sulq_planes(run, name) * _triangle(run),
     "power": lambda run, name: run.manifest["dim"] * run.manifest["parameters"]["width"],
+    "standardize_histogram": lambda run, name: run.manifest["dim"] * STANDARDIZE_BINS,
+    "standardize_moments|standardize_refine": lambda run, name: 2 * run.manifest["dim"],
 }
 """Step name (a regular expression) → how many noise values each of its draws holds, from the
 public shape of what the step releases (a range where that count is not public)."""
@@ -468,6 +478,8 @@ def _clip_bounds(run: Run, units: int) -> dict[str, Callable[[np.ndarray], float
         r"iteration_\d+": lambda v: _diagonal(v, dim) / units,
         r"batch \d+": lambda v: _diagonal(v, dim) / units,
         "power": lambda v: float(np.linalg.norm(v)) / units,
+        # (Σz/(2c), Σz²/c²) of z clipped to [−c, c]: each entry at most n/2 or n
+        "standardize_moments|standardize_refine": lambda v: float(np.max(np.abs(v))) / units,
     }
     if means:
         bounds["mean"] = lambda v: float(np.linalg.norm(v)) / max(means)
@@ -625,6 +637,13 @@ CASES = {
     "auto sampled centre": Case("auto", "estimate", "sampled", (*BUDGET, "--method", "auto")),
     "power private norm centred": _estimate("power", *BUDGET, "--method", "power", "--center"),
     "power zcdp": _estimate("power", *RHO, "--method", "power", *COV, "--iterations", "3"),
+    "gauss standardized": _estimate("gauss", *BUDGET, "--method", "gauss", "--standardize"),
+    "power standardized zcdp": _estimate(
+        "power", *RHO, "--method", "power", "--standardize", "--iterations", "3"
+    ),
+    "friendly standardized": _estimate(
+        "friendly", *BUDGET, "--method", "friendly", "--standardize"
+    ),
     "exact": Case("exact", "api", "exact", (*BUDGET, "--method", "exact")),
     "exact zcdp": Case("exact", "api", "exact", (*RHO, "--method", "exact")),
     "boost": _estimate("boost", *BUDGET, "--method", "friendly", "--boost", "2"),

@@ -31,7 +31,9 @@ import pytest
 import test_noise_ledger as ledger
 
 from dpsub_dist import PrivateSubspace, PrivateSubspaceClustering, api
+from dpsub_dist.context import RunContext
 from dpsub_dist.engine.subsets import SubsetPlan
+from dpsub_dist.errors import InputError
 from dpsub_dist.methods import REGISTRY, boost
 from dpsub_dist.privacy import noise
 from dpsub_dist.privacy.accountant import Accountant
@@ -236,3 +238,23 @@ def test_removing_the_heavy_user_moves_the_first_sum_by_its_sensitivity_at_most(
     moved = float(np.linalg.norm(first.value - other.value))
     slack = first.grid * math.sqrt(first.size)  # both values are rounded to the grid
     assert 0 < moved <= SENSITIVITY[name](first) + slack, f"moved by {moved}"
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("method", ["auto", "gauss", "power", "friendly"])
+def test_standardize_is_refused_at_user_level_before_any_read(
+    method: str, users: dict[str, Path], monkeypatch
+) -> None:
+    """The private location needs the public row count: ``standardize=True`` with a unit
+    column is bad input (exit 2 at the CLI), raised before a row is read or a step charged."""
+    charges = ledger.record_charges(monkeypatch)
+    opened = []
+    monkeypatch.setattr(RunContext, "open", lambda *a, **k: opened.append(a))
+    estimator = PrivateSubspace(
+        2, **BUDGET, method=method, unit_column="user", standardize=True, seed=3
+    )
+    with pytest.raises(InputError, match="standardize is row level only"):
+        estimator.fit(str(users["rows"]))
+    assert not charges and not opened

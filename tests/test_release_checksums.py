@@ -107,6 +107,7 @@ ESTIMATES: dict[str, tuple[str, dict[str, Any]]] = {
         {**EPS, "method": "power", "unit_column": "user", "iterations": 2},
     ),
     "friendly user level": ("users", {**EPS, "method": "friendly", "unit_column": "user"}),
+    "gauss standardized": ("rows", {**EPS, "method": "gauss", "standardize": True}),
 }
 CLUSTERS: dict[str, dict[str, Any]] = {
     "cluster sample-aggregate": {**EPS},

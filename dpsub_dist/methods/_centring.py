@@ -26,6 +26,10 @@ public n and ε only).
 
 User level: the mean needs a count, private there, and both sums move by a user's row count:
 centring is refused (``--center``) or off (default), and no explained variance is released.
+
+Standardisation (``--standardize``, :func:`standardize`; declared in
+:mod:`dpsub_dist.methods._standardize`) replaces the mean: a private location and scale per
+column, and the method reads ``(x − μ̂)/σ̂``.
 """
 
 from __future__ import annotations
@@ -51,7 +55,9 @@ from dpsub_dist.methods._norm_pass import (
     fuse_level_sums,
     gather_clipped_sum,
 )
+from dpsub_dist.methods._standardize import ROUNDS, StandardisedLoader
 from dpsub_dist.privacy import mechanism
+from dpsub_dist.privacy import standardize as private_standardize
 from dpsub_dist.privacy.accountant import Budget, laplace_epsilon
 from dpsub_dist.privacy.covariance_noise import SENSITIVITY, gaussian_mean
 from dpsub_dist.privacy.norm_bound import (
@@ -102,6 +108,8 @@ def resolve_center(config: EstimateConfig) -> bool:
     """``--center``/``--no-center`` as given; by default on at row level for the PCA methods."""
     if config.center is not None:
         return bool(config.center)
+    if getattr(config, "standardize", False):
+        return False  # the standardisation's location centres the rows (_standardize.py)
     return config.unit_column is None and config.method in CENTRED_BY_DEFAULT
 
 
@@ -254,10 +262,13 @@ def private_user_bound(ctx: RunContext, quantile_for: Callable[[float, float], f
 def centre(
     ctx: RunContext, dataset: Dataset | None = None
 ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
-    """The loader the local step reads (centred or not), the parameters and the release;
+    """The loader the local step reads (centred or not, or standardised with ``--standardize``:
+    :func:`~dpsub_dist.methods._standardize.standardize`), the parameters and the release;
     the mean is taken over ``dataset`` (default: the run's)."""
     config = ctx.config
     dataset = ctx.dataset if dataset is None else dataset
+    if getattr(config, "standardize", False):
+        return standardize(ctx, dataset)
     if not resolve_center(config):
         return dataset.loader, {"center": False, "center_note": UNCENTRED_NOTE}, {}
     if config.row_norm is None:
@@ -406,6 +417,82 @@ VARIANCE_NOTE = (
 
 def _projected_sums(loader: Any, basis: np.ndarray, bound: float, part: Any) -> np.ndarray:
     return projected_sums(loader(part)[0], basis, bound)
+
+
+STANDARDIZE_NOTE = (
+    "private standardisation (steps standardize_histogram, standardize_moments, "
+    "standardize_refine): every row is "
+    "(x − location)/scale before the method's steps; the basis is in those standardised units"
+)
+
+
+def standardize(ctx: RunContext, dataset: Dataset) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """``--standardize`` (:mod:`~dpsub_dist.methods._standardize`): release the location and
+    scale of ``dataset``'s columns (three passes over the rows) and return the standardised
+    loader, the parameters and the release."""
+    dim = dataset.dim
+    histogram = dask.delayed(_column_histograms, pure=True)
+    tasks = [histogram(dataset.loader, part) for part in dataset.parts]
+    label = f"{len(tasks)} partitions → column histograms"
+    counts = sum_on_workers(tasks, ctx.executor, label, ctx.progress)  # n ≥ 1: some part
+    ranges = ctx.release(
+        "standardize_histogram",
+        private_standardize.histogram_mechanism(ctx.grant("standardize_histogram"), dim),
+        lambda mech, rng: private_standardize.private_ranges(counts, mech, rng),
+    )
+    moments = dask.delayed(_clipped_moments, pure=True)
+    around, rounds = ranges, []
+    for step, clip in zip(ROUNDS, private_standardize.CLIPS, strict=True):
+        tasks = [
+            moments(dataset.loader, around.centre, around.spread, clip, p) for p in dataset.parts
+        ]
+        label = f"{len(tasks)} partitions → clipped moments"
+        sums = sum_on_workers(tasks, ctx.executor, label, ctx.progress)
+        released = ctx.release(
+            step,
+            private_standardize.moments_mechanism(ctx.grant(step), dim),
+            lambda mech, rng, sums=sums, around=around, clip=clip: (
+                private_standardize.private_location_scale(
+                    sums, dataset.n_rows, around, clip, mech, rng
+                )
+            ),
+        )
+        around = released.refined
+        rounds.append(released.location.tolist())
+    parameters = {
+        "center": False,
+        "center_note": "no separate private mean: " + STANDARDIZE_NOTE,
+        "standardize": True,
+        "standardize_clips": list(private_standardize.CLIPS),
+        "standardize_grid": f"signed, 2^{private_standardize.LOW}…2^{private_standardize.HIGH}, "
+        f"{private_standardize.PER_OCTAVE} bins per octave",
+    }
+    release = {
+        "location": released.location.tolist(),
+        "scale": released.scale.tolist(),
+        "standardize_note": STANDARDIZE_NOTE,
+        "location_rounds": rounds,
+        "coarse_centre": ranges.centre.tolist(),
+        "coarse_spread": ranges.spread.tolist(),
+        "standardize_histogram_sigma": ranges.sigma,
+        "standardize_moments_sigma": released.sigma,  # the last round's
+        "standardize_sensitivity": released.sensitivity,
+    }
+    return (
+        StandardisedLoader(dataset.loader, released.location, released.scale),
+        parameters,
+        release,
+    )
+
+
+def _column_histograms(loader: Any, part: Any) -> np.ndarray:
+    return private_standardize.column_histograms(loader(part)[0])
+
+
+def _clipped_moments(
+    loader: Any, centre: np.ndarray, spread: np.ndarray, clip: float, part: Any
+) -> np.ndarray:
+    return private_standardize.clipped_moments(loader(part)[0], centre, spread, clip)
 
 
 ROW_NORM = Param(

@@ -34,6 +34,7 @@ from dpsub_dist.linalg import (
     top_right_singular_vectors_from_gram,
 )
 from dpsub_dist.methods import _centring as centring
+from dpsub_dist.methods._standardize import with_standardize
 from dpsub_dist.methods.spec import Param, positive
 from dpsub_dist.privacy import friendly_core as friendly
 from dpsub_dist.privacy import histogram_cells as histogram
@@ -411,8 +412,9 @@ def budget_plan(config: Any) -> dict[str, tuple[float, float]]:
 
 def estimate_plan(config: Any) -> dict[str, tuple[float, float]]:
     """``dpsub estimate``'s plan: the aggregator's steps, scaled to make room for private
-    centring and the explained variance (:func:`dpsub_dist.methods._centring.plan_shares`)."""
-    return centring.plan_shares(budget_plan(config), config)
+    centring and the explained variance (:func:`dpsub_dist.methods._centring.plan_shares`), after
+    the standardisation's steps with ``--standardize``."""
+    return with_standardize(centring.plan_shares(budget_plan(config), config), config)
 
 
 def check_estimate(config: Any) -> None:

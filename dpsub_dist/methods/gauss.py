@@ -57,6 +57,7 @@ from dpsub_dist.methods._norm_pass import (
     fuse_level_grams,
     gather_clipped_gram,
 )
+from dpsub_dist.methods._standardize import with_standardize
 from dpsub_dist.privacy import covariance_noise as cov_steps
 from dpsub_dist.privacy import mechanism, norm_bound
 from dpsub_dist.privacy.accountant import Budget, gaussian_sigma, laplace_epsilon
@@ -174,13 +175,13 @@ def plan_shares(config: EstimateConfig, dataset: Dataset | None) -> dict[str, tu
 def route_shares(config: EstimateConfig, sampled: bool) -> dict[str, tuple[float, float]]:
     """:func:`budget_plan` for this run on a route (``sampled``: the sampled centre's);
     gap-perturb also pays for its explained variance (row level; gauss gets it free from its
-    noisy matrix)."""
+    noisy matrix); the standardisation's steps first with ``--standardize``."""
     zcdp = config.rho is not None
     private = config.row_norm is None
     shares = budget_plan(config.method, config.center, zcdp, private, sampled=sampled)
     if config.method == "gap-perturb":
         shares = centring.plan_shares(shares, config, centre=False)
-    return shares
+    return with_standardize(shares, config)
 
 
 def release_basis(

@@ -86,6 +86,7 @@ if TYPE_CHECKING:
     from dpsub_dist.engine.sources import Dataset
     from dpsub_dist.params import EstimateConfig
 from dpsub_dist.methods._centring import CENTRING_PARAMS
+from dpsub_dist.methods._standardize import with_standardize
 from dpsub_dist.methods.gauss import check_covariance
 from dpsub_dist.methods.spec import Method, Param, from_options
 from dpsub_dist.privacy.noisy_power import DEFAULT_ITERATIONS, DEFAULT_OVERSAMPLE
@@ -178,8 +179,10 @@ def budget_plan(center: bool, zcdp: bool, private_norm: bool) -> dict[str, tuple
 
 
 def plan_shares(config: EstimateConfig) -> dict[str, tuple[float, float]]:
-    """This run's :func:`budget_plan` (the total's mode decides the δ shares)."""
-    return budget_plan(bool(config.center), config.rho is not None, config.row_norm is None)
+    """This run's :func:`budget_plan` (the total's mode decides the δ shares), after the
+    standardisation's steps with ``--standardize``."""
+    shares = budget_plan(bool(config.center), config.rho is not None, config.row_norm is None)
+    return with_standardize(shares, config)
 
 
 def _product(rows: np.ndarray, basis: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
