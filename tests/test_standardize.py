@@ -16,7 +16,7 @@ import pytest
 from dpsub_dist import PrivateSubspace
 from dpsub_dist.errors import InputError
 from dpsub_dist.jobfile import parse_job
-from dpsub_dist.privacy import standardize as private
+from dpsub_dist.privacy import column_scales as private
 from dpsub_dist.privacy.accountant import ApproxDP, gaussian_sigma
 
 UNITS = np.array([1e4, 3.0, 0.01, 250.0, 7.0])

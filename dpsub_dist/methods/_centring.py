@@ -56,8 +56,7 @@ from dpsub_dist.methods._norm_pass import (
     gather_clipped_sum,
 )
 from dpsub_dist.methods._standardize import ROUNDS, StandardisedLoader
-from dpsub_dist.privacy import mechanism
-from dpsub_dist.privacy import standardize as private_standardize
+from dpsub_dist.privacy import column_scales, mechanism
 from dpsub_dist.privacy.accountant import Budget, laplace_epsilon
 from dpsub_dist.privacy.covariance_noise import SENSITIVITY, gaussian_mean
 from dpsub_dist.privacy.norm_bound import (
@@ -437,12 +436,12 @@ def standardize(ctx: RunContext, dataset: Dataset) -> tuple[Any, dict[str, Any],
     counts = sum_on_workers(tasks, ctx.executor, label, ctx.progress)  # n ≥ 1: some part
     ranges = ctx.release(
         "standardize_histogram",
-        private_standardize.histogram_mechanism(ctx.grant("standardize_histogram"), dim),
-        lambda mech, rng: private_standardize.private_ranges(counts, mech, rng),
+        column_scales.histogram_mechanism(ctx.grant("standardize_histogram"), dim),
+        lambda mech, rng: column_scales.private_ranges(counts, mech, rng),
     )
     moments = dask.delayed(_clipped_moments, pure=True)
     around, rounds = ranges, []
-    for step, clip in zip(ROUNDS, private_standardize.CLIPS, strict=True):
+    for step, clip in zip(ROUNDS, column_scales.CLIPS, strict=True):
         tasks = [
             moments(dataset.loader, around.centre, around.spread, clip, p) for p in dataset.parts
         ]
@@ -450,11 +449,9 @@ def standardize(ctx: RunContext, dataset: Dataset) -> tuple[Any, dict[str, Any],
         sums = sum_on_workers(tasks, ctx.executor, label, ctx.progress)
         released = ctx.release(
             step,
-            private_standardize.moments_mechanism(ctx.grant(step), dim),
+            column_scales.moments_mechanism(ctx.grant(step), dim),
             lambda mech, rng, sums=sums, around=around, clip=clip: (
-                private_standardize.private_location_scale(
-                    sums, dataset.n_rows, around, clip, mech, rng
-                )
+                column_scales.private_location_scale(sums, dataset.n_rows, around, clip, mech, rng)
             ),
         )
         around = released.refined
@@ -463,9 +460,9 @@ def standardize(ctx: RunContext, dataset: Dataset) -> tuple[Any, dict[str, Any],
         "center": False,
         "center_note": "no separate private mean: " + STANDARDIZE_NOTE,
         "standardize": True,
-        "standardize_clips": list(private_standardize.CLIPS),
-        "standardize_grid": f"signed, 2^{private_standardize.LOW}…2^{private_standardize.HIGH}, "
-        f"{private_standardize.PER_OCTAVE} bins per octave",
+        "standardize_clips": list(column_scales.CLIPS),
+        "standardize_grid": f"signed, 2^{column_scales.LOW}…2^{column_scales.HIGH}, "
+        f"{column_scales.PER_OCTAVE} bins per octave",
     }
     release = {
         "location": released.location.tolist(),
@@ -486,13 +483,13 @@ def standardize(ctx: RunContext, dataset: Dataset) -> tuple[Any, dict[str, Any],
 
 
 def _column_histograms(loader: Any, part: Any) -> np.ndarray:
-    return private_standardize.column_histograms(loader(part)[0])
+    return column_scales.column_histograms(loader(part)[0])
 
 
 def _clipped_moments(
     loader: Any, centre: np.ndarray, spread: np.ndarray, clip: float, part: Any
 ) -> np.ndarray:
-    return private_standardize.clipped_moments(loader(part)[0], centre, spread, clip)
+    return column_scales.clipped_moments(loader(part)[0], centre, spread, clip)
 
 
 ROW_NORM = Param(

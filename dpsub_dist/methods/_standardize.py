@@ -1,5 +1,5 @@
 """``--standardize``: the run's first three steps release every column's private location and
-scale (:mod:`dpsub_dist.privacy.standardize`: steps ``standardize_histogram``,
+scale (:mod:`dpsub_dist.privacy.column_scales`: steps ``standardize_histogram``,
 ``standardize_moments`` and ``standardize_refine``; released by
 :func:`dpsub_dist.methods._centring.standardize`, beside the private mean it replaces), and the
 method then reads ``(x − μ̂)/σ̂`` (computed on the workers) instead of ``x``: its basis is the
