@@ -204,6 +204,14 @@ REFINE_RULE = (
 )
 
 
+REFINED_SOURCE = (
+    "private (step mean_norm_bound): the smallest value 2^-10·√2^j (j = 0…100) at which the "
+    "noisy count of the rows x − coarse_mean with norm ≤ it reaches q·n (sparse vector), "
+    "q = {q:.6g} = 1 − min(√D·σ/n, 0.5) from public n, D and the refined mean's grant (σ for "
+    "Δ = 2), within 35.3/ε ≤ q·n ≤ n − 20/ε"
+)
+
+
 BOUND_STEPS = {
     "norm_bound": ("a private norm bound", FIX),
     "mean_norm_bound": ("the refined centre's private norm bound", "pass a larger ε"),
@@ -404,8 +412,7 @@ def refine(
     parameters = {
         **parameters,
         "refined_row_norm": bound,
-        "refined_row_norm_source": NORM_SOURCE.format(q=quantile, step="mean_norm_bound")
-        + " of the rows centred at coarse_mean",
+        "refined_row_norm_source": REFINED_SOURCE.format(q=quantile),
         "centre_rule": REFINE_RULE,
     }
     release = {
