@@ -365,11 +365,12 @@ def release_mean(
     """Step ``step``: the Gaussian mean of rows clipped to ``bound`` whose sum is ``row_sum``
     (:func:`~dpsub_dist.privacy.covariance_noise.gaussian_mean`; Δ = 2 for the sum of rows
     scaled to norm ≤ 1 under replace-one, n public), in input units."""
-    return ctx.release(
-        step,
-        mechanism.gaussian(ctx.grant(step), SENSITIVITY["replace"].row_sum),
-        lambda mech, rng: gaussian_mean(row_sum, n_rows, mech, rng, unit=bound),
-    )
+    gaussian = mechanism.gaussian(ctx.grant(step), SENSITIVITY["replace"].row_sum)
+
+    def draw(mech: mechanism.Gaussian, rng: np.random.Generator) -> MeanRelease:
+        return gaussian_mean(row_sum, n_rows, mech, rng, unit=bound)
+
+    return ctx.release(step, gaussian, draw)
 
 
 def clipped_sum(ctx: RunContext, dataset: Dataset, loader: Any, bound: float) -> np.ndarray:
