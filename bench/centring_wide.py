@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tables", default="wide,digits")
     parser.add_argument("--epsilons", default="0.3,1")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--variants", default="single,default")
     args = parser.parse_args(argv)
     print("| table | ε | variant | route | centre error ‖μ̂ − μ‖ | captured |")
     print("|---|---|---|---|---|---|")
@@ -72,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         mean = rows.mean(axis=0)
         moments = Moments(len(rows), mean, gram_of(rows - mean))
         for epsilon in (float(e) for e in args.epsilons.split(",")):
-            for variant, refine in (("single", False), ("default", True)):
+            for variant in args.variants.split(","):
+                refine = variant == "default"
                 runs = [run(rows, moments, rank, epsilon, s, refine) for s in range(args.seeds)]
                 error = float(np.median([r[0] for r in runs]))
                 captured = float(np.median([r[1] for r in runs]))

@@ -154,10 +154,21 @@ the distance from the origin into the centre's error, and a second step clipped 
 coarse centre pays (docs/centring.md). Below it (every tall table: κ ≈ 0.007 at n = 2·10⁴,
 D = 8, ε = 1) the centre is one step, as before."""
 
+WIDE_SHAPE = 10
+"""…and wide in shape, n ≤ this × D. Measured (docs/centring.md): on digits (n/D = 28,
+κ = 0.20 at ε = 1) the refinement halved the centre's error but the Gram's smaller share
+cost more captured variance than it gained; on the wide table (n/D = 5.3) it gained."""
+
 REFINED_MEAN_SHARE = 0.2
 """Share of the budget (after the norm bounds) of each of the two mean steps on the refined
 route (``mean`` and ``refined_mean``): measured on the wide table of docs/centring.md, where
 0.15 each left the refined centre's error above the second component's scale."""
+
+MEAN_NOISE_WEIGHT = 4.0
+"""Weight of the refined mean's noise against its clipping-bias bound in
+:func:`refined_quantile`: the bound adds the clipped rows' overshoots as if they were
+parallel; in many dimensions they mostly cancel (docs/centring.md).
+"""
 
 MEAN_MAX_CLIPPED = 0.5
 """The refined mean's bound never targets a quantile below 0.5 (:func:`refined_quantile`)."""
@@ -171,14 +182,17 @@ def mean_noise_ratio(grant: Budget, n_rows: int, dim: int) -> float:
 
 def refined_quantile(grants: dict[str, Budget], n_rows: int, dim: int) -> float:
     """The quantile of the centred rows' norms that ``mean_norm_bound`` searches for:
-    ``1 − min(κ, 0.5)`` with κ the refined mean's :func:`mean_noise_ratio`, with the margins of
-    :func:`margined_row_quantile`. Public: grants, n and D.
+    ``1 − min(4κ, 0.5)`` (:data:`MEAN_NOISE_WEIGHT`) with κ the refined mean's
+    :func:`mean_noise_ratio`, with the margins of :func:`margined_row_quantile`. Public:
+    grants, n and D.
 
     Derivation (as :func:`~dpsub_dist.privacy.norm_bound.noise_matched_quantile` for the
     Gram): clipping the rows y = x − c₀ to B moves their mean by at most
     ``Σ(‖y‖ − B)₊/n`` and the noise adds ≈ κ·B, so the sum of the two is convex in B with
-    derivative ``−P(‖y‖ > B) + κ``: smallest where the share of clipped rows is κ."""
-    quantile = 1.0 - min(mean_noise_ratio(grants["refined_mean"], n_rows, dim), MEAN_MAX_CLIPPED)
+    derivative ``−P(‖y‖ > B) + κ``: smallest where the share of clipped rows is κ; the
+    bias bound is loose, hence the weight."""
+    kappa = mean_noise_ratio(grants["refined_mean"], n_rows, dim)
+    quantile = 1.0 - min(MEAN_NOISE_WEIGHT * kappa, MEAN_MAX_CLIPPED)
     bound, fix = BOUND_STEPS["mean_norm_bound"]
     epsilon = laplace_epsilon(grants["mean_norm_bound"])
     return margined_quantile(quantile, n_rows, epsilon, "rows", bound, fix)
@@ -186,9 +200,12 @@ def refined_quantile(grants: dict[str, Budget], n_rows: int, dim: int) -> float:
 
 def refines(single: Budget, refined: dict[str, Budget], n_rows: int, dim: int) -> bool:
     """Whether a centred run with a private bound takes the refinement steps: where the
-    single-step mean (at its grant ``single``) has κ ≥ :data:`WIDE_NOISE_RATIO` and n meets
-    the refined bound's margin at the ``refined`` plan's grants. Public facts only."""
-    if n_rows < 1 or mean_noise_ratio(single, n_rows, dim) < WIDE_NOISE_RATIO:
+    table is wide (n ≤ :data:`WIDE_SHAPE`·D), the single-step mean (at its grant ``single``)
+    has κ ≥ :data:`WIDE_NOISE_RATIO` and n meets the refined bound's margin at the
+    ``refined`` plan's grants. Public facts only."""
+    if n_rows < 1 or n_rows > WIDE_SHAPE * dim:
+        return False
+    if mean_noise_ratio(single, n_rows, dim) < WIDE_NOISE_RATIO:
         return False
     try:
         refined_quantile(refined, n_rows, dim)
@@ -198,16 +215,16 @@ def refines(single: Budget, refined: dict[str, Budget], n_rows: int, dim: int) -
 
 
 REFINE_RULE = (
-    "public: centred, private bound, row level, not the sampled centre; the single mean's "
-    f"√D·σ/n ≥ {WIDE_NOISE_RATIO} (σ for Δ = 2 at its grant) and n meets the refined bound's "
-    "margin"
+    "public: centred, private bound, row level, not the sampled centre; "
+    f"n ≤ {WIDE_SHAPE}·D, the single mean's √D·σ/n ≥ {WIDE_NOISE_RATIO} (σ for Δ = 2 at its "
+    "grant) and n meets the refined bound's margin"
 )
 
 
 REFINED_SOURCE = (
     "private (step mean_norm_bound): the smallest value 2^-10·√2^j (j = 0…100) at which the "
     "noisy count of the rows x − coarse_mean with norm ≤ it reaches q·n (sparse vector), "
-    "q = {q:.6g} = 1 − min(√D·σ/n, 0.5) from public n, D and the refined mean's grant (σ for "
+    "q = {q:.6g} = 1 − min(4√D·σ/n, 0.5) from public n, D and the refined mean's grant (σ for "
     "Δ = 2), within 35.3/ε ≤ q·n ≤ n − 20/ε"
 )
 
