@@ -465,7 +465,8 @@ def refined_mean_audit(
 
 def test_published_refined_centre_audit_catches_a_16th_of_the_noise(gaussian_factor) -> None:
     honest, twin, grant = refined_mean_audit(gaussian_factor, 1 / 16, 120)
-    assert grant.epsilon == pytest.approx(EPSILON * 0.9 * 0.2)  # after the norm bounds' 10%
+    share = centring.REFINED_MEAN_SHARE * 0.9  # of the rest after the norm bounds' 10%
+    assert grant.epsilon == pytest.approx(EPSILON * share)
     assert_holds_and_catches(honest, twin, grant)
 
 

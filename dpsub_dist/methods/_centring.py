@@ -154,12 +154,17 @@ the distance from the origin into the centre's error, and a second step clipped 
 coarse centre pays (docs/centring.md). Below it (every tall table: κ ≈ 0.007 at n = 2·10⁴,
 D = 8, ε = 1) the centre is one step, as before."""
 
+CONTRACTING_RATIO = 0.5
+"""…and where the refined mean's own κ is below this: at κ ≥ 0.5 its error κ·B₁ is half its
+bound, which is at least the coarse error, so the step cannot bring the centre within the
+spread and its budget is worth more to the Gram (measured: the wide table at ε = 0.3)."""
+
 WIDE_SHAPE = 10
 """…and wide in shape, n ≤ this × D. Measured (docs/centring.md): on digits (n/D = 28,
 κ = 0.20 at ε = 1) the refinement halved the centre's error but the Gram's smaller share
 cost more captured variance than it gained; on the wide table (n/D = 5.3) it gained."""
 
-REFINED_MEAN_SHARE = 0.2
+REFINED_MEAN_SHARE = 0.25
 """Share of the budget (after the norm bounds) of each of the two mean steps on the refined
 route (``mean`` and ``refined_mean``): measured on the wide table of docs/centring.md, where
 0.15 each left the refined centre's error above the second component's scale."""
@@ -201,11 +206,13 @@ def refined_quantile(grants: dict[str, Budget], n_rows: int, dim: int) -> float:
 def refines(single: Budget, refined: dict[str, Budget], n_rows: int, dim: int) -> bool:
     """Whether a centred run with a private bound takes the refinement steps: where the
     table is wide (n ≤ :data:`WIDE_SHAPE`·D), the single-step mean (at its grant ``single``)
-    has κ ≥ :data:`WIDE_NOISE_RATIO` and n meets the refined bound's margin at the
-    ``refined`` plan's grants. Public facts only."""
+    has κ ≥ :data:`WIDE_NOISE_RATIO`, the refined mean's κ < :data:`CONTRACTING_RATIO` and n
+    meets the refined bound's margin at the ``refined`` plan's grants. Public facts only."""
     if n_rows < 1 or n_rows > WIDE_SHAPE * dim:
         return False
     if mean_noise_ratio(single, n_rows, dim) < WIDE_NOISE_RATIO:
+        return False
+    if mean_noise_ratio(refined["refined_mean"], n_rows, dim) >= CONTRACTING_RATIO:
         return False
     try:
         refined_quantile(refined, n_rows, dim)
@@ -217,7 +224,7 @@ def refines(single: Budget, refined: dict[str, Budget], n_rows: int, dim: int) -
 REFINE_RULE = (
     "public: centred, private bound, row level, not the sampled centre; "
     f"n ≤ {WIDE_SHAPE}·D, the single mean's √D·σ/n ≥ {WIDE_NOISE_RATIO} (σ for Δ = 2 at its "
-    "grant) and n meets the refined bound's margin"
+    f"grant), the refined mean's < {CONTRACTING_RATIO} and n meets the refined bound's margin"
 )
 
 
