@@ -16,8 +16,9 @@ Refined centre (gauss and gap-perturb on wide tables, row level, private bound):
 above is only a coarse centre c₀; a private bound B₁ on the norms of the rows centred at c₀
 (step ``mean_norm_bound``) and the Gaussian mean of those rows clipped to B₁ (step
 ``refined_mean``) move it to c₁ = c₀ + that mean (:func:`refine`; CoinPress, Biswas, Dong,
-Kamath & Ullman 2020, one refinement step). The plan declares the two steps where the coarse
-mean's noise is a large share of its bound (:func:`refines`: public n, D and grants only).
+Kamath & Ullman 2020, one refinement step). The plan declares the two steps on wide-shaped
+tables where the coarse mean's noise is a large share of its bound and the refined one's is
+not (:func:`refines`: public n, D and grants only).
 
 Explained variance (row level): after the basis is released, a private bound ``C`` on the norms
 of the centred rows (step ``variance_norm_bound``), then a Gaussian on the k squared projections
