@@ -397,8 +397,8 @@ MUTATIONS = [
         "centring: the mean drawn in unit-norm units, not the clip bound's",
         "mutation",
         "dpsub_dist/methods/_centring.py",
-        "gaussian_mean(row_sum, dataset.n_rows, mech, rng, unit=bound)",
-        "gaussian_mean(row_sum, dataset.n_rows, mech, rng, unit=1.0)",
+        "gaussian_mean(row_sum, n_rows, mech, rng, unit=bound)",
+        "gaussian_mean(row_sum, n_rows, mech, rng, unit=1.0)",
         "centred or auto",
     ),
     Plant(

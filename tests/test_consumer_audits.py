@@ -483,3 +483,49 @@ def test_published_standardize_audit_catches_an_eighth_of_the_noise(gaussian_fac
 def test_published_standardize_audit_catches_a_quarter_of_the_noise(gaussian_factor) -> None:
     honest, twin, grant = standardize_audit(gaussian_factor, 0.25, 3000)
     assert_holds_and_catches(honest, twin, grant)
+
+
+def refined_mean_audit(
+    gaussian_factor, twin: float, runs: int
+) -> tuple[AuditResult, AuditResult, ApproxDP]:
+    """A wide table's refined centre as published (gauss, centred, private bounds): 199 zero
+    rows and one row +L·e₁ against the same with −L·e₁ (n = 200, D = 24, L = 10⁶).
+
+    At ε = 10 the single mean's √D·σ/n is 0.105, so the plan refines the centre. Both inputs
+    have the same row norms, so every norm bound has one distribution on both; the far row,
+    centred at the coarse c₀ and clipped to the released B₁ (``refined_row_norm``), moves
+    the refined sum by ≈ 2B₁·e₁ = Δ·B₁. The released centre is c₁ = c₀/n + clip(±L·e₁ − c₀,
+    B₁)/n + noise (the zero rows' −c₀ cancel c₀), so z = c₁₁·n/B₁ = ±1 + c₀₁/B₁ + N(0, σ²)
+    with σ the ``refined_mean`` step's for Δ = 2: the event "z > −1 + 3σ_twin" reads that
+    step (c₀'s share is ±B₀/(nB₁), small)."""
+    config = EstimateConfig(1, epsilon=EPSILON, delta=DELTA, method="gauss")
+    run = published(config)
+    before = np.zeros((200, 24))
+    before[0, 0] = 1e6
+    after = before.copy()
+    after[0, 0] = -1e6
+    grant = charged(run(before, np.random.default_rng(0)), "refined_mean")
+    spread = twin * gaussian_sigma(grant, 2.0)
+
+    def event(manifest: dict[str, Any]) -> bool:
+        n, bound = manifest["n_rows"], manifest["parameters"]["refined_row_norm"]
+        return manifest["release"]["mean"][0] * n / bound > -1.0 + 3.0 * spread
+
+    def once(factor: float) -> AuditResult:
+        gaussian_factor(factor)
+        return audit(run, before, after, event, runs, grant.delta)
+
+    return once(1.0), once(twin), grant
+
+
+def test_published_refined_centre_audit_catches_a_16th_of_the_noise(gaussian_factor) -> None:
+    honest, twin, grant = refined_mean_audit(gaussian_factor, 1 / 16, 120)
+    share = centring.REFINED_MEAN_SHARE * 0.9  # of the rest after the norm bounds' 10%
+    assert grant.epsilon == pytest.approx(EPSILON * share)
+    assert_holds_and_catches(honest, twin, grant)
+
+
+@pytest.mark.slow
+def test_published_refined_centre_audit_catches_an_eighth_of_the_noise(gaussian_factor) -> None:
+    honest, twin, grant = refined_mean_audit(gaussian_factor, 1 / 8, 1000)
+    assert_holds_and_catches(honest, twin, grant)

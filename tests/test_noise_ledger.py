@@ -157,6 +157,13 @@ def _mean(run: Run, step: dict[str, Any]) -> list[float]:
     return [gaussian_sigma(_grant(step), ROW_SUM) * unit for unit in units]
 
 
+def _refined_mean(run: Run, step: dict[str, Any]) -> list[float]:
+    """The refined centre (CoinPress step): σ for the row sum of the rows centred at the coarse
+    mean and clipped to refined_row_norm, drawn on the mean: scaled by refined_row_norm/n."""
+    units = [p["refined_row_norm"] / n for p, n in run.parameters if p.get("refined_row_norm")]
+    return [gaussian_sigma(_grant(step), ROW_SUM) * unit for unit in units]
+
+
 def _explained_variance(run: Run, step: dict[str, Any]) -> list[float]:
     """σ for the k + 1 sums, drawn on the variances: scaled by C²/n (C = variance_row_norm)."""
     units = [
@@ -206,6 +213,8 @@ STEP_SCALES: dict[str, Formula] = {
     "norm_bound": _norm_bound,
     "variance_norm_bound": lambda run, step: _sparse_vector(NORM_COUNT, step),
     "centred_norm_bound": lambda run, step: _sparse_vector(NORM_COUNT, step),
+    "mean_norm_bound": lambda run, step: _sparse_vector(NORM_COUNT, step),
+    "refined_mean": _refined_mean,
     "explained_variance": _explained_variance,
     "core_test": lambda run, step: [FRIEND_WEIGHT / laplace_epsilon(_grant(step))],
     "core_noise": _core_noise,
@@ -296,6 +305,7 @@ Size = Callable[["Run", str], "int | range"]
 
 STEP_SIZES: dict[str, Size] = {
     "radius_search|cell_search|norm_bound|variance_norm_bound|centred_norm_bound": lambda r, n: 1,
+    "mean_norm_bound": lambda run, name: 1,
     "core_test|gap_test|gap_max": lambda run, name: 1,
     "core_noise": lambda run, name: (
         run.manifest["dim"] ** 2 * run.manifest["parameters"].get("clusters", 1)
@@ -304,7 +314,7 @@ STEP_SIZES: dict[str, Size] = {
     "explained_variance": lambda run, name: (
         run.manifest["rank"] * (run.manifest["rank"] + 1) // 2 + 1
     ),
-    "mean|centred_sum": lambda run, name: run.manifest["dim"],
+    "mean|centred_sum|refined_mean": lambda run, name: run.manifest["dim"],
     "gram_noise|projector_noise": lambda run, name: _triangle(run),
     r"batch \d+": lambda run, name: _triangle(run),
     r"iteration_\d+": lambda run, name: _sulq_planes(run, name) * _triangle(run),
@@ -331,7 +341,14 @@ def _size_rule(step: str) -> Size:
     return matches[0]
 
 
-PER_GROUP = {"mean", "explained_variance", "core_noise", "gram_noise", "projector_noise"}
+PER_GROUP = {
+    "mean",
+    "refined_mean",
+    "explained_variance",
+    "core_noise",
+    "gram_noise",
+    "projector_noise",
+}
 """Formulas that already list one scale per boosting group (each group's own n or bound)."""
 
 
@@ -481,8 +498,11 @@ def _clip_bounds(run: Run, units: int) -> dict[str, Callable[[np.ndarray], float
         # (Σz/(2c), Σz²/c²) of z clipped to [−c, c]: each entry at most n/2 or n
         "standardize_moments|standardize_refine": lambda v: float(np.max(np.abs(v))) / units,
     }
+    refined = [p["refined_row_norm"] for p, _ in run.parameters if p.get("refined_row_norm")]
     if means:
         bounds["mean"] = lambda v: float(np.linalg.norm(v)) / max(means)
+    if refined:
+        bounds["refined_mean"] = lambda v: float(np.linalg.norm(v)) / max(refined)
     if variance:
         bounds["explained_variance"] = lambda v: float(np.max(v)) / max(variance) ** 2
     return bounds
@@ -592,6 +612,9 @@ def _generated(root: Path) -> dict[str, Path]:
         "sampled": generate(  # ≥ 8 partitions, n/8 ≥ 5·10⁴: gauss's sampled centre
             root / "sampled", rows=400_000, dim=8, rank=2, partitions=8, seed=1
         ).path,
+        "wide": generate(  # √D·σ/n ≥ 0.1 for the single mean: gauss refines its centre
+            root / "wide", rows=1_000, dim=200, rank=2, partitions=2, seed=1
+        ).path,
         "exact": generate(  # float64: exact needs rows in their span to ~1e-12
             root / "exact", rows=150, dim=5, rank=2, model="exact", dtype="float64", seed=1
         ).path,
@@ -634,6 +657,10 @@ CASES = {
     "gauss private norm": _estimate("gauss", *BUDGET, "--method", "gauss", "--center"),
     "gap-perturb private norm zcdp": _estimate("gap-perturb", *RHO, "--method", "gap-perturb"),
     "auto": _estimate("auto", *BUDGET, "--method", "auto"),  # gauss, private norm, centred
+    "gauss wide refined centre": Case("gauss", "estimate", "wide", (*BUDGET, "--method", "gauss")),
+    "auto wide refined centre": Case(  # ρ = 0.1: the single mean's √D·σ/n is 0.15 there
+        "auto", "estimate", "wide", ("--rho", "0.1", "--delta", "1e-6")
+    ),
     "auto sampled centre": Case("auto", "estimate", "sampled", (*BUDGET, "--method", "auto")),
     "power private norm centred": _estimate("power", *BUDGET, "--method", "power", "--center"),
     "power zcdp": _estimate("power", *RHO, "--method", "power", *COV, "--iterations", "3"),

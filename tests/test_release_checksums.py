@@ -101,6 +101,7 @@ ESTIMATES: dict[str, tuple[str, dict[str, Any]]] = {
     "power": ("rows", {**EPS, "method": "power", "row_norm": 5.0, "iterations": 3}),
     "power zcdp private norm": ("rows", {**RHO, "method": "power", "iterations": 2}),
     "gauss sampled centre": ("partitions", {**EPS, "method": "gauss"}),
+    "gauss wide refined centre": ("wide", {**EPS, "method": "gauss"}),
     "gauss user level": ("users", {**EPS, "method": "gauss", "unit_column": "user"}),
     "power user level": (
         "users",
@@ -125,6 +126,8 @@ STREAM_HORIZON, STREAM_BATCH_ROWS = 3, 5_000
 def _data(source: str) -> Dataset:
     if source == "rows":
         return array_dataset(_rows(1, 20_000, 8, 2))
+    if source == "wide":  # n ≤ 10·D, √D·σ/n = 0.175: gauss refines its centre
+        return array_dataset(_rows(7, 1_000, 200, 2) + 20.0)
     if source == "partitions":  # 40 partitions: the sampled-centre route of gauss
         return array_dataset(da.from_array(_rows(4, 800_000, 8, 2), chunks=(20_000, 8)))
     if source == "users":  # 2,000 users of 10 rows each

@@ -79,6 +79,9 @@ class Dataset:
     sampled_centre: bool = True
     """Whether gauss may centre on a sample of these partitions (boosting clears it where its
     groups would not all take that route, so that every group runs one plan)."""
+    refined_centre: bool = True
+    """Whether a wide table's centre may take the refinement steps (boosting clears it where
+    its groups would not all take them: one plan for every group)."""
 
     @property
     def dim(self) -> int:

@@ -12,6 +12,14 @@ workers before the local step. Privacy by composition: ``μ̂`` is a DP release,
 public ``μ̂`` the map ``x ↦ x − μ̂`` is applied row by row, so replacing one row still changes one
 subset's summary and the aggregator's argument holds unchanged.
 
+Refined centre (gauss and gap-perturb on wide tables, row level, private bound): the mean
+above is only a coarse centre c₀; a private bound B₁ on the norms of the rows centred at c₀
+(step ``mean_norm_bound``) and the Gaussian mean of those rows clipped to B₁ (step
+``refined_mean``) move it to c₁ = c₀ + that mean (:func:`refine`; CoinPress, Biswas, Dong,
+Kamath & Ullman 2020, one refinement step). The plan declares the two steps on wide-shaped
+tables where the coarse mean's noise is a large share of its bound and the refined one's is
+not (:func:`refines`: public n, D and grants only).
+
 Explained variance (row level): after the basis is released, a private bound ``C`` on the norms
 of the centred rows (step ``variance_norm_bound``), then a Gaussian on the k squared projections
 and the squared norm of the rows clipped to ``C`` (:mod:`dpsub_dist.privacy.variance`, step
@@ -35,6 +43,7 @@ column, and the method reads ``(x − μ̂)/σ̂``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -55,10 +64,16 @@ from dpsub_dist.methods._norm_pass import (
     fuse_level_sums,
     gather_clipped_sum,
 )
+<<<<<<< HEAD
 from dpsub_dist.methods._standardize import ROUNDS, StandardisedLoader
 from dpsub_dist.privacy import column_scales, mechanism
 from dpsub_dist.privacy.accountant import Budget, laplace_epsilon
 from dpsub_dist.privacy.covariance_noise import SENSITIVITY, gaussian_mean
+=======
+from dpsub_dist.privacy import mechanism
+from dpsub_dist.privacy.accountant import Budget, gaussian_sigma, laplace_epsilon
+from dpsub_dist.privacy.covariance_noise import SENSITIVITY, MeanRelease, gaussian_mean
+>>>>>>> 56540e924c7c21e66a43a078b1f7a21f4bc7c775
 from dpsub_dist.privacy.norm_bound import (
     FIX,
     GRID,
@@ -146,8 +161,100 @@ def plan_shares(
     return {**before, **scaled, **after}
 
 
+WIDE_NOISE_RATIO = 0.1
+"""A table is *wide* for the centre when the single mean's noise norm √D·σ·B/n is at least
+this share of its bound B (:func:`mean_noise_ratio`): there B, the raw rows' bound, carries
+the distance from the origin into the centre's error, and a second step clipped around the
+coarse centre pays (docs/centring.md). Below it (every tall table: κ ≈ 0.007 at n = 2·10⁴,
+D = 8, ε = 1) the centre is one step, as before."""
+
+CONTRACTING_RATIO = 0.5
+"""…and where the refined mean's own κ is below this: at κ ≥ 0.5 its error κ·B₁ is half its
+bound, which is at least the coarse error, so the step cannot bring the centre within the
+spread and its budget is worth more to the Gram (measured: the wide table at ε = 0.3)."""
+
+WIDE_SHAPE = 10
+"""…and wide in shape, n ≤ this × D. Measured (docs/centring.md): on digits (n/D = 28,
+κ = 0.20 at ε = 1) the refinement halved the centre's error but the Gram's smaller share
+cost more captured variance than it gained; on the wide table (n/D = 5.3) it gained."""
+
+REFINED_MEAN_SHARE = 0.25
+"""Share of the budget (after the norm bounds) of each of the two mean steps on the refined
+route (``mean`` and ``refined_mean``): measured on the wide table of docs/centring.md at
+ε = 1, 0.2 each left the refined centre's error at 40, above the second component's scale
+(38; captured 0.845), 0.25 each at 24 (captured 0.943)."""
+
+MEAN_NOISE_WEIGHT = 4.0
+"""Weight of the refined mean's noise against its clipping-bias bound in
+:func:`refined_quantile`: the bound adds the clipped rows' overshoots as if they were
+parallel; in many dimensions they mostly cancel. Measured on the wide table at 0.2 shares
+it made no difference (centre error 39.8 against 40.2 at weight 1: B₁ lands on the same √2
+step of the grid); it lowers B₁ where the spread, not the coarse error, sets it."""
+
+MEAN_MAX_CLIPPED = 0.5
+"""The refined mean's bound never targets a quantile below 0.5 (:func:`refined_quantile`)."""
+
+
+def mean_noise_ratio(grant: Budget, n_rows: int, dim: int) -> float:
+    """κ = √D·σ/n: the expected norm of the Gaussian mean's noise over its clipping bound, σ
+    the Gaussian's for the row sum (Δ = 2) at ``grant``. Public: the grant, n and D."""
+    return math.sqrt(dim) * gaussian_sigma(grant, SENSITIVITY["replace"].row_sum) / n_rows
+
+
+def refined_quantile(grants: dict[str, Budget], n_rows: int, dim: int) -> float:
+    """The quantile of the centred rows' norms that ``mean_norm_bound`` searches for:
+    ``1 − min(4κ, 0.5)`` (:data:`MEAN_NOISE_WEIGHT`) with κ the refined mean's
+    :func:`mean_noise_ratio`, with the margins of :func:`margined_row_quantile`. Public:
+    grants, n and D.
+
+    Derivation (as :func:`~dpsub_dist.privacy.norm_bound.noise_matched_quantile` for the
+    Gram): clipping the rows y = x − c₀ to B moves their mean by at most
+    ``Σ(‖y‖ − B)₊/n`` and the noise adds ≈ κ·B, so the sum of the two is convex in B with
+    derivative ``−P(‖y‖ > B) + κ``: smallest where the share of clipped rows is κ; the
+    bias bound is loose, hence the weight."""
+    kappa = mean_noise_ratio(grants["refined_mean"], n_rows, dim)
+    quantile = 1.0 - min(MEAN_NOISE_WEIGHT * kappa, MEAN_MAX_CLIPPED)
+    bound, fix = BOUND_STEPS["mean_norm_bound"]
+    epsilon = laplace_epsilon(grants["mean_norm_bound"])
+    return margined_quantile(quantile, n_rows, epsilon, "rows", bound, fix)
+
+
+def refines(single: Budget, refined: dict[str, Budget], n_rows: int, dim: int) -> bool:
+    """Whether a centred run with a private bound takes the refinement steps: where the
+    table is wide (n ≤ :data:`WIDE_SHAPE`·D), the single-step mean (at its grant ``single``)
+    has κ ≥ :data:`WIDE_NOISE_RATIO`, the refined mean's κ < :data:`CONTRACTING_RATIO` and n
+    meets the refined bound's margin at the ``refined`` plan's grants. Public facts only."""
+    if n_rows < 1 or n_rows > WIDE_SHAPE * dim:
+        return False
+    if mean_noise_ratio(single, n_rows, dim) < WIDE_NOISE_RATIO:
+        return False
+    if mean_noise_ratio(refined["refined_mean"], n_rows, dim) >= CONTRACTING_RATIO:
+        return False
+    try:
+        refined_quantile(refined, n_rows, dim)
+    except TooFewForBound:
+        return False
+    return True
+
+
+REFINE_RULE = (
+    "public: centred, private bound, row level, not the sampled centre; "
+    f"n ≤ {WIDE_SHAPE}·D, the single mean's √D·σ/n ≥ {WIDE_NOISE_RATIO} (σ for Δ = 2 at its "
+    f"grant), the refined mean's < {CONTRACTING_RATIO} and n meets the refined bound's margin"
+)
+
+
+REFINED_SOURCE = (
+    "private (step mean_norm_bound): the smallest value 2^-10·√2^j (j = 0…100) at which the "
+    "noisy count of the rows x − coarse_mean with norm ≤ it reaches q·n (sparse vector), "
+    "q = {q:.6g} = 1 − min(4√D·σ/n, 0.5) from public n, D and the refined mean's grant (σ for "
+    "Δ = 2), within 35.3/ε ≤ q·n ≤ n − 20/ε"
+)
+
+
 BOUND_STEPS = {
     "norm_bound": ("a private norm bound", FIX),
+    "mean_norm_bound": ("the refined centre's private norm bound", "pass a larger ε"),
     "variance_norm_bound": ("the explained variance's private norm bound", "pass a larger ε"),
 }
 """This module's private bounds at row level: (what the message calls it, its fix). The mean's
@@ -280,15 +387,8 @@ def centre(
     else:
         if config.row_norm is None:
             bound = private_bound(ctx, "norm_bound", dataset, dataset.loader, quantile)
-        total = dask.delayed(_clipped_row_sum, pure=True)
-        tasks = [total(dataset.loader, bound, part) for part in dataset.parts]
-        label = f"{len(tasks)} partitions → clipped row sum"
-        row_sum = sum_on_workers(tasks, ctx.executor, label, ctx.progress)
-    mean = ctx.release(
-        "mean",
-        mechanism.gaussian(ctx.grant("mean"), SENSITIVITY["replace"].row_sum),
-        lambda mech, rng: gaussian_mean(row_sum, dataset.n_rows, mech, rng, unit=bound),
-    )
+        row_sum = clipped_sum(ctx, dataset, dataset.loader, bound)
+    mean = release_mean(ctx, "mean", row_sum, dataset.n_rows, bound)
     parameters = {"center": True, "mean_row_norm": bound, "mean_row_norm_source": source}
     release = {
         "mean": mean.mean.tolist(),
@@ -297,7 +397,79 @@ def centre(
         "mean_sensitivity": mean.sensitivity,
         "mean_noise_sigma": mean.sigma,
     }
+    if "refined_mean" in ctx.grants:  # the plan's refined route (:func:`refines`)
+        return refine(ctx, dataset, mean, parameters, release)
     return CentredLoader(dataset.loader, mean.mean), parameters, release
+
+
+def release_mean(
+    ctx: RunContext, step: str, row_sum: np.ndarray, n_rows: int, bound: float
+) -> MeanRelease:
+    """Step ``step``: the Gaussian mean of rows clipped to ``bound`` whose sum is ``row_sum``
+    (:func:`~dpsub_dist.privacy.covariance_noise.gaussian_mean`; Δ = 2 for the sum of rows
+    scaled to norm ≤ 1 under replace-one, n public), in input units."""
+    gaussian = mechanism.gaussian(ctx.grant(step), SENSITIVITY["replace"].row_sum)
+
+    def draw(mech: mechanism.Gaussian, rng: np.random.Generator) -> MeanRelease:
+        return gaussian_mean(row_sum, n_rows, mech, rng, unit=bound)
+
+    return ctx.release(step, gaussian, draw)
+
+
+def clipped_sum(ctx: RunContext, dataset: Dataset, loader: Any, bound: float) -> np.ndarray:
+    """Σ clip(y, ``bound``) over ``loader``'s rows y of ``dataset``, summed on the workers."""
+    total = dask.delayed(_clipped_row_sum, pure=True)
+    tasks = [total(loader, bound, part) for part in dataset.parts]
+    label = f"{len(tasks)} partitions → clipped row sum"
+    return sum_on_workers(tasks, ctx.executor, label, ctx.progress)
+
+
+def refine(
+    ctx: RunContext,
+    dataset: Dataset,
+    coarse: MeanRelease,
+    parameters: dict[str, Any],
+    release: dict[str, Any],
+) -> tuple[CentredLoader, dict[str, Any], dict[str, Any]]:
+    """One CoinPress step (Biswas, Dong, Kamath & Ullman, NeurIPS 2020, Alg. 1 with one
+    refinement) from the released coarse centre c₀: the rows y = x − c₀, their private norm
+    bound B₁ (step ``mean_norm_bound``, at :func:`refined_quantile`), and the centre
+    c₁ = c₀ + B₁·(Σ clip(y, B₁)/B₁)/n + N(0, (B₁σ/n)²) (step ``refined_mean``). The coarse
+    mean's error grows with its bound, the raw rows' (the distance from the origin); the
+    refined one's with B₁, the spread around c₀.
+
+    Privacy (replace one row, n public): c₀ is released before this step and fixed, so
+    ``x ↦ x − c₀`` acts on each row alone and a replaced row is still one replaced row y.
+    ``mean_norm_bound`` is the sparse vector of :mod:`dpsub_dist.privacy.norm_bound` over the
+    y's norm counts (each cumulative count moves by ≤ 1): ε of its grant. Given B₁ (released),
+    the sum of the y clipped to B₁ and scaled by 1/B₁ moves by ``a − b`` with ‖a‖, ‖b‖ ≤ 1:
+    Δ = 2, the Gaussian mechanism at its grant (:func:`release_mean`). c₁ is post-processing
+    of c₀ and that release. Cost: the two grants, composed with the others as every step
+    (the run's accountant); the rows are then centred at c₁, a released value."""
+    quantile = refined_quantile(ctx.grants, dataset.n_rows, dataset.dim)
+    around = CentredLoader(dataset.loader, coarse.mean)
+    bound = private_bound(ctx, "mean_norm_bound", dataset, around, quantile)
+    step = release_mean(
+        ctx, "refined_mean", clipped_sum(ctx, dataset, around, bound), dataset.n_rows, bound
+    )
+    centre = coarse.mean + step.mean
+    parameters = {
+        **parameters,
+        "refined_row_norm": bound,
+        "refined_row_norm_source": REFINED_SOURCE.format(q=quantile),
+        "centre_rule": REFINE_RULE,
+    }
+    release = {
+        **release,
+        "mean": centre.tolist(),
+        "coarse_mean": release["mean"],
+        "mean_note": "private: the coarse mean c₀ of the rows clipped to mean_row_norm (step "
+        "mean) plus the mean of the rows x − c₀ clipped to refined_row_norm (step "
+        "refined_mean), input units; subtracted from every row before the estimate",
+        "refined_mean_sensitivity": step.sensitivity,
+        "refined_mean_noise_sigma": step.sigma,
+    }
+    return CentredLoader(dataset.loader, centre), parameters, release
 
 
 def sample_partitions(dataset: Dataset, target_rows: int, seed: int) -> Dataset:

@@ -40,7 +40,7 @@ from dpsub_dist.context import EstimateResult, PlanMismatch, RunContext, public_
 from dpsub_dist.engine.assign import random_row_subsets, unit_subsets
 from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.linalg import subspace_error
-from dpsub_dist.methods.gauss import centre_sample
+from dpsub_dist.methods.gauss import centre_sample, refined_centre
 from dpsub_dist.privacy.mechanism import Mechanism, Parallel
 
 if TYPE_CHECKING:
@@ -165,11 +165,14 @@ def one_centre_route(config: EstimateConfig, parts: list[Dataset]) -> list[Datas
     the groups' row counts at row level; asked as gauss, which auto may choose and which
     alone reads it). The route splits the mean's charge in two steps, so groups on both
     sides of its threshold would list each step at its larger charge and sum above the
-    budget: the run refused after its noise was drawn."""
+    budget: the run refused after its noise was drawn. The same for a wide table's refined
+    centre (:func:`~dpsub_dist.methods.gauss.refined_centre`): all groups or none."""
     as_gauss = dataclasses.replace(config, method="gauss", parsed_budget=config.budget())
-    if all(centre_sample(as_gauss, part) is not None for part in parts):
-        return parts
-    return [dataclasses.replace(part, sampled_centre=False) for part in parts]
+    if not all(centre_sample(as_gauss, part) is not None for part in parts):
+        parts = [dataclasses.replace(part, sampled_centre=False) for part in parts]
+    if len({refined_centre(as_gauss, part) for part in parts}) > 1:
+        parts = [dataclasses.replace(part, refined_centre=False) for part in parts]
+    return parts
 
 
 def one_plan(results: Sequence[EstimateResult]) -> dict[str, tuple[float, float]]:

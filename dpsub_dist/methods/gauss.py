@@ -111,6 +111,7 @@ def budget_plan(
     private_norm: bool = False,
     norm_share: float = NORM_SHARE,
     sampled: bool = False,
+    refined: bool = False,
 ) -> dict[str, tuple[float, float]]:
     """Each step's (share of ε or ρ, share of δ); zCDP Gaussians need no δ, the gap test does.
 
@@ -119,7 +120,10 @@ def budget_plan(
     share is split between ``norm_bound`` (raw rows, for the mean) and ``centred_norm_bound``
     (the rows the Gram sums). ``sampled`` (the sampled-centre route, :func:`centre_sample`):
     the mean's share is split, :data:`CORRECTION_SHARE` of it to ``centred_sum`` (drawn
-    after ``centred_norm_bound``, from the full pass's sum).
+    after ``centred_norm_bound``, from the full pass's sum). ``refined`` (a wide table's
+    centre, :func:`refined_centre`; centred with a private bound): ``mean`` and
+    ``refined_mean`` take :data:`~dpsub_dist.methods._centring.REFINED_MEAN_SHARE` each and
+    the norm share is split in three, ``mean_norm_bound`` between the two means.
     """
     delta_share = 0.0 if zcdp else 1.0
     if method == "gauss":
@@ -129,16 +133,30 @@ def budget_plan(
             "gap_test": (GAP_TEST_SHARE, 1.0 if zcdp else 0.5),
             "projector_noise": (1.0 - GAP_TEST_SHARE, 0.0 if zcdp else 0.5),
         }
+    refined = refined and center and private_norm
+    means = ("mean", "refined_mean") if refined else ("mean",)
     if center:
-        rest = 1.0 - MEAN_SHARE
+        share = centring.REFINED_MEAN_SHARE if refined else MEAN_SHARE
+        rest = 1.0 - share * len(means)
         steps = {name: (p * rest, q * rest) for name, (p, q) in steps.items()}
-        steps = {"mean": (MEAN_SHARE, MEAN_SHARE * delta_share), **steps}
+        steps = {name: (share, share * delta_share) for name in means} | steps
     if not private_norm:
         return steps
     if not center:
         return norm_bound_first(steps, norm_share)
     rest = 1.0 - norm_share
     scaled = {name: (p * rest, q) for name, (p, q) in steps.items()}
+    if refined:  # the raw rows' bound, the coarse-centred rows', the centred rows'
+        third = (norm_share / 3, 0.0)
+        coarse, fine = scaled.pop("mean"), scaled.pop("refined_mean")
+        return {
+            "norm_bound": third,
+            "mean": coarse,
+            "mean_norm_bound": third,
+            "refined_mean": fine,
+            "centred_norm_bound": third,
+            **scaled,
+        }
     half = (norm_share / 2, 0.0)  # the raw rows' bound (for the mean), the centred rows'
     mean = scaled.pop("mean")
     if not sampled:
@@ -169,19 +187,42 @@ def plan_shares(config: EstimateConfig, dataset: Dataset | None) -> dict[str, tu
     picks from public facts (the options and ``dataset``'s footers). The runner declares this
     very plan, so ``job.plan_budget`` and the run's manifest show the same steps. Without a
     dataset only a plan the footers cannot change is known (ValueError otherwise)."""
-    return route_shares(config, sampled=centre_sample(config, dataset) is not None)
+    sampled = centre_sample(config, dataset) is not None
+    return route_shares(config, sampled, refined=not sampled and refined_centre(config, dataset))
 
 
-def route_shares(config: EstimateConfig, sampled: bool) -> dict[str, tuple[float, float]]:
-    """:func:`budget_plan` for this run on a route (``sampled``: the sampled centre's);
-    gap-perturb also pays for its explained variance (row level; gauss gets it free from its
-    noisy matrix); the standardisation's steps first with ``--standardize``."""
+def route_shares(
+    config: EstimateConfig, sampled: bool, refined: bool = False
+) -> dict[str, tuple[float, float]]:
+    """:func:`budget_plan` for this run on a route (``sampled``: the sampled centre's;
+    ``refined``: the wide table's centre); gap-perturb also pays for its explained variance
+    (row level; gauss gets it free from its noisy matrix); the standardisation's steps first
+    with ``--standardize``."""
     zcdp = config.rho is not None
     private = config.row_norm is None
-    shares = budget_plan(config.method, config.center, zcdp, private, sampled=sampled)
+    shares = budget_plan(
+        config.method, config.center, zcdp, private, sampled=sampled, refined=refined
+    )
     if config.method == "gap-perturb":
         shares = centring.plan_shares(shares, config, centre=False)
     return with_standardize(shares, config)
+
+
+def refined_centre(config: EstimateConfig, dataset: Dataset | None) -> bool:
+    """Whether the run's centre takes the refinement steps (the route's rule,
+    :data:`~dpsub_dist.methods._centring.REFINE_RULE`; public facts only: the options, n, D
+    and the grants): centred, private bound, row level, on a dataset that allows it
+    (boosting's groups take it all or none), where :func:`centring.refines` says the table is
+    wide. Not on the sampled centre's route (its own second step, ``centred_sum``)."""
+    if not config.center or config.row_norm is not None or config.unit_column is not None:
+        return False
+    if dataset is None:
+        raise ValueError("the centre's route depends on the dataset's n and D: pass the dataset")
+    if not dataset.refined_centre:
+        return False
+    _, single = plan(config, route_shares(config, sampled=False))
+    _, refined = plan(config, route_shares(config, sampled=False, refined=True))
+    return centring.refines(single["mean"], refined, dataset.n_rows, dataset.dim)
 
 
 def release_basis(
@@ -631,9 +672,8 @@ def run_covariance(
         **centred,
         "partitions": len(dataset.parts),
     }
-    gathered = summary.nbytes + (8 * dataset.dim if config.center else 0) * (
-        1 + (shift is not None)
-    )
+    sums = 1 + (shift is not None) + ("refined_mean" in grants)  # the mean steps' row sums
+    gathered = summary.nbytes + (8 * dataset.dim * sums if config.center else 0)
     return without_assignment(ctx.result(basis, parameters, {**mean_release, **release}, gathered))
 
 
