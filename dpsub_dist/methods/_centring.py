@@ -64,16 +64,10 @@ from dpsub_dist.methods._norm_pass import (
     fuse_level_sums,
     gather_clipped_sum,
 )
-<<<<<<< HEAD
 from dpsub_dist.methods._standardize import ROUNDS, StandardisedLoader
 from dpsub_dist.privacy import column_scales, mechanism
-from dpsub_dist.privacy.accountant import Budget, laplace_epsilon
-from dpsub_dist.privacy.covariance_noise import SENSITIVITY, gaussian_mean
-=======
-from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import Budget, gaussian_sigma, laplace_epsilon
 from dpsub_dist.privacy.covariance_noise import SENSITIVITY, MeanRelease, gaussian_mean
->>>>>>> 56540e924c7c21e66a43a078b1f7a21f4bc7c775
 from dpsub_dist.privacy.norm_bound import (
     FIX,
     GRID,
