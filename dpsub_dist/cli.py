@@ -87,6 +87,11 @@ def _workers(text: str) -> int:
     return value
 
 
+LOCAL_WORKERS_HELP = (
+    "workers of a local cluster, started whatever the table's size (default: one per core)"
+)
+
+
 def _storage_option(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -161,9 +166,7 @@ def add_input_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     add_run_arguments(parser, command)
     add_scheduler_argument(parser)
-    parser.add_argument(
-        "--workers", type=_workers, help="workers of the local cluster (default: one per core)"
-    )
+    parser.add_argument("--workers", type=_workers, help=LOCAL_WORKERS_HELP)
     parser.add_argument(
         "--memory-limit",
         help="memory limit of each local-cluster worker, e.g. 1GiB (default: 80%% of the "
@@ -325,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
         "that estimate the uncentred subspace)",
     )
     add_scheduler_argument(ev, "with --data: ")
-    ev.add_argument("--workers", type=_workers, help="workers of the local cluster (--data)")
+    ev.add_argument("--workers", type=_workers, help=f"with --data: {LOCAL_WORKERS_HELP}")
     ev.add_argument("--quiet", action="store_true", help="no progress bar or cluster banner")
     add_storage_arguments(ev)
 
@@ -415,7 +418,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 def run_to_output(args: argparse.Namespace, make_config, runner) -> int:
     """Build the config from the flags the method declares, validate, check --out, run on the
-    Dask cluster, write atomically; exit 3 for ⊥."""
+    Dask cluster or in process (:func:`~dpsub_dist.engine.cluster.run_place`), write
+    atomically; exit 3 for ⊥."""
     from dpsub_dist.diagnostics import keep_run_timings
     from dpsub_dist.engine.cluster import run_place
     from dpsub_dist.engine.progress import closing_line, numbered_passes
@@ -635,9 +639,7 @@ def add_scheduled_commands(sub) -> None:
         "footers and the output folder (exit code as a run would fail; nothing written)",
     )
     add_scheduler_argument(run, "overrides the job's; ")
-    run.add_argument(
-        "--workers", type=_workers, help="workers of the local cluster (default: one per core)"
-    )
+    run.add_argument("--workers", type=_workers, help=LOCAL_WORKERS_HELP)
     run.add_argument("--quiet", action="store_true", help="no progress bar or cluster banner")
 
     budget = sub.add_parser(

@@ -17,8 +17,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dpsub_dist.engine import cluster
 from dpsub_dist.engine.cluster import IN_PROCESS_BYTES, chosen_scheduler
-from dpsub_dist.engine.sources import Dataset
+from dpsub_dist.engine.compute import IN_PROCESS, Executor
+from dpsub_dist.engine.sources import Dataset, parquet_dataset
+from dpsub_dist.job import EstimateConfig, run_estimate
 from dpsub_dist.synth import generate
 
 BUDGET = ["--epsilon", "1", "--delta", "1e-6"]
@@ -47,7 +50,7 @@ def test_a_small_table_runs_in_process_and_says_why(small: Path, tmp_path: Path)
     done = dpsub("estimate", str(small), "--rank", "2", *BUDGET, "--out", "out", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert (
-        "in process, no cluster (2,000 rows × 6 features = 0.0916 MiB as float64 ≤ 64 MiB; "
+        "in process, no cluster (2,000 rows × 6 features = 93.75 kiB as float64 ≤ 64.00 MiB; "
         "--scheduler local-cluster starts one)"
     ) in done.stderr.splitlines()
     assert "local Dask cluster" not in done.stderr
@@ -100,3 +103,24 @@ def test_the_choice_is_the_size_from_footers_and_schema() -> None:
     assert chosen_scheduler(_dataset(rows, 16))[0] == "in-process"
     assert chosen_scheduler(_dataset(rows + 1, 16))[0] == "local-cluster"
     assert chosen_scheduler(_dataset(10, 16, ("x0",)))[0] == "local-cluster"
+
+
+def test_above_the_limit_a_cluster_runs_the_dataset_opened_here(
+    small: Path, monkeypatch, capsys
+) -> None:
+    """The footers are read once, in process, to choose; the cluster then runs that dataset."""
+    monkeypatch.setattr(cluster, "IN_PROCESS_BYTES", 1024)
+    executors: list[Executor] = []
+
+    def open_dataset(executor: Executor) -> Dataset:
+        executors.append(executor)
+        return parquet_dataset(str(small), None, None, None, executor)
+
+    config = EstimateConfig(rank=2, epsilon=1.0, delta=1e-6)
+    with cluster.run_place(None, open_dataset, True) as (client, opened):
+        result = run_estimate(config, opened, client)
+        assert Executor(client).workers >= 1
+    assert executors == [IN_PROCESS]
+    assert result.outcome == "ok"
+    banner = "workers (2,000 rows × 6 features = 93.75 kiB as float64 > 1.00 kiB), "
+    assert banner in capsys.readouterr().err

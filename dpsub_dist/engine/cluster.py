@@ -186,15 +186,13 @@ def chosen_scheduler(dataset: Dataset) -> tuple[str, str]:
     read from a row (a variable list column) is not public: a local cluster."""
     if dataset.widths_from_rows:
         return LOCAL_CLUSTER_NAME, "the width of a list column is read from its rows"
+    from dask.utils import format_bytes
+
     size = dataset.n_rows * dataset.dim * 8
-    shown = f"{dataset.n_rows:,} rows × {dataset.dim} features = {_mib(size)} as float64"
+    shown = f"{dataset.n_rows:,} rows × {dataset.dim} features = {format_bytes(size)} as float64"
     if size <= IN_PROCESS_BYTES:
-        return IN_PROCESS_NAME, f"{shown} ≤ {_mib(IN_PROCESS_BYTES)}"
-    return LOCAL_CLUSTER_NAME, f"{shown} > {_mib(IN_PROCESS_BYTES)}"
-
-
-def _mib(size: int) -> str:
-    return f"{size / 2**20:.3g} MiB"
+        return IN_PROCESS_NAME, f"{shown} ≤ {format_bytes(IN_PROCESS_BYTES)}"
+    return LOCAL_CLUSTER_NAME, f"{shown} > {format_bytes(IN_PROCESS_BYTES)}"
 
 
 @contextlib.contextmanager
