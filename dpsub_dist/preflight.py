@@ -32,10 +32,10 @@ user level; a footer error names a file and a column, as a run would.
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from dpsub_dist.context import check_schema_width
+from dpsub_dist.engine.compute import IN_PROCESS
 from dpsub_dist.errors import BudgetRefused, DpsubError, InputError
 from dpsub_dist.io.output import check_output_dir
 from dpsub_dist.io.parquet import (
@@ -51,9 +51,6 @@ from dpsub_dist.io.storage import StorageOptions
 from dpsub_dist.jobfile import Job, own_unpublished_output
 from dpsub_dist.ledger import Grant, RunRecord, RunRequest, check_run_id, open_ledger
 from dpsub_dist.ledger.core import charged_accountant, check_compatible, describe_budget
-
-FOOTER_THREADS = 16
-"""Footers read at once (object stores answer each request slowly but in parallel)."""
 
 
 @dataclass(frozen=True)
@@ -157,8 +154,7 @@ def _dataset(job: Job) -> str:
     """List the dataset and read every footer (no rows); validate the job's columns and rank."""
     options = StorageOptions.wrap(job.storage_options)
     files = list_parquet_files(job.dataset, options)
-    with ThreadPoolExecutor(max_workers=min(FOOTER_THREADS, len(files))) as pool:
-        infos = list(pool.map(lambda name: inspect_file(name, options), files))
+    infos = IN_PROCESS.map(inspect_file, files, storage_options=options)  # on threads
     choice = select_columns(infos, job.columns, job.unit_column, job.exclude_columns)
     columns = choice.used
     left_out = describe_left_out(choice.left_out)
