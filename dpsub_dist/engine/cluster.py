@@ -153,7 +153,8 @@ def run_place(
 
     With no ``scheduler`` named (and no ``workers`` or ``memory_limit``, which size a local
     cluster) and ``n_public`` (row level: the footers' row count is public), the dataset is
-    opened here (its footers, no row) and its size chooses: in process up to
+    opened here (its footers, and a variable list column's first row as a run reads it)
+    and its size chooses: in process up to
     :data:`IN_PROCESS_BYTES`, else a local cluster, which is handed the dataset already
     opened. At user level the row count is private and the cluster is started as before:
     the choice, printed, would publish a function of it.
