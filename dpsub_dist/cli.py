@@ -87,6 +87,11 @@ def _workers(text: str) -> int:
     return value
 
 
+LOCAL_WORKERS_HELP = (
+    "workers of a local cluster, started whatever the table's size (default: one per core)"
+)
+
+
 def _storage_option(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -165,10 +170,8 @@ def add_input_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     add_run_arguments(parser, command)
-    parser.add_argument("--scheduler", help="tcp://host:port of a running Dask scheduler")
-    parser.add_argument(
-        "--workers", type=_workers, help="workers of the local cluster (default: one per core)"
-    )
+    add_scheduler_argument(parser)
+    parser.add_argument("--workers", type=_workers, help=LOCAL_WORKERS_HELP)
     parser.add_argument(
         "--memory-limit",
         help="memory limit of each local-cluster worker, e.g. 1GiB (default: 80%% of the "
@@ -176,6 +179,16 @@ def add_input_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         "worker against it",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or cluster banner")
+
+
+def add_scheduler_argument(
+    parser: argparse.ArgumentParser, scope: str = "", default: str | None = None
+) -> None:
+    """--scheduler: where the tasks run (:mod:`dpsub_dist.engine.cluster`); ``default``: what
+    omitting it does, where not the choice from the table's size."""
+    from dpsub_dist.engine.cluster import CHOSEN_DEFAULT, SCHEDULER_HELP
+
+    parser.add_argument("--scheduler", help=f"{scope}{SCHEDULER_HELP}; {default or CHOSEN_DEFAULT}")
 
 
 def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
@@ -319,8 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --data: uncentred second moments instead of the covariance (for runs "
         "that estimate the uncentred subspace)",
     )
-    ev.add_argument("--scheduler", help="tcp://host:port of a running Dask scheduler (--data)")
-    ev.add_argument("--workers", type=_workers, help="workers of the local cluster (--data)")
+    add_scheduler_argument(ev, "with --data: ")
+    ev.add_argument("--workers", type=_workers, help=f"with --data: {LOCAL_WORKERS_HELP}")
     ev.add_argument("--quiet", action="store_true", help="no progress bar or cluster banner")
     add_storage_arguments(ev)
 
@@ -410,9 +423,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 def run_to_output(args: argparse.Namespace, make_config, runner) -> int:
     """Build the config from the flags the method declares, validate, check --out, run on the
-    Dask cluster, write atomically; exit 3 for ⊥."""
+    Dask cluster or in process (:func:`~dpsub_dist.engine.cluster.run_place`), write
+    atomically; exit 3 for ⊥."""
     from dpsub_dist.diagnostics import keep_run_timings
-    from dpsub_dist.engine.cluster import dask_client
+    from dpsub_dist.engine.cluster import run_place
     from dpsub_dist.engine.progress import closing_line, numbered_passes
     from dpsub_dist.engine.sources import parquet_dataset
     from dpsub_dist.io.output import check_output_dir, write_run
@@ -441,9 +455,10 @@ def run_to_output(args: argparse.Namespace, make_config, runner) -> int:
             passes.rows = dataset.n_rows
         return dataset
 
-    with dask_client(args.scheduler, args.quiet, args.workers, args.memory_limit) as client:
-        with numbered_passes() as passes:
-            result = runner(config, open_dataset, client, progress=not args.quiet)
+    row_level = config.unit_column is None
+    where = (args.scheduler, open_dataset, row_level, args.quiet, args.workers, args.memory_limit)
+    with numbered_passes() as passes, run_place(*where) as (client, opened):
+        result = runner(config, opened, client, progress=not args.quiet)
     out = write_run(args.out, result.basis, result.manifest, args.overwrite, storage_options)
     keep_run_timings(args.out, result.manifest, result.timings)
     if not args.quiet:
@@ -527,13 +542,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def evaluate_on_data(args: argparse.Namespace, basis, columns, storage_options) -> str:
     """The two lines of ``evaluate --data``: what was read, then the key=value metrics."""
     from dpsub_dist import evaluate
-    from dpsub_dist.engine.cluster import dask_client
+    from dpsub_dist.engine.cluster import run_place
     from dpsub_dist.engine.compute import Executor
     from dpsub_dist.engine.sources import parquet_dataset
 
-    with dask_client(args.scheduler, args.quiet, args.workers) as client:
+    def open_data(executor: Executor):
+        return parquet_dataset(args.data, columns, None, storage_options, executor)
+
+    where = (args.scheduler, open_data, True, args.quiet, args.workers)  # n: the operator's
+    with run_place(*where) as (client, opened):
         executor = Executor(client)
-        dataset = parquet_dataset(args.data, columns, None, storage_options, executor)
+        dataset = opened(executor)
         moments = evaluate.data_moments(dataset, executor, progress=not args.quiet)
     check = evaluate.captured_variance(basis, moments, args.center)
     shown = ", ".join(dataset.columns[:SHOWN_COLUMNS])
@@ -624,10 +643,8 @@ def add_scheduled_commands(sub) -> None:
         help="check without running: the job, the ledger and the budget left, the dataset's "
         "footers and the output folder (exit code as a run would fail; nothing written)",
     )
-    run.add_argument("--scheduler", help="tcp://host:port of a running Dask scheduler")
-    run.add_argument(
-        "--workers", type=_workers, help="workers of the local cluster (default: one per core)"
-    )
+    add_scheduler_argument(run, "overrides the job's; ")
+    run.add_argument("--workers", type=_workers, help=LOCAL_WORKERS_HELP)
     run.add_argument("--quiet", action="store_true", help="no progress bar or cluster banner")
 
     budget = sub.add_parser(
@@ -702,7 +719,7 @@ def add_scheduled_commands(sub) -> None:
         help="batch id (default: the batch URI); appending an id again re-releases that step "
         "and changes nothing",
     )
-    s_append.add_argument("--scheduler", help="tcp://host:port of a running Dask scheduler")
+    add_scheduler_argument(s_append, default="default: a local cluster")
     s_append.add_argument("--workers", type=_workers, help="workers of the local cluster")
     add_storage_arguments(s_append)
     s_append.add_argument("--quiet", action="store_true", help="no progress bar or banner")

@@ -37,6 +37,7 @@ import numpy as np
 import yaml
 
 from dpsub_dist.diagnostics import keep_run_timings
+from dpsub_dist.engine.cluster import check_scheduler
 from dpsub_dist.errors import (
     DataError,
     DpsubError,
@@ -102,7 +103,8 @@ JOB_FIELDS: dict[str, str] = {
     "output": "output folder; {run_id} is replaced by the run id",
     "overwrite": "replace an existing output folder (default false)",
     "ledger": "SQLite ledger file or postgresql:// URL (or pass --ledger)",
-    "scheduler": "tcp://host:port of a Dask scheduler (default: a local cluster)",
+    "scheduler": "tcp://host:port of a Dask scheduler, local-cluster or in-process (default: "
+    "in-process for a small table at row level, else a local cluster; see dpsub run --help)",
     "workers": "workers of the local cluster (default: one per core)",
 }
 """Accepted top-level keys of a job file."""
@@ -257,6 +259,7 @@ def parse_job(document: Any, where: str = "job", default_name: str = "job") -> J
     )
     try:
         validate(job.config())
+        check_scheduler(job.scheduler)
     except InputError as err:
         raise InputError(f"{where}: {err}") from None
     return job
@@ -574,7 +577,7 @@ class _Attempt:
         run is 'failed' (charged) and :class:`RunFailed` carries the traceback for the
         operator only.
         """
-        from dpsub_dist.engine.cluster import dask_client
+        from dpsub_dist.engine.cluster import run_place
         from dpsub_dist.engine.sources import parquet_dataset
 
         record = reservation.record
@@ -588,8 +591,9 @@ class _Attempt:
         try:
             if client is not None:
                 return run_estimate(config, open_dataset, client, not quiet, record.noise_seed)
-            with dask_client(scheduler or job.scheduler, quiet, workers or job.workers) as dask:
-                return run_estimate(config, open_dataset, dask, not quiet, record.noise_seed)
+            where = (scheduler or job.scheduler, open_dataset, job.unit_column is None, quiet)
+            with run_place(*where, workers or job.workers) as (dask, opened):
+                return run_estimate(config, opened, dask, not quiet, record.noise_seed)
         except DataError:
             self.book.fail(self.dataset, self.run_id, self.lease)
             raise

@@ -35,10 +35,10 @@ user level; a footer error names a file and a column, as a run would.
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from dpsub_dist.context import check_schema_width
+from dpsub_dist.engine.compute import IN_PROCESS
 from dpsub_dist.engine.sources import parquet_dataset
 from dpsub_dist.errors import BudgetRefused, DpsubError, InputError
 from dpsub_dist.io.output import check_output_dir
@@ -56,9 +56,6 @@ from dpsub_dist.job import plan_budget
 from dpsub_dist.jobfile import Job, own_unpublished_output
 from dpsub_dist.ledger import Grant, RunRecord, RunRequest, check_run_id, open_ledger
 from dpsub_dist.ledger.core import charged_accountant, check_compatible, describe_budget
-
-FOOTER_THREADS = 16
-"""Footers read at once (object stores answer each request slowly but in parallel)."""
 
 
 @dataclass(frozen=True)
@@ -164,8 +161,7 @@ def _dataset(job: Job) -> str:
     """List the dataset and read every footer (no rows); validate the job's columns and rank."""
     options = StorageOptions.wrap(job.storage_options)
     files = list_parquet_files(job.dataset, options)
-    with ThreadPoolExecutor(max_workers=min(FOOTER_THREADS, len(files))) as pool:
-        infos = list(pool.map(lambda name: inspect_file(name, options), files))
+    infos = IN_PROCESS.map(inspect_file, files, storage_options=options)  # on threads
     choice = select_columns(infos, job.columns, job.unit_column, job.exclude_columns)
     columns = choice.used
     left_out = describe_left_out(choice.left_out)
@@ -194,12 +190,13 @@ def _dataset(job: Job) -> str:
 def _plan(job: Job) -> str:
     """The steps the run will charge, from the footers (no row): the plan its method declares."""
     options = StorageOptions.wrap(job.storage_options)
-    infos = [inspect_file(name, options) for name in list_parquet_files(job.dataset, options)]
+    files = list_parquet_files(job.dataset, options)
+    infos = IN_PROCESS.map(inspect_file, files, storage_options=options)
     choice = select_columns(infos, job.columns, job.unit_column, job.exclude_columns)
     if widths_in_rows(infos, choice.used):
         return "fixed when the run reads the list columns' width from their rows"
     dataset = parquet_dataset(
-        job.dataset, job.columns, job.unit_column, options, None, job.exclude_columns
+        job.dataset, job.columns, job.unit_column, options, IN_PROCESS, job.exclude_columns
     )
     _, grants = plan_budget(job.config(), dataset)
     return "; ".join(f"{step}: {describe_budget(grant)}" for step, grant in grants.items())

@@ -450,6 +450,20 @@ FAULTS: list[Fault] = [
         args=("--scheduler", "tcp://127.0.0.1:9"),
     ),
     Fault(
+        "scheduler-not-a-name",
+        good_folder,
+        r"--scheduler 'inprocess' is not an address or a name \(did you mean 'in-process'\?\): "
+        r"pass tcp://host:port, local-cluster or in-process",
+        args=("--scheduler", "inprocess"),
+    ),
+    Fault(
+        "workers-in-process",
+        good_folder,
+        r"--workers and --memory-limit size a local cluster: omit them with --scheduler "
+        r"in-process, or pass --scheduler local-cluster",
+        args=("--scheduler", "in-process", "--workers", "2"),
+    ),
+    Fault(
         "memory-limit-with-scheduler",
         good_folder,
         r"--memory-limit sizes the workers of a local cluster: set it on the workers of the "

@@ -34,6 +34,7 @@ from bench import (  # noqa: E402
     power,
     privacy_audit_table,
     report,
+    small_table,
     speed,
     standardize,
     user_norm_bound,
@@ -324,6 +325,18 @@ def test_bench_holds_the_benchmarks_the_guides_cite():
 def test_every_bench_command_runs_in_the_tests():
     sources = "\n".join(p.read_text() for p in (ROOT / "tests").glob("test_*.py"))
     assert sorted(name for name in _scripts() if f"{name}.main(" not in sources) == []
+
+
+def test_small_table_times_the_cli_per_scheduler(dirs, capsys):
+    """docs/scale.md's small-table row: whole ``dpsub estimate`` processes, timed per
+    --scheduler, with the ratio to the local cluster."""
+    argv = ["--rows", "2000", "--dim", "5", "--rank", "2", "--repeats", "1"]
+    argv += ["--schedulers", "default,in-process"]
+    assert small_table.main(argv + _common(dirs)) == 0
+    document = _read(dirs, "small_table")
+    assert [r["scheduler"] for r in document["records"]] == ["default", "in-process"]
+    assert all(r["wall_s"] > 0 for r in document["records"])
+    assert "| default |" in capsys.readouterr().out
 
 
 def test_compare_gauss_friendly_writes_its_table(dirs, scheduler_address, capsys):

@@ -13,6 +13,9 @@ literals (ALGORITHMS.md). Then:
   at a fraction of the calibrated σ, matches none;
 - every charged step drew noise (a step charged but never noised is a wiring error too).
 
+Each CLI case runs twice: on a multi-process cluster (``--scheduler``) and without
+``--scheduler``, which runs these small tables in process (the printed choice is checked).
+
 A method added to the registries without a case here fails
 :func:`test_every_method_has_a_noise_ledger_case`; a step added without a formula fails
 the ledger check with its name.
@@ -700,8 +703,10 @@ def test_every_method_has_a_noise_ledger_case() -> None:
     assert {case.method for case in CASES.values()} == registered - set(NOT_DP)
 
 
-def run_case(case: Case, source: Path, tmp: Path, scheduler: str) -> tuple[dict, np.ndarray]:
-    """Run ``case`` as a user would; its manifest and released basis."""
+def run_case(case: Case, source: Path, tmp: Path, scheduler: str | None) -> tuple[dict, np.ndarray]:
+    """Run ``case`` as a user would; its manifest and released basis. ``scheduler``: the
+    cluster's address, or None: no --scheduler, so these small tables run in process (stream
+    append, which does not choose, is told ``--scheduler in-process``)."""
     if case.command == "api":
         return _api_run(case, source)
     out = _cli_run(case, source, tmp, scheduler)
@@ -722,17 +727,16 @@ def _api_run(case: Case, source: Path) -> tuple[dict, np.ndarray]:
     return est.manifest_, est.basis_
 
 
-def _cli_run(case: Case, source: Path, tmp: Path, scheduler: str) -> Path:
-    common = ["--scheduler", scheduler, "--quiet"]
+def _cli_run(case: Case, source: Path, tmp: Path, scheduler: str | None) -> Path:
+    common = ["--scheduler", scheduler, "--quiet"] if scheduler else []
     if case.command == "stream":
         state = tmp / "stream.db"
         init = ["stream", "init", str(state), "--horizon", "4", "--rank", "2"]
         assert main([*init, *case.args]) == 0
         for i, part in enumerate(sorted(source.glob("*.parquet"))):
             out = tmp / f"step{i}"
-            assert (
-                main(["stream", "append", str(state), str(part), "--out", str(out), *common]) == 0
-            )
+            append = ["stream", "append", str(state), str(part), "--out", str(out)]
+            assert main([*append, *(common or ["--scheduler", "in-process"])]) == 0
         return out
     if case.command == "run":
         ledger = tmp / "ledger.db"
@@ -751,19 +755,36 @@ def _cli_run(case: Case, source: Path, tmp: Path, scheduler: str) -> Path:
     return tmp / "out"
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+IN_PROCESS = "in process"
+"""The variant of a CLI case run without --scheduler: in process, as a small table runs."""
+
+
+@pytest.mark.parametrize(
+    ("name", "where"),
+    [(name, "cluster") for name in sorted(CASES)]
+    + [(name, IN_PROCESS) for name in sorted(CASES) if CASES[name].command != "api"],
+)
 def test_every_draw_has_the_scale_its_charged_budget_buys(
-    name: str, data: dict[str, Path], tmp_path: Path, scheduler_address: str, monkeypatch
+    name: str,
+    where: str,
+    data: dict[str, Path],
+    tmp_path: Path,
+    scheduler_address: str,
+    monkeypatch,
+    capsys,
 ) -> None:
     case = CASES[name]
+    scheduler = None if where == IN_PROCESS else scheduler_address
     plant_noise_seeds(monkeypatch)
     accountants: list[Accountant] = []
     report = Accountant.report
     monkeypatch.setattr(Accountant, "report", lambda self: accountants.append(self) or report(self))
     charges = record_charges(monkeypatch)
     with noise.draw_log() as draws:
-        manifest, _ = run_case(case, data[case.source], tmp_path, scheduler_address)
+        manifest, _ = run_case(case, data[case.source], tmp_path, scheduler)
     assert manifest["outcome"] == "ok", manifest["release"]
+    if scheduler is None and case.command != "api":
+        assert "in process, no cluster (" in capsys.readouterr().err
     check_run(Run(manifest, list(draws)), units=manifest["n_rows"], charges=charges)
     check_privacy_maps([a for a in accountants if a._plan is not None])
 

@@ -1,7 +1,8 @@
 """Releases for fixed seeds do not move: a refactor must not move the noise or a public choice.
 
 Every method (and boosting, every clustering method and a stream's appends) runs in-process
-on a small synthetic array with a fixed public seed and a fixed *private* noise seed (the way
+(and a few of them on a multi-process cluster as well: :data:`ON_A_CLUSTER`) on a small
+synthetic array with a fixed public seed and a fixed *private* noise seed (the way
 a ledger run record resumes a run; a stream takes one per append). What is the same on every
 machine is pinned exactly, in tests/release_identity.json:
 
@@ -139,7 +140,7 @@ def _data(source: str) -> Dataset:
     return array_dataset(_exact(2))
 
 
-def run_stream(options: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+def run_stream(options: dict[str, Any], client: Any = None) -> tuple[np.ndarray, dict[str, Any]]:
     """A stream made for :data:`STREAM_HORIZON` batches and appended that many: the last
     release (its manifest holds the first batch's bound and mean and every charge)."""
     folder = Path(tempfile.mkdtemp(prefix="dpsub-identity-stream-"))
@@ -150,22 +151,23 @@ def run_stream(options: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
             path = folder / f"batch-{t}.parquet"
             rows = _rows(6 + t, STREAM_BATCH_ROWS, 8, 2)
             pd.DataFrame(rows, columns=[f"x{i}" for i in range(8)]).to_parquet(path, index=False)
-            release = stream.append(str(path), noise_seed=NOISE_SEED + t)
+            release = stream.append(str(path), client=client, noise_seed=NOISE_SEED + t)
     return release.basis, release.manifest
 
 
-def run_case(name: str) -> tuple[np.ndarray | None, dict[str, Any]]:
+def run_case(name: str, client: Any = None) -> tuple[np.ndarray | None, dict[str, Any]]:
+    """Case ``name`` run in process (``client`` None) or on ``client``'s cluster."""
     if name in STREAMS:
-        return run_stream(STREAMS[name])
+        return run_stream(STREAMS[name], client)
     if name in ESTIMATES:
         source, options = ESTIMATES[name]
         data = _data(source)
         config = EstimateConfig(rank=2, seed=PUBLIC_SEED, **options)
-        result = run_estimate(config, lambda _client: data, None, noise_seed=NOISE_SEED)
+        result = run_estimate(config, lambda _client: data, client, noise_seed=NOISE_SEED)
     else:
         data = array_dataset(_clustered(3, 40_000 if "gibbs" not in name else 600, 8))
         config = ClusterConfig(clusters=2, rank=2, seed=PUBLIC_SEED, **CLUSTERS[name])
-        result = run_cluster(config, lambda _client: data, None, noise_seed=NOISE_SEED)
+        result = run_cluster(config, lambda _client: data, client, noise_seed=NOISE_SEED)
     return result.basis, result.manifest
 
 
@@ -184,10 +186,10 @@ def _split(value: Any, released: dict[str, float], path: str = "", in_release: b
     return value
 
 
-def identity(name: str) -> dict[str, Any]:
+def identity(name: str, client: Any = None) -> dict[str, Any]:
     """What case ``name`` publishes, split into the exact part and the released floats."""
     with noise.draw_log() as log:
-        basis, manifest = run_case(name)
+        basis, manifest = run_case(name, client)
     draws: list[list] = []  # runs of draws with the same parameters: the count, one hash of K
     integers: list[np.ndarray] = []
     for d in log:
@@ -243,6 +245,29 @@ def expected() -> dict[str, Any]:
 @pytest.mark.parametrize("name", [*ESTIMATES, *CLUSTERS, *STREAMS])
 def test_release_identity_for_fixed_seeds(name: str, expected: dict[str, Any]) -> None:
     check_identity(identity(name), expected[name])
+
+
+ON_A_CLUSTER = (
+    "friendly",
+    "gauss centred",
+    "auto",
+    "power zcdp private norm",
+    "gauss user level",
+    "cluster sulq",
+    "stream clip norm",
+)
+"""Cases run on a multi-process cluster too: each route that spreads work by the cluster's
+size (the partition groups of the Grams, the shuffle's buckets and method, the row cache's
+limit), at row and user level, and a stream's appends."""
+
+
+@pytest.mark.parametrize("name", ON_A_CLUSTER)
+def test_release_identity_does_not_depend_on_where_tasks_run(
+    name: str, expected: dict[str, Any], dask_client
+) -> None:
+    """The CLI runs a small table in process and a large one on a cluster (``--scheduler``
+    chosen from the footers): the same seeds publish the same pinned values on either."""
+    check_identity(identity(name, dask_client), expected[name])
 
 
 def test_one_ulp_change_of_a_noise_scale_is_caught(monkeypatch, expected) -> None:

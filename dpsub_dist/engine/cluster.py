@@ -1,4 +1,6 @@
-"""Start a local multi-process Dask cluster sized to the machine, or connect to one."""
+"""Where a run's tasks execute: in this process, on a local multi-process Dask cluster sized to
+the machine, or on a running cluster (``--scheduler``); chosen from public facts when not given.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +8,35 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
-from dpsub_dist.errors import DpsubError, InputError, RunAborted
+from dpsub_dist.errors import DpsubError, InputError, RunAborted, did_you_mean
 
 if TYPE_CHECKING:
     from distributed import Client
+
+    from dpsub_dist.engine.compute import Executor
+    from dpsub_dist.engine.sources import Dataset
+
+IN_PROCESS_NAME = "in-process"
+"""``--scheduler in-process``: Dask's threads in this process, no cluster."""
+LOCAL_CLUSTER_NAME = "local-cluster"
+"""``--scheduler local-cluster``: a new multi-process cluster on this machine."""
+IN_PROCESS_BYTES = 64 * 2**20
+"""The largest table (rows × features × 8 bytes, from the footers and the schema) run in this
+process when no scheduler is named: a local cluster takes seconds to start, more than the
+whole fit of such a table in process (docs/scale.md, "Small tables")."""
+SCHEDULER_HELP = (
+    f"where the tasks run: tcp://host:port of a running Dask scheduler, {LOCAL_CLUSTER_NAME} "
+    f"(start one on this machine) or {IN_PROCESS_NAME} (Dask's threads in this process)"
+)
+"""The ``--scheduler`` help of every command that runs tasks, before its default."""
+CHOSEN_DEFAULT = (
+    f"default: in-process for a table of at most {IN_PROCESS_BYTES // 2**20} MiB as float64 "
+    "(the footers' rows × the features × 8 bytes) at row level, else a local cluster"
+)
+"""The default of the commands that choose (:func:`run_place`)."""
 
 
 def _memory_bytes() -> int:
@@ -117,18 +141,91 @@ def _dashboard(client) -> str:
 
 
 @contextlib.contextmanager
+def run_place(
+    scheduler: str | None,
+    open_dataset: Callable[[Executor], Dataset],
+    n_public: bool,
+    quiet: bool = False,
+    workers: int | None = None,
+    memory_limit: str | None = None,
+) -> Iterator[tuple[Any | None, Callable[[Executor], Dataset]]]:
+    """The client of :func:`dask_client` (None: in process) and how to open the dataset there.
+
+    With no ``scheduler`` named (and no ``workers`` or ``memory_limit``, which size a local
+    cluster) and ``n_public`` (row level: the footers' row count is public), the dataset is
+    opened here (its footers, and a variable list column's first row as a run reads it)
+    and its size chooses: in process up to
+    :data:`IN_PROCESS_BYTES`, else a local cluster, which is handed the dataset already
+    opened. At user level the row count is private and the cluster is started as before:
+    the choice, printed, would publish a function of it.
+    """
+    if scheduler or workers or memory_limit or not n_public:
+        with dask_client(scheduler, quiet, workers, memory_limit) as client:
+            yield client, open_dataset
+        return
+    from dpsub_dist.engine.compute import IN_PROCESS
+
+    dataset = open_dataset(IN_PROCESS)
+    scheduler, why = chosen_scheduler(dataset)
+    with dask_client(scheduler, quiet, why=why) as client:
+        yield client, lambda _executor: dataset
+
+
+def check_scheduler(scheduler: str | None) -> None:
+    """InputError (exit 2) for a ``--scheduler`` that is neither a name nor an address."""
+    names = (IN_PROCESS_NAME, LOCAL_CLUSTER_NAME)
+    if scheduler and scheduler not in names and ":" not in scheduler:
+        raise InputError(
+            f"--scheduler {scheduler!r} is not an address or a name{did_you_mean(scheduler, names)}"
+            f": pass tcp://host:port, {LOCAL_CLUSTER_NAME} or {IN_PROCESS_NAME}"
+        )
+
+
+def chosen_scheduler(dataset: Dataset) -> tuple[str, str]:
+    """:data:`IN_PROCESS_NAME` or :data:`LOCAL_CLUSTER_NAME` for ``dataset`` and why, from
+    public facts only: the footers' row count (row level) and the schema's width. A width
+    read from a row (a variable list column) is not public: a local cluster."""
+    if dataset.widths_from_rows:
+        return LOCAL_CLUSTER_NAME, "the width of a list column is read from its rows"
+    from dask.utils import format_bytes
+
+    size = dataset.n_rows * dataset.dim * 8
+    shown = f"{dataset.n_rows:,} rows × {dataset.dim} features = {format_bytes(size)} as float64"
+    if size <= IN_PROCESS_BYTES:
+        return IN_PROCESS_NAME, f"{shown} ≤ {format_bytes(IN_PROCESS_BYTES)}"
+    return LOCAL_CLUSTER_NAME, f"{shown} > {format_bytes(IN_PROCESS_BYTES)}"
+
+
+@contextlib.contextmanager
 def dask_client(
     scheduler: str | None = None,
     quiet: bool = False,
     workers: int | None = None,
     memory_limit: str | None = None,
-) -> Iterator:
-    """A distributed Client: to ``scheduler`` if given, else to a new local process cluster.
+    why: str | None = None,
+) -> Iterator[Any | None]:
+    """A distributed Client: to ``scheduler`` if an address, else to a new local process
+    cluster (``local-cluster`` or None); None for ``in-process``. ``why`` (the automatic
+    choice's reason, :func:`chosen_scheduler`) goes into the banner.
 
     ``memory_limit`` (a size per worker, Dask's notation: ``1GiB``, ``500MB``) sizes the
     local cluster's workers; default 80 % of the machine's memory shared among them. It has
-    no meaning for a running cluster.
+    no meaning for a running cluster, nor does ``workers`` in process.
     """
+    check_scheduler(scheduler)
+    if scheduler == IN_PROCESS_NAME:
+        if workers or memory_limit:
+            raise InputError(
+                "--workers and --memory-limit size a local cluster: omit them with "
+                f"--scheduler {IN_PROCESS_NAME}, or pass --scheduler {LOCAL_CLUSTER_NAME}"
+            )
+        if not quiet:
+            chosen = f"{why}; --scheduler {LOCAL_CLUSTER_NAME} starts one" if why else ""
+            print(f"in process, no cluster ({chosen or '--scheduler in-process'})", file=sys.stderr)
+        yield None
+        return
+    if scheduler == LOCAL_CLUSTER_NAME:
+        scheduler = None
     import dask
     from distributed import Client, LocalCluster
 
@@ -143,8 +240,8 @@ def dask_client(
             client = Client(scheduler, timeout="15s")
         except (OSError, TimeoutError) as err:
             raise InputError(
-                f"cannot reach the Dask scheduler at {scheduler} ({err}): "
-                "check the address or omit --scheduler to start a local cluster"
+                f"cannot reach the Dask scheduler at {scheduler} ({err}): check the address, "
+                f"or pass --scheduler {LOCAL_CLUSTER_NAME} to start a local cluster"
             ) from None
         with _quiet(logging.getLogger("distributed.client")), client:
             check_versions(client, scheduler)
@@ -176,8 +273,9 @@ def dask_client(
     try:
         with Client(cluster) as client:
             if not quiet:
+                reason = f" ({why})" if why else ""
                 print(
-                    f"local Dask cluster: {n_workers} workers, {_dashboard(client)}",
+                    f"local Dask cluster: {n_workers} workers{reason}, {_dashboard(client)}",
                     file=sys.stderr,
                 )
             with _workers_lost():
@@ -186,4 +284,4 @@ def dask_client(
         cluster.close()
 
 
-__all__ = ["dask_client", "DpsubError"]
+__all__ = ["dask_client", "run_place", "DpsubError"]

@@ -9,11 +9,15 @@ import it, and it imports none of them (no import cycle by construction).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import dask
 import numpy as np
+from dask.callbacks import Callback
+from dask.threaded import get as threaded_get
 
 from dpsub_dist.engine.progress import Progress
 
@@ -69,7 +73,7 @@ class Executor:
     cluster of a ``distributed.Client``. Every engine function takes one; the edges (CLI,
     Python API, job files) hand the user's optional client to the runner, which wraps it.
 
-    Progress is shown on a cluster only (in process there is no scheduler to count tasks).
+    Progress counts finished tasks either way (:class:`_CountTasks` in process).
     """
 
     client: Any | None = None
@@ -109,9 +113,13 @@ class Executor:
         return list(self.client.persist(list(tasks)))
 
     def map(self, function: Callable[..., Any], items: Sequence[Any], **kwargs: Any) -> list:
-        """``[function(item, **kwargs) for item in items]``, one task per item on a cluster."""
+        """``[function(item, **kwargs) for item in items]``: one task per item on a cluster, on
+        up to :data:`MAP_THREADS` threads in process (it maps reads: footers, first rows)."""
         if self.client is None:
-            return [function(item, **kwargs) for item in items]
+            if len(items) <= 1:
+                return [function(item, **kwargs) for item in items]
+            with ThreadPoolExecutor(max_workers=min(MAP_THREADS, len(items))) as pool:
+                return list(pool.map(lambda item: function(item, **kwargs), items))
         return self.client.gather(self.client.map(function, items, **kwargs))
 
     def run(
@@ -128,7 +136,8 @@ class Executor:
         (:func:`compute_on_cluster`) and the list returned is empty."""
         if self.client is not None:
             return compute_on_cluster(self.client, tasks, outputs, label, progress, on_output, rows)
-        results = list(compute_in_process(*outputs))
+        with _CountTasks(label, rows) if progress else nullcontext():
+            results = list(compute_in_process(*outputs))
         if on_output is None:
             return results
         for result in results:
@@ -149,6 +158,31 @@ class Executor:
 IN_PROCESS = Executor()
 """Dask's threads in this process: the engine's default."""
 
+MAP_THREADS = 16
+"""Reads :meth:`Executor.map` runs at once in process (object stores answer each request
+slowly but in parallel)."""
+
+
+class _CountTasks(Callback):
+    """Progress of an in-process compute: Dask's local scheduler reports each finished task
+    (its callbacks run in the calling thread), counted as on a cluster."""
+
+    def __init__(self, label: str, rows: int | None) -> None:
+        self.label, self.rows = label, rows
+        self.bar: Progress | None = None
+
+    def _start_state(self, dsk: Any, state: dict) -> None:
+        total = sum(len(state[k]) for k in ("ready", "waiting", "running", "finished"))
+        self.bar = Progress(total, self.label, self.rows).__enter__()
+
+    def _posttask(self, key: Any, result: Any, dsk: Any, state: dict, worker_id: Any) -> None:
+        if self.bar is not None:
+            self.bar.update(len(state["finished"]))
+
+    def _finish(self, dsk: Any, state: dict, failed: bool) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+
 
 def compute_in_process(*tasks: Any, how: Callable[..., tuple] = dask.compute) -> tuple:
     """Dask's thread pool with one BLAS thread per task, as on a worker: many small
@@ -157,7 +191,7 @@ def compute_in_process(*tasks: Any, how: Callable[..., tuple] = dask.compute) ->
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1, user_api="blas"):
-        return how(*tasks, scheduler="threads")
+        return how(*tasks, scheduler=threaded_get)
 
 
 def compute_on_cluster(
@@ -177,8 +211,6 @@ def compute_on_cluster(
     run. A worker's error is re-raised here with its own message. With ``on_output``, each
     output is handed to it as it arrives (then dropped) and the list returned is empty.
     """
-    from contextlib import nullcontext
-
     from distributed import as_completed
 
     futures = client.compute([*tasks, *outputs])
