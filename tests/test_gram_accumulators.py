@@ -1,0 +1,80 @@
+"""The Gram pass holds one accumulator per worker thread, not one D × D matrix per partition
+(engine/gram.py: compute_gram; engine/compute.py: fold_per_thread; issue #32).
+
+A worker plugin counts, at every task transition, the distinct D × D arrays held in the
+worker's memory; the peak over a pass of many partitions must be at most two per worker (its
+own accumulator and, at a node of the tree, the one it receives), whatever the number of
+partitions. A tree over the partitions' own Grams held every Gram that waited for its partner:
+at D = 10⁴ (800 MB each) that killed 4.5 GiB workers. The count is structural (no memory
+figure, no timing); the Gram itself must still be the rows' clipped Gram.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from dpsub_dist.engine.compute import Executor
+from dpsub_dist.engine.gram import GramSummary, compute_gram
+
+DIM = 64
+ROWS = 40  # a partition's rows (20 KB) are smaller than a D × D matrix (32 KB)
+BOUND = 6.0
+
+
+class _Rows:
+    """Partition ``part``'s rows, drawn from its own seed on the worker."""
+
+    def __call__(self, part: int) -> tuple[np.ndarray, Any]:
+        return np.random.default_rng(part).standard_normal((ROWS, DIM)), None
+
+
+class _CountMatrices(WorkerPlugin):
+    """Peak number of distinct D × D arrays in a worker's memory, sampled at every transition."""
+
+    name = "count-d-by-d"
+
+    def setup(self, worker: Any) -> None:
+        self.worker, self.peak = worker, 0
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        held = getattr(self.worker.data, "fast", self.worker.data)
+        arrays = {
+            id(array)
+            for value in list(held.values())
+            for array in _arrays(value)
+            if array.shape == (DIM, DIM)
+        }
+        self.peak = max(self.peak, len(arrays))
+
+
+def _arrays(value: Any) -> list[np.ndarray]:
+    if isinstance(value, GramSummary):
+        return [value.gram]
+    return [value] if isinstance(value, np.ndarray) else []
+
+
+def _peaks(dask_worker: Any) -> int:
+    return dask_worker.plugins[_CountMatrices.name].peak
+
+
+@pytest.mark.parametrize("center", [False, True])
+def test_a_worker_holds_at_most_two_grams_whatever_the_partition_count(dask_client, center) -> None:
+    parts = list(range(48))
+    dask_client.register_plugin(_CountMatrices())
+    try:
+        summary = compute_gram(parts, _Rows(), BOUND, center, executor=Executor(dask_client))
+        peaks = dask_client.run(_peaks)
+    finally:
+        dask_client.unregister_worker_plugin(_CountMatrices.name)
+    assert len(peaks) == 2 and max(peaks.values()) <= 2, peaks
+    rows = np.concatenate([_Rows()(part)[0] for part in parts])
+    clipped = rows / np.maximum(np.linalg.norm(rows, axis=1), BOUND)[:, None]
+    expected = clipped.T @ clipped
+    assert np.abs(summary.gram - expected).max() <= 1e-12 * np.abs(expected).max()
+    np.testing.assert_array_equal(summary.gram, summary.gram.T)
+    if center:
+        np.testing.assert_allclose(summary.row_sum, clipped.sum(axis=0), rtol=1e-12, atol=1e-12)
