@@ -6,19 +6,23 @@ worker's memory; the peak over a pass of many partitions must be at most two per
 own accumulator and, at a node of the tree, the one it receives), whatever the number of
 partitions. A tree over the partitions' own Grams held every Gram that waited for its partner:
 at D = 10⁴ (800 MB each) that killed 4.5 GiB workers. The count is structural (no memory
-figure, no timing); the Gram itself must still be the rows' clipped Gram.
+figure, no timing); the Gram itself must still be the rows' clipped Gram. Where the rows are
+held on the workers (engine/row_cache.py), each is added on the worker that holds it: no
+partition of rows moves.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import dask
 import numpy as np
 import pytest
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.gram import GramSummary, compute_gram
+from dpsub_dist.engine.row_cache import held_rows
 
 DIM = 64
 ROWS = 40  # a partition's rows (20 KB) are smaller than a D × D matrix (32 KB)
@@ -61,17 +65,33 @@ def _peaks(dask_worker: Any) -> int:
     return dask_worker.plugins[_CountMatrices.name].peak
 
 
+def _received(dask_worker: Any) -> list[str]:
+    return [str(key) for event in dask_worker.transfer_incoming_log for key in event["keys"]]
+
+
 @pytest.mark.parametrize("center", [False, True])
-def test_a_worker_holds_at_most_two_grams_whatever_the_partition_count(dask_client, center) -> None:
-    parts = list(range(48))
+@pytest.mark.parametrize("held", [False, True])
+def test_a_worker_holds_at_most_two_grams_whatever_the_partition_count(
+    dask_client, center, held
+) -> None:
+    parts: list = list(range(48))
+    loader: Any = _Rows()
+    executor = Executor(dask_client)
+    if held:  # as engine/row_cache.py holds them: each partition's (rows, units) on a worker
+        parts = executor.persist([dask.delayed(loader, pure=True)(part) for part in parts])
+        loader = held_rows
     dask_client.register_plugin(_CountMatrices())
     try:
-        summary = compute_gram(parts, _Rows(), BOUND, center, executor=Executor(dask_client))
+        summary = compute_gram(parts, loader, BOUND, center, executor=executor)
         peaks = dask_client.run(_peaks)
+        received = dask_client.run(_received)
     finally:
         dask_client.unregister_worker_plugin(_CountMatrices.name)
     assert len(peaks) == 2 and max(peaks.values()) <= 2, peaks
-    rows = np.concatenate([_Rows()(part)[0] for part in parts])
+    if held:
+        held_keys = {str(part.key) for part in parts}
+        assert not held_keys & {key for keys in received.values() for key in keys}
+    rows = np.concatenate([_Rows()(part)[0] for part in range(48)])
     clipped = rows / np.maximum(np.linalg.norm(rows, axis=1), BOUND)[:, None]
     expected = clipped.T @ clipped
     assert np.abs(summary.gram - expected).max() <= 1e-12 * np.abs(expected).max()

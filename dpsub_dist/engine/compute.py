@@ -152,16 +152,21 @@ class Executor:
         return [address for address, info in workers.items() for _ in range(info["nthreads"])]
 
     def holders(self, parts: Sequence[Any]) -> list[str | None]:
-        """The worker that holds each of ``parts`` (persisted by :meth:`persist`), None for a
-        part that is not held there (or in process)."""
+        """The worker that holds each of ``parts`` (persisted by :meth:`persist`; waits until
+        they are), None for a part that is not held there (or in process)."""
         if self.client is None:
             return [None] * len(parts)
-        from distributed import futures_of
+        from distributed import futures_of, wait
 
         futures = [futures_of(part) for part in parts]
-        keys = [f[0].key if len(f) == 1 else None for f in futures]
-        where = self.client.who_has([f[0] for f in futures if len(f) == 1]) if any(keys) else {}
-        return [next(iter(where.get(key) or ()), None) if key else None for key in keys]
+        held = [found[0] for found in futures if len(found) == 1]
+        if not held:
+            return [None] * len(parts)
+        wait(held)
+        where = self.client.who_has(held)
+        return [
+            next(iter(where.get(f[0].key) or ()), None) if len(f) == 1 else None for f in futures
+        ]
 
     @property
     def shuffle_method(self) -> str:
