@@ -115,10 +115,10 @@ def partition_gram(
     With ``user_norms`` (user level), each row is also multiplied by
     ``1/√max(1, Σ‖x‖² of its user)`` so that each user's contribution has trace ≤ 1.
     """
-    return finish_gram(add_partition_gram(None, loader, bound, center, part, user_norms))
+    return finish_gram(partition_gram_into(None, loader, bound, center, part, user_norms))
 
 
-def add_partition_gram(
+def partition_gram_into(
     total: GramSummary | None,
     loader: Loader,
     bound: float,
@@ -265,7 +265,7 @@ def compute_gram(
         norms = dask.delayed(user_squared_norms, pure=True)
         tasks += [norms(loader, bound, part) for part in parts]
         user_norms = tree_sum(tasks, dask.delayed(add_user_norms, pure=True), tasks)
-    add_part = dask.delayed(add_partition_gram, pure=True)
+    add_part = dask.delayed(partition_gram_into, pure=True)
     chained = fold_per_thread(
         parts,
         lambda total, part: add_part(total, loader, bound, center, part, user_norms),
