@@ -23,6 +23,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.gram import GramSummary, compute_gram
 from dpsub_dist.engine.row_cache import held_rows
+from dpsub_dist.methods._clustering import PartitionGrams, sum_over_partitions
 
 DIM = 64
 ROWS = 40  # a partition's rows (20 KB) are smaller than a D × D matrix (32 KB)
@@ -37,9 +38,13 @@ class _Rows:
 
 
 class _CountMatrices(WorkerPlugin):
-    """Peak number of distinct D × D arrays in a worker's memory, sampled at every transition."""
+    """Peak number of distinct arrays of ``shape`` in a worker's memory, sampled at every
+    transition."""
 
     name = "count-d-by-d"
+
+    def __init__(self, shape: tuple[int, ...] = (DIM, DIM)) -> None:
+        self.shape = shape
 
     def setup(self, worker: Any) -> None:
         self.worker, self.peak = worker, 0
@@ -50,7 +55,7 @@ class _CountMatrices(WorkerPlugin):
             id(array)
             for value in list(held.values())
             for array in _arrays(value)
-            if array.shape == (DIM, DIM)
+            if array.shape == self.shape
         }
         self.peak = max(self.peak, len(arrays))
 
@@ -98,3 +103,20 @@ def test_a_worker_holds_at_most_two_grams_whatever_the_partition_count(
     np.testing.assert_array_equal(summary.gram, summary.gram.T)
     if center:
         np.testing.assert_allclose(summary.row_sum, clipped.sum(axis=0), rtol=1e-12, atol=1e-12)
+
+
+def test_sulq_cluster_grams_are_summed_in_one_accumulator_per_worker(dask_client) -> None:
+    """``cluster --method sulq``'s per-cluster Grams (K × d × d a partition) are summed the
+    same way: at most two such arrays a worker."""
+    clusters, parts = 3, list(range(48))
+    bases = np.linalg.qr(np.random.default_rng(1).standard_normal((clusters, DIM, 2)))[0]
+    task = PartitionGrams(_Rows(), BOUND)
+    dask_client.register_plugin(_CountMatrices((clusters, DIM, DIM)))
+    try:
+        grams = sum_over_partitions(task, parts, bases, Executor(dask_client))
+        peaks = dask_client.run(_peaks)
+    finally:
+        dask_client.unregister_worker_plugin(_CountMatrices.name)
+    assert len(peaks) == 2 and max(peaks.values()) <= 2, peaks
+    expected = sum(task(part, bases) for part in parts)
+    assert np.abs(grams - expected).max() <= 1e-12 * np.abs(expected).max()

@@ -19,7 +19,7 @@ user); the driver gets none.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -237,6 +237,39 @@ def sum_on_workers(tasks: list, executor: Executor, label: str, progress: bool) 
     reaches the driver."""
     root = tree_sum(tasks, dask.delayed(np.add, pure=True), tasks)
     return executor.compute(root, tasks, label, progress)
+
+
+def sum_per_worker(
+    function: Callable[..., np.ndarray],
+    parts: Sequence[Any],
+    executor: Executor,
+    label: str,
+    *args: Any,
+) -> np.ndarray:
+    """Σ over ``parts`` of ``function(part, *args)`` (each a new array), one accumulator per
+    worker thread (:func:`~dpsub_dist.engine.compute.fold_per_thread`): for summaries of a
+    Gram's size, of which a tree over the partitions' own (:func:`sum_on_workers`) holds every
+    one that waits for its partner. ``function`` and ``args`` are shipped once each."""
+    shared = [one_key(value) for value in (function, *args)]
+    add = dask.delayed(_add_value, pure=True)
+    tasks: list = []
+    root = fold_per_thread(
+        parts,
+        lambda total, part: add(total, part, *shared),
+        dask.delayed(_add_arrays, pure=True),
+        executor,
+        tasks,
+    )
+    return executor.compute(root, tasks, label, False)
+
+
+def _add_value(total: np.ndarray | None, part: Any, function: Callable, *args: Any) -> np.ndarray:
+    value = function(part, *args)
+    return value if total is None else _add_arrays(total, value)
+
+
+def _add_arrays(total: np.ndarray, other: np.ndarray) -> np.ndarray:
+    return np.add(total, other, out=total)
 
 
 def compute_gram(
