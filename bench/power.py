@@ -17,9 +17,9 @@ up to ``--max-friendly-dim``.
 
 Example (docs/power.md): ``nice -n 10 python -m bench.power --dims 1000,10000 --rows 100000``;
 the speed runs of docs/history.md ("Speed at D = 10⁵") add ``--methods power --center
---memory-limit 2.5GiB``. gauss at D = 10⁴ needs about 5.2 GiB per worker (a partition's
-800 MB Gram and its symmetrised copies, beside partial sums) and a 3.3 GiB driver: the n = 10⁶
-comparison ran it with ``--workers 1 --memory-limit 7GiB`` (2 × 4.5 GiB were killed).
+--memory-limit 2.5GiB``. gauss at D = 10⁴ holds one or two 800 MB Grams per worker (one
+accumulator per worker thread) and needs a 3.3 GiB driver; the run on 2 × 4.5 GiB workers is
+in docs/scale.md ("gauss at D = 10⁴").
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Dask plumbing of the covariance family: per-partition ``XᵀX`` on the workers, summed there.
 
 Each partition task loads its rows with the Dataset's loader, clips every row to norm ≤ B and
-scales it by 1/B (:func:`clip_rows`: norms ≤ 1), and returns its d×d block ``XᵀX`` (plus its
-row sum when centring). Blocks are added pairwise in a binary tree of tasks on the workers, so
-the driver receives one :class:`GramSummary` (d×d, and a d-vector) whatever the number of
-partitions: never rows. The number of clipped rows is never computed.
+scales it by 1/B (:func:`clip_rows`: norms ≤ 1), and adds their ``XᵀX`` (plus their row sum
+when centring) into its worker thread's accumulator, one partition after another; the
+accumulators are added pairwise in a tree of tasks on the workers, so a worker holds one or
+two d×d matrices and the driver receives one :class:`GramSummary` (d×d, and a d-vector)
+whatever the number of partitions: never rows. The number of clipped rows is never computed.
 
 User level (``user_level=True``): every user's rows are scaled together so that their squared
 norms sum to ≤ 1 (ALGORITHMS.md §0/§7). A first pass sums each user's squared norms per
@@ -18,16 +19,17 @@ user); the driver gets none.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import dask
 import numpy as np
 import pandas as pd
+from dask.sizeof import sizeof
 from scipy.linalg.blas import dsyrk
 
-from dpsub_dist.engine.compute import IN_PROCESS, Executor, tree_sum
+from dpsub_dist.engine.compute import IN_PROCESS, Executor, fold_per_thread, tree_sum
 from dpsub_dist.engine.sources import Loader, owns_rows
 from dpsub_dist.errors import InputError
 from dpsub_dist.linalg import row_norms
@@ -108,27 +110,63 @@ def partition_gram(
     part: Any,
     user_norms: pd.Series | None = None,
 ) -> GramSummary:
-    """``XᵀX`` (and ``Σ x``) of one partition's clipped, scaled rows (runs on a worker).
+    """``XᵀX`` (and ``Σ x``) of one partition's clipped, scaled rows.
 
     With ``user_norms`` (user level), each row is also multiplied by
     ``1/√max(1, Σ‖x‖² of its user)`` so that each user's contribution has trace ≤ 1.
     """
+    return finish_gram(partition_gram_into(None, loader, bound, center, part, user_norms))
+
+
+def partition_gram_into(
+    total: GramSummary | None,
+    loader: Loader,
+    bound: float,
+    center: bool,
+    part: Any,
+    user_norms: pd.Series | None = None,
+) -> GramSummary:
+    """``total`` plus one partition's :func:`partition_gram`, summed into ``total``'s arrays
+    in place (None: a new accumulator); runs on a worker, one link of its accumulator's chain
+    (:func:`compute_gram`). The matrix holds the upper triangle only (``syrk``'s):
+    :func:`finish_gram` completes it."""
     rows, units = loader(part)
     if not owns_rows(loader):
         rows = np.array(rows, dtype=np.float64)  # a copy of the caller's rows, this task's own
     users = None if user_norms is None else user_scale(units, user_norms)
     dim = rows.shape[1]
-    total = np.zeros((dim, dim), order="F")
-    row_sum = np.zeros(dim)
+    if total is None:
+        total = GramSummary(np.zeros((dim, dim), order="F"), np.zeros(dim) if center else None)
+    gram, row_sum = total.gram, total.row_sum
     step = max(1, GRAM_BLOCK_BYTES // (8 * max(dim, 1)))
     for start in range(0, len(rows), step):  # clip, scale, sum and syrk while in cache
         block = clip_rows(rows[start : start + step], bound, in_place=True)
         if users is not None:
             block *= users[start : start + step, None]
-        if center:
+        if row_sum is not None:
             row_sum += block.sum(axis=0)
-        total = add_gram(total, block)
-    return GramSummary(symmetric(total), row_sum if center else None)
+        gram = add_gram(gram, block)
+    return GramSummary(gram, row_sum)
+
+
+def add_into(total: GramSummary, other: GramSummary) -> GramSummary:
+    """``total + other``, summed into ``total``'s arrays: an accumulator is the input of one
+    task only, so a worker adding two holds two D × D matrices, not three."""
+    np.add(total.gram, other.gram, out=total.gram)
+    if total.row_sum is not None:
+        np.add(total.row_sum, other.row_sum, out=total.row_sum)
+    return total
+
+
+def finish_gram(summary: GramSummary) -> GramSummary:
+    """The summed upper triangles made the exactly symmetric Gram (in place)."""
+    return GramSummary(symmetric(summary.gram), summary.row_sum)
+
+
+@sizeof.register(GramSummary)
+def _sizeof_summary(summary: GramSummary) -> int:
+    """Its arrays' bytes, so that Dask places, counts and spills a Gram by its size."""
+    return summary.nbytes
 
 
 GRAM_BLOCK_BYTES = 2 * 2**20
@@ -201,6 +239,39 @@ def sum_on_workers(tasks: list, executor: Executor, label: str, progress: bool) 
     return executor.compute(root, tasks, label, progress)
 
 
+def sum_per_worker(
+    function: Callable[..., np.ndarray],
+    parts: Sequence[Any],
+    executor: Executor,
+    label: str,
+    *args: Any,
+) -> np.ndarray:
+    """Σ over ``parts`` of ``function(part, *args)`` (each a new array), one accumulator per
+    worker thread (:func:`~dpsub_dist.engine.compute.fold_per_thread`): for summaries of a
+    Gram's size, of which a tree over the partitions' own (:func:`sum_on_workers`) holds every
+    one that waits for its partner. ``function`` and ``args`` are shipped once each."""
+    shared = [one_key(value) for value in (function, *args)]
+    add = dask.delayed(_add_value, pure=True)
+    tasks: list = []
+    root = fold_per_thread(
+        parts,
+        lambda total, part: add(total, part, *shared),
+        dask.delayed(_add_arrays, pure=True),
+        executor,
+        tasks,
+    )
+    return executor.compute(root, tasks, label, False)
+
+
+def _add_value(total: np.ndarray | None, part: Any, function: Callable, *args: Any) -> np.ndarray:
+    value = function(part, *args)
+    return value if total is None else _add_arrays(total, value)
+
+
+def _add_arrays(total: np.ndarray, other: np.ndarray) -> np.ndarray:
+    return np.add(total, other, out=total)
+
+
 def compute_gram(
     parts: Sequence[Any],
     loader: Loader,
@@ -210,7 +281,10 @@ def compute_gram(
     executor: Executor = IN_PROCESS,
     progress: bool = False,
 ) -> GramSummary:
-    """The Gram matrix (and row sum) of all clipped, scaled rows, reduced on the workers."""
+    """The Gram matrix (and row sum) of all clipped, scaled rows, reduced on the workers: one
+    accumulator per worker thread that each of its partitions is added into, then a tree over
+    the accumulators (:func:`~dpsub_dist.engine.compute.fold_per_thread`), so a worker holds
+    one or two D × D matrices whatever the number of partitions."""
     if not parts:
         raise InputError("the input has no rows: pass a dataset with at least one row")
     if not (np.isfinite(bound) and bound > 0):
@@ -224,9 +298,15 @@ def compute_gram(
         norms = dask.delayed(user_squared_norms, pure=True)
         tasks += [norms(loader, bound, part) for part in parts]
         user_norms = tree_sum(tasks, dask.delayed(add_user_norms, pure=True), tasks)
-    block = dask.delayed(partition_gram, pure=True)
-    blocks = [block(loader, bound, center, part, user_norms) for part in parts]
-    tasks += blocks
-    root = tree_sum(blocks, dask.delayed(GramSummary.__add__, pure=True), tasks)
+    add_part = dask.delayed(partition_gram_into, pure=True)
+    chained = fold_per_thread(
+        parts,
+        lambda total, part: add_part(total, loader, bound, center, part, user_norms),
+        dask.delayed(add_into, pure=True),
+        executor,
+        tasks,
+    )
+    root = dask.delayed(finish_gram, pure=True)(chained)
+    tasks.append(root)
     label = f"{len(parts)} partitions → Gram"
     return executor.compute(root, tasks, label, progress)

@@ -56,7 +56,7 @@ from dpsub_dist.context import (
     public_seed,
 )
 from dpsub_dist.engine.compute import Executor
-from dpsub_dist.engine.gram import clip_rows, gram_of, sum_on_workers
+from dpsub_dist.engine.gram import clip_rows, gram_of, sum_per_worker
 from dpsub_dist.engine.progress import progress_bar
 from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
@@ -269,9 +269,9 @@ class PartitionGrams:
 
 
 def sum_over_partitions(task: PartitionGrams, parts: list, bases: np.ndarray, executor: Executor):
-    """Σ over partitions of ``task(part, bases)``: mapped on the workers, tree-summed there."""
-    mapped = dask.delayed(task, pure=True)
-    return sum_on_workers([mapped(part, bases) for part in parts], executor, "cluster Grams", False)
+    """Σ over partitions of ``task(part, bases)``, summed on the workers into one accumulator
+    per worker thread (K × d × d each: a Gram's size)."""
+    return sum_per_worker(task, parts, executor, "cluster Grams", bases)
 
 
 # --------------------------------------------------------------------------- Gibbs rows
