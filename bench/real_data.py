@@ -385,7 +385,9 @@ def scree(table: Table, epsilon: float, delta: float, seed: int, rank: int) -> d
 
 def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (table, ε, variant): error and captured quantiles, ⊥ rate, median time; plus the
-    best hand-picked gauss norm per (table, ε) as its own row 'gauss, hand-picked'."""
+    best hand-picked gauss norm per (table, ε) as its own row 'gauss, hand-picked' (and 'gauss,
+    tuned'): the best median error, with the best median captured variance of any bound
+    beside it (where every error is near 1 the two bounds differ)."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in records:
         label = r["variant"]
@@ -428,7 +430,16 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             ]
             if tried:
                 best = min(tried, key=lambda row: row["error"]["median"])
-                table.append({**best, "variant": label, "picked": best["variant"]})
+                held = max(tried, key=lambda row: row["captured"]["median"])
+                best_captured = {"median": held["captured"]["median"], "picked": held["variant"]}
+                table.append(
+                    {
+                        **best,
+                        "variant": label,
+                        "picked": best["variant"],
+                        "best_captured": best_captured,
+                    }
+                )
     return table
 
 
@@ -478,7 +489,7 @@ def compact_markdown(summary: list[dict[str, Any]], tables: dict[str, dict[str, 
     rows = _rows_by(summary)
     lines = [
         "| table (n × D, k) | ε | default: error [range] | captured | ⊥ | gauss, tuned: error "
-        "(q) | captured | friendly: error, ⊥ | histogram: error, ⊥ | diffprivlib: error, "
+        "(q) | captured (q) | friendly: error, ⊥ | histogram: error, ⊥ | diffprivlib: error, "
         "captured |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -501,10 +512,10 @@ def compact_markdown(summary: list[dict[str, Any]], tables: dict[str, dict[str, 
             cells += ["—"] * 3
         tuned = rows.get((name, epsilon, "gauss, tuned"))
         if tuned:
-            q = tuned["picked"].split("q=")[1]
+            held = tuned["best_captured"]
             cells += [
-                f"{tuned['error']['median']:.3f} ({q})",
-                f"{tuned['captured']['median']:.3f}",
+                f"{tuned['error']['median']:.3f} ({tuned['picked'].split('q=')[1]})",
+                f"{held['median']:.3f} ({held['picked'].split('q=')[1]})",
             ]
         else:
             cells += ["—"] * 2
@@ -539,8 +550,12 @@ def comparison(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str,
         line = f"{name} ε={epsilon:g}: default error {error:.3f} captured {captured:.3f}"
         tuned = new.get((name, epsilon, "gauss, tuned")) or old.get((name, epsilon, "gauss, tuned"))
         if tuned:
-            t_error, t_captured = tuned["error"]["median"], tuned["captured"]["median"]
-            text = f"vs tuned gauss {t_error:.3f} / {t_captured:.3f} ({tuned['picked']})"
+            t_error, held = tuned["error"]["median"], tuned["best_captured"]
+            t_captured = held["median"]
+            text = (
+                f"vs tuned gauss {t_error:.3f} ({tuned['picked']}) / {t_captured:.3f} "
+                f"({held['picked']})"
+            )
             if 1.5 * t_error < 1.0:
                 ok = error <= 1.5 * t_error or captured >= t_captured - 0.01
                 checks.append((f"{line} {text}: within 1.5× error or 0.01 captured", ok))
@@ -564,14 +579,14 @@ def comparison(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str,
 
 def merged(paths: list[Path]) -> dict[str, Any]:
     """Several real_data JSONs (say, tall and wide tables run side by side) as one: their
-    summary rows and tables together."""
+    records summarised together, and their tables."""
     import json
 
     documents = [json.loads(Path(p).read_text()) for p in paths]
     for path, document in zip(paths, documents, strict=True):
         print(f"  {path}: {document['command']}")
-    return {
-        "summary": {"table": [row for d in documents for row in d["summary"]["table"]]},
+    return {  # the summary recomputed from the records, so older JSONs read the same way
+        "summary": {"table": summarise([r for d in documents for r in d["records"]])},
         "parameters": {
             "tables": {k: v for d in documents for k, v in d["parameters"]["tables"].items()}
         },
