@@ -76,13 +76,19 @@ def main() -> int:
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--epsilon", type=float, required=True)
     parser.add_argument("--norm", type=float, required=True)
-    parser.add_argument("--bounds", help="LO,HI public feature bounds (diffprivlib centres)")
+    parser.add_argument(
+        "--bounds", help="LO,HI, or a 2×D .npy of per-feature bounds (diffprivlib centres)"
+    )
     args = parser.parse_args()
-    bounds = tuple(float(v) for v in args.bounds.split(",")) if args.bounds else None
     started = time.monotonic()
     rows = np.load(args.data).astype(np.float64)
     loaded = time.monotonic()
-    clipped = clip_rows(rows, args.norm)
+    if args.bounds and args.bounds.endswith(".npy"):  # per-feature (lower, upper) rows, 2 × D
+        bounds = tuple(np.load(args.bounds))
+        clipped = rows  # diffprivlib clips the rows it centres at --norm itself
+    else:
+        bounds = tuple(float(v) for v in args.bounds.split(",")) if args.bounds else None
+        clipped = clip_rows(rows, args.norm)
     del rows
     components = fit(args.library, clipped, args.rank, args.epsilon, args.norm, bounds)
     fitted = time.monotonic()

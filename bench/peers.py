@@ -124,13 +124,14 @@ def run_peer(
     memory_limit_gib: float,
     venv_dir: Path = VENV_DIR,
     install: bool = True,
-    bounds: tuple[float, float] | None = None,
+    bounds: tuple[float, float] | Path | None = None,
     keep_basis: bool = False,
 ) -> dict[str, Any]:
     """One fit of a peer in its venv; status ok / timeout / out_of_memory / error / unavailable.
 
-    ``bounds``: public per-feature (lower, upper) bounds; diffprivlib then centres with its
-    own private mean (``centered=False``) instead of assuming centred data. ``keep_basis``:
+    ``bounds``: public (lower, upper) bounds of every feature, or a 2 × D ``.npy`` of
+    per-feature bounds; diffprivlib then centres with its own private mean
+    (``centered=False``) instead of assuming centred data. ``keep_basis``:
     also return the orthonormalised basis (key ``basis``)."""
     from dpsub_dist.linalg import subspace_error
 
@@ -140,7 +141,10 @@ def run_peer(
     out = Path(data).with_name(f"basis-{name}-{os.getpid()}.npy")
     cmd = [python, str(WORKER), name, str(data), str(out)]
     cmd += ["--rank", str(truth.shape[1]), "--epsilon", str(epsilon), "--norm", str(norm)]
-    cmd += ["--bounds", f"{bounds[0]!r},{bounds[1]!r}"] if bounds else []
+    if isinstance(bounds, Path):
+        cmd += ["--bounds", str(bounds)]
+    elif bounds:
+        cmd += ["--bounds", f"{bounds[0]!r},{bounds[1]!r}"]
     threads = str(len(os.sched_getaffinity(0)))
     env = {**os.environ, "OMP_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads}
     started = time.monotonic()

