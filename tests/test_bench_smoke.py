@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 from bench import (  # noqa: E402
     auto_wide,
     centring_offset,
+    centring_wide,
     compare_gauss_friendly,
     defaults_sweep,
     generated_rows,
@@ -525,3 +526,12 @@ def test_real_data_compare_fails_on_bottom_and_on_the_wide_target():
     assert not any(
         "wide" in text for text in dict(real_data.comparison(before, _doc(0.85, {"ok": 3}, 999)))
     )
+
+
+def test_centring_wide_prints_both_centres_and_keeps_digits_on_one_step(capsys):
+    """docs/centring.md's wide-table command on digits (n > 10·D: the rule keeps one step)."""
+    argv = ["--tables", "digits", "--epsilons", "3", "--seeds", "1"]
+    assert centring_wide.main(argv) == 0
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [(row[2], row[3]) for row in rows] == [("single", "one step"), ("default", "one step")]
+    assert all(0.3 < float(row[5].split()[0]) <= 1.0 for row in rows)
