@@ -60,7 +60,7 @@ from dpsub_dist.methods._norm_pass import (
 from dpsub_dist.methods._standardize import with_standardize
 from dpsub_dist.privacy import covariance_noise as cov_steps
 from dpsub_dist.privacy import mechanism, norm_bound
-from dpsub_dist.privacy.accountant import Budget, gaussian_sigma, laplace_epsilon
+from dpsub_dist.privacy.accountant import Budget, gaussian_sigma, laplace_epsilon, planned_grants
 from dpsub_dist.privacy.covariance_noise import (
     SENSITIVITY,
     GapRelease,
@@ -220,8 +220,8 @@ def refined_centre(config: EstimateConfig, dataset: Dataset | None) -> bool:
         raise ValueError("the centre's route depends on the dataset's n and D: pass the dataset")
     if not dataset.refined_centre:
         return False
-    _, single = plan(config, route_shares(config, sampled=False))
-    _, refined = plan(config, route_shares(config, sampled=False, refined=True))
+    single = planned_grants(config.budget(), route_shares(config, sampled=False))
+    refined = planned_grants(config.budget(), route_shares(config, sampled=False, refined=True))
     return centring.refines(single["mean"], refined, dataset.n_rows, dataset.dim)
 
 

@@ -256,6 +256,40 @@ def split_step_delta(delta: float, second_share: float) -> tuple[float, float]:
     return delta - second, second
 
 
+def planned_grants(total: Budget, shares: dict[str, tuple[float, float]]) -> dict[str, Budget]:
+    """Each step's grant: shares[step] = (privacy_share, delta_share), each column normalised
+    to 1.
+
+    ApproxDP → ApproxDP(ε·p, δ·q); ZCDP → ZCDP(ρ·p, δ₀·q). Every privacy share
+    must be > 0; a delta share of 0 gives the step δ = 0 (δ₀ = 0). Planned
+    grants compose (basic composition) to at most the total.
+    """
+    if not shares:
+        raise InvalidBudget("shares is empty: give at least one step a privacy share")
+    ps: dict[str, float] = {}
+    qs: dict[str, float] = {}
+    for step, pair in shares.items():
+        try:
+            p, q = pair
+        except (TypeError, ValueError):
+            raise InvalidBudget(
+                f"shares[{step!r}] must be a pair (privacy_share, delta_share) (got {pair!r})"
+            ) from None
+        ps[step] = _finite_nonneg(f"privacy share of step {step!r}", p, positive=True)
+        qs[step] = _finite_nonneg(f"delta share of step {step!r}", q)
+    p_sum = math.fsum(ps.values())
+    q_sum = math.fsum(qs.values())
+    grants: dict[str, Budget] = {}
+    for step in shares:
+        p = ps[step] / p_sum
+        q = qs[step] / q_sum if q_sum > 0 else 0.0
+        if isinstance(total, ApproxDP):
+            grants[step] = ApproxDP(total.epsilon * p, total.delta * q)
+        else:
+            grants[step] = ZCDP(total.rho * p, total.delta0 * q)
+    return grants
+
+
 def gaussian_sigma(grant: Budget, sensitivity: float) -> float:
     """Gaussian noise std for this grant and L2 sensitivity.
 
@@ -384,36 +418,9 @@ class Accountant:
     # -- planning ---------------------------------------------------------
 
     def split(self, shares: dict[str, tuple[float, float]]) -> dict[str, Budget]:
-        """Planned grants: shares[step] = (privacy_share, delta_share), each column normalised to 1.
-
-        ApproxDP → ApproxDP(ε·p, δ·q); ZCDP → ZCDP(ρ·p, δ₀·q). Every privacy share
-        must be > 0; a delta share of 0 gives the step δ = 0 (δ₀ = 0). Planned
-        grants compose (basic composition) to at most the total. The grants become the
-        plan that :meth:`charge` holds every later charge to.
-        """
-        if not shares:
-            raise InvalidBudget("shares is empty: give at least one step a privacy share")
-        ps: dict[str, float] = {}
-        qs: dict[str, float] = {}
-        for step, pair in shares.items():
-            try:
-                p, q = pair
-            except (TypeError, ValueError):
-                raise InvalidBudget(
-                    f"shares[{step!r}] must be a pair (privacy_share, delta_share) (got {pair!r})"
-                ) from None
-            ps[step] = _finite_nonneg(f"privacy share of step {step!r}", p, positive=True)
-            qs[step] = _finite_nonneg(f"delta share of step {step!r}", q)
-        p_sum = math.fsum(ps.values())
-        q_sum = math.fsum(qs.values())
-        grants: dict[str, Budget] = {}
-        for step in shares:
-            p = ps[step] / p_sum
-            q = qs[step] / q_sum if q_sum > 0 else 0.0
-            if isinstance(self.total, ApproxDP):
-                grants[step] = ApproxDP(self.total.epsilon * p, self.total.delta * q)
-            else:
-                grants[step] = ZCDP(self.total.rho * p, self.total.delta0 * q)
+        """The plan's grants (:func:`planned_grants` of the total); they become the plan that
+        :meth:`charge` holds every later charge to."""
+        grants = planned_grants(self.total, shares)
         self._plan = dict(grants)
         return grants
 
