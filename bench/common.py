@@ -460,7 +460,8 @@ class PeakMemory:
 class GatherMeter:
     """Counts the pickled bytes of everything ``Client.gather`` and ``Future.result`` return
     in this process while it is entered: what the driver actually received from the cluster
-    (footers, summaries), to set beside the manifest's ``summary_bytes_gathered``."""
+    (footers, summaries), to set beside the manifest's ``summary_bytes_gathered``;
+    tests/test_no_raw_data.py holds the package to it."""
 
     def __enter__(self) -> GatherMeter:
         import pickle
@@ -468,11 +469,13 @@ class GatherMeter:
         from distributed import Client, Future
 
         self.bytes = 0
+        self.calls = 0
         self._saved = Client.gather, Future.result
 
         def counted(method: Callable[..., Any]) -> Callable[..., Any]:
             def call(*args: Any, **kwargs: Any) -> Any:
                 value = method(*args, **kwargs)
+                self.calls += 1
                 self.bytes += len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
                 return value
 

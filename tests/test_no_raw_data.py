@@ -16,7 +16,6 @@ Two proofs on a real multi-process cluster:
 from __future__ import annotations
 
 import json
-import pickle
 import shutil
 import subprocess
 import sys
@@ -24,10 +23,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from distributed import Client, Future
 
 from dpsub_dist.cli import main
 from dpsub_dist.synth import generate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import GatherMeter  # noqa: E402  (bench.generated_rows counts the same way)
 
 DIM, RANK, SUBSETS, REF_POINTS, FILES = 10, 2, 200, 4, 4
 EPSILON = "8"
@@ -49,29 +50,6 @@ def _generate(out: Path, rows: int) -> Path:
     return out
 
 
-class GatherMeter:
-    """Counts the pickled bytes of everything ``Client.gather``/``Future.result`` return."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.bytes = 0
-        self.calls = 0
-        gather, result = Client.gather, Future.result
-
-        def counted_gather(client, *args, **kwargs):
-            return self._count(gather(client, *args, **kwargs))
-
-        def counted_result(future, *args, **kwargs):
-            return self._count(result(future, *args, **kwargs))
-
-        monkeypatch.setattr(Client, "gather", counted_gather)
-        monkeypatch.setattr(Future, "result", counted_result)
-
-    def _count(self, value):
-        self.calls += 1
-        self.bytes += len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
-        return value
-
-
 def _estimate(source: Path, out: Path, scheduler: str) -> int:
     return main(
         ["estimate", str(source), "--rank", str(RANK), "--epsilon", EPSILON, "--delta", "1e-6"]
@@ -86,12 +64,12 @@ def test_gathered_bytes_are_summaries_only_and_do_not_grow_with_n(
 ) -> None:
     measured = {}
     for n, source in datasets.items():
-        meter = GatherMeter(monkeypatch)
         monkeypatch.setattr("dpsub_dist.privacy.noise.new_noise_seed", lambda: NOISE_SEED)
         if route == "per-subset sketches":  # the route of wider data, at this width
             monkeypatch.setattr("dpsub_dist.engine.routes.GRAM_ROUTE_BYTES", 0)
         out = tmp_path / f"out{n}"
-        assert _estimate(source, out, scheduler_address) == 0  # a basis was released
+        with GatherMeter() as meter:
+            assert _estimate(source, out, scheduler_address) == 0  # a basis was released
         assert (out / "basis.npy").exists()
         manifest = json.loads((out / "manifest.json").read_text())
         assert manifest["parameters"]["local_route"] == route
@@ -122,7 +100,6 @@ def test_gauss_with_rows_or_level_sums_held_on_the_workers_gathers_summaries_onl
 
     measured = {}
     for n, source in datasets.items():
-        meter = GatherMeter(monkeypatch)
         monkeypatch.setattr("dpsub_dist.privacy.noise.new_noise_seed", lambda: NOISE_SEED)
         if not held:
             monkeypatch.setattr(row_cache, "CACHE_FRACTION", 0.0)
@@ -136,7 +113,8 @@ def test_gauss_with_rows_or_level_sums_held_on_the_workers_gathers_summaries_onl
         out = tmp_path / f"gauss{n}"
         args = ["estimate", str(source), "--rank", str(RANK), "--epsilon", EPSILON]
         args += ["--delta", "1e-6", "--method", "gauss", "--seed", "5", "--out", str(out)]
-        assert main([*args, "--scheduler", scheduler_address, "--quiet"]) == 0
+        with GatherMeter() as meter:
+            assert main([*args, "--scheduler", scheduler_address, "--quiet"]) == 0
         assert (out / "basis.npy").exists()
         assert [row_cache.is_held(d) for d in opened] == [held]
         measured[n] = meter.bytes
