@@ -339,17 +339,17 @@ def test_below_the_threshold_the_run_is_todays_bit_for_bit(monkeypatch) -> None:
 
 
 def test_on_a_cluster_only_counts_sums_and_the_gram_reach_the_driver(
-    small_route, monkeypatch, dask_client
+    small_route, dask_client
 ) -> None:
     """The per-bin sums (a bin may hold one row) stay on the workers: what the driver
     gathers is the sample's two passes' 102 counts, its clipped sum, the Gram and the
     centred rows' clipped sum (plus pickling), far below one partition of rows."""
-    from test_no_raw_data import GatherMeter
+    from bench.common import GatherMeter
 
     rows, plane = _drift_rows(100_000)
     data = array_dataset(rows)
-    meter = GatherMeter(monkeypatch)
-    result = run_estimate(_config(), lambda _e: data, dask_client, noise_seed=NOISE_SEED)
+    with GatherMeter() as meter:
+        result = run_estimate(_config(), lambda _e: data, dask_client, noise_seed=NOISE_SEED)
     assert "centre_sample" in result.manifest["parameters"]
     assert _sin(result.basis, plane) < 0.05
     dim = rows.shape[1]
