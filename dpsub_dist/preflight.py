@@ -34,20 +34,19 @@ user level; a footer error names a file and a column, as a run would.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from dpsub_dist.context import check_schema_width
 from dpsub_dist.engine.compute import IN_PROCESS
-from dpsub_dist.engine.sources import parquet_dataset
+from dpsub_dist.engine.sources import Footers, parquet_dataset, read_footers
 from dpsub_dist.errors import BudgetRefused, DpsubError, InputError
 from dpsub_dist.io.output import check_output_dir
 from dpsub_dist.io.parquet import (
     column_widths,
     describe_left_out,
     feature_count,
-    inspect_file,
-    list_parquet_files,
     select_columns,
     widths_in_rows,
 )
@@ -80,9 +79,11 @@ def preflight(job: Job, run_id: str | None = None, ledger: str | None = None) ->
     checks = [Check("job", f"{job.path}: valid ({job.method}, rank {job.rank}, run {run_id})")]
     ledger_checks, record = _ledger_checks(job, run_id, ledger or job.ledger)
     checks += ledger_checks
-    checks.append(_guarded("dataset", lambda: _dataset(job)))
+    options = StorageOptions.wrap(job.storage_options)
+    footers = functools.cache(lambda: read_footers(job.dataset, options, IN_PROCESS))  # read once
+    checks.append(_guarded("dataset", lambda: _dataset(job, footers())))
     if checks[-1].ok:
-        checks.append(_guarded("plan", lambda: _plan(job)))
+        checks.append(_guarded("plan", lambda: _plan(job, footers())))
     checks.append(_guarded("output", lambda: _output(job, run_id, record)))
     return checks
 
@@ -157,15 +158,13 @@ def _budget(
     return f"the run charges {describe_budget(request.charge)} of the {left} remaining"
 
 
-def _dataset(job: Job) -> str:
-    """List the dataset and read every footer (no rows); validate the job's columns and rank."""
-    options = StorageOptions.wrap(job.storage_options)
-    files = list_parquet_files(job.dataset, options)
-    infos = IN_PROCESS.map(inspect_file, files, storage_options=options)  # on threads
+def _dataset(job: Job, footers: Footers) -> str:
+    """Validate the job's columns and rank against the footers (no row is read)."""
+    infos = footers.infos
     choice = select_columns(infos, job.columns, job.unit_column, job.exclude_columns)
     columns = choice.used
     left_out = describe_left_out(choice.left_out)
-    found = f"{job.dataset}: {len(files)} Parquet files, footers readable"
+    found = f"{job.dataset}: {len(footers.files)} Parquet files, footers readable"
     variable = widths_in_rows(infos, columns)
     if job.method == "auto":
         check_schema_width(variable)
@@ -187,16 +186,19 @@ def _dataset(job: Job) -> str:
     return f"{found}, {features}" + (f" (left out: {left_out})" if left_out else "")
 
 
-def _plan(job: Job) -> str:
+def _plan(job: Job, footers: Footers) -> str:
     """The steps the run will charge, from the footers (no row): the plan its method declares."""
-    options = StorageOptions.wrap(job.storage_options)
-    files = list_parquet_files(job.dataset, options)
-    infos = IN_PROCESS.map(inspect_file, files, storage_options=options)
-    choice = select_columns(infos, job.columns, job.unit_column, job.exclude_columns)
-    if widths_in_rows(infos, choice.used):
+    choice = select_columns(footers.infos, job.columns, job.unit_column, job.exclude_columns)
+    if widths_in_rows(footers.infos, choice.used):
         return "fixed when the run reads the list columns' width from their rows"
     dataset = parquet_dataset(
-        job.dataset, job.columns, job.unit_column, options, IN_PROCESS, job.exclude_columns
+        job.dataset,
+        job.columns,
+        job.unit_column,
+        job.storage_options,
+        IN_PROCESS,
+        job.exclude_columns,
+        footers=footers,
     )
     _, grants = plan_budget(job.config(), dataset)
     return "; ".join(f"{step}: {describe_budget(grant)}" for step, grant in grants.items())

@@ -88,6 +88,29 @@ def test_ready_job_reports_budget_and_writes_nothing(tmp_path, data, capsys):
     assert ledger_runs(tmp_path, capsys) == "[]"  # nothing reserved
 
 
+def test_each_footer_is_read_once(tmp_path, data, capsys, monkeypatch):
+    """The dataset and plan checks share one read of the footers (a round trip per file on
+    object storage), where each used to list the files and read every footer again."""
+    from dpsub_dist import preflight
+    from dpsub_dist.engine import sources
+    from dpsub_dist.io import parquet
+
+    read: list[str] = []
+    inspect_file = parquet.inspect_file
+
+    def counted(path, *args, **kwargs):
+        read.append(path)
+        return inspect_file(path, *args, **kwargs)
+
+    for module in (parquet, sources, preflight):  # wherever a reader could be bound
+        monkeypatch.setattr(module, "inspect_file", counted, raising=False)
+    grant(tmp_path, data)
+    code, out = check(job_file(tmp_path, data), capsys)
+    assert code == 0, out
+    assert "ok  plan" in out
+    assert len(read) == 4 and len(set(read)) == 4, read  # 4 files, one read each
+
+
 def test_invalid_job_file_is_exit_2(tmp_path, data, capsys):
     code, out = check(job_file(tmp_path, data, rank="-1"), capsys)
     assert code == 2 and "rank must be a positive integer" in out

@@ -99,6 +99,24 @@ class Dataset:
         return feature_name(self.columns, self.widths, j)
 
 
+@dataclass(frozen=True)
+class Footers:
+    """A Parquet dataset's files and each one's footer: what is public before any row is read."""
+
+    files: list[str]
+    infos: list[FileInfo]
+
+
+def read_footers(
+    uri: str, storage_options: StorageOptions, executor: Executor | Any | None
+) -> Footers:
+    """List the files (driver) and read their footers (``executor``: workers, or in process)."""
+    files = list_parquet_files(uri, storage_options)
+    return Footers(
+        files, Executor.of(executor).map(inspect_file, files, storage_options=storage_options)
+    )
+
+
 def parquet_dataset(
     uri: str,
     columns: list[str] | None,
@@ -107,15 +125,17 @@ def parquet_dataset(
     executor: Executor | Any | None,
     exclude: list[str] | None = None,
     options: OptionNames = CLI_OPTIONS,
+    footers: Footers | None = None,
 ) -> Dataset:
     """List the files (driver), read their footers (workers), choose the columns
     (``exclude``: names or patterns removed from them, see :func:`choose_columns`; ``options``:
-    how the caller's door spells them in messages).
+    how the caller's door spells them in messages). ``footers``: already read (no second
+    read).
 
     ``executor``: a bare client (or None: in process) is accepted too, for scripts."""
     storage_options = StorageOptions.wrap(storage_options)  # redacted in reprs and task keys
-    files = list_parquet_files(uri, storage_options)
-    infos = Executor.of(executor).map(inspect_file, files, storage_options=storage_options)
+    footers = footers or read_footers(uri, storage_options, executor)
+    files, infos = footers.files, footers.infos
     choice = select_columns(infos, columns, unit_column, exclude, options)
     selected = choice.used
     if unit_column is not None:
