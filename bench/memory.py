@@ -36,10 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.rows:
         path, truth = speed.speed_dataset(args, n, args.dim)
         for tool in args.tools:
-            # A fresh cluster per run (or the given one), so a run's peak holds nothing left by
-            # the run before.
-            with common.local_cluster(args.workers, args.scheduler) as client:
-                record = speed.run_tool(tool, path, truth, args, client)
+            record = speed.run_tool_fresh(tool, path, truth, args)
             record.update(rows=n, dim=args.dim, tool=tool)
             records.append(record)
             peak, gathered = record.get("peak_worker_rss_mib"), record.get("bytes_gathered")

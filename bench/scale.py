@@ -194,8 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             path, truth = speed.speed_dataset(layout, n, dim)
             for repeat in range(args.repeats):
                 for tool in args.tools:  # interleaved, so drift hits every tool alike
-                    with common.local_cluster(args.workers, args.scheduler) as client:
-                        record = speed.run_tool(tool, path, truth, args, client)
+                    record = speed.run_tool_fresh(tool, path, truth, args)
                     record.update(rows=n, dim=dim, tool=tool, repeat=repeat)
                     records.append(common.drop_arrays(record))
                     common.log(

@@ -131,6 +131,22 @@ def run_tool(tool: str, path: Path, truth: np.ndarray, args: Any, client: Any) -
     return record
 
 
+def run_tool_fresh(tool: str, path: Path, truth: np.ndarray, args: Any) -> dict[str, Any]:
+    """:func:`run_tool` on a fresh local cluster of ``args.workers`` (or ``args.scheduler``'s),
+    so a run's peak holds nothing left by the run before. A peer that fails (dask-ml's
+    workers killed for memory, say) is a record with status ``failed: …``, so the run goes
+    on to the next tool; dpsub's own failure is a bug and is raised."""
+    started = time.monotonic()
+    try:
+        with common.local_cluster(args.workers, args.scheduler) as client:
+            return run_tool(tool, path, truth, args, client)
+    except Exception as err:  # noqa: BLE001 - a peer's failure is a result
+        if tool.startswith("dpsub"):
+            raise
+        status = f"failed: {type(err).__name__}: {err}"[:300]
+        return {"status": status, "wall_s": time.monotonic() - started}
+
+
 def task_breakdown(stream: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Seconds per task prefix and action (compute / transfer / disk) from a Dask task stream."""
     from dask.utils import key_split

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import scale  # noqa: E402
+from bench import common, scale  # noqa: E402
 
 
 def test_scale_reports_rss_ratio_and_throughput_vs_floor(tmp_path, scheduler_address):
@@ -29,6 +29,35 @@ def test_scale_reports_rss_ratio_and_throughput_vs_floor(tmp_path, scheduler_add
     assert row["rss_ratio"] > 0 and row["throughput_vs_floor"] > 0
     assert len(document["records"]) == 4  # ⊥ (status "bottom") is a run that finished too
     assert all(r["status"] in ("ok", "bottom") for r in document["records"])
+
+
+def test_scale_records_a_failed_peer_and_goes_on(tmp_path, scheduler_address, monkeypatch):
+    """A peer whose workers die (dask-ml out of memory at 10⁷ × 128 did) is a failed record
+    with no ratio, not an abort that loses every run before it; dpsub's own failure aborts."""
+    from distributed.scheduler import KilledWorker
+
+    from bench import speed
+    from dpsub_dist.errors import RunAborted
+
+    def killed(*_args, **_kwargs):
+        raise KilledWorker("pca-chunk", "tcp://127.0.0.1:1", [])
+
+    monkeypatch.setattr(speed, "run_dask_ml", killed)
+    argv = ["--rows", "4000", "--dims", "6", "--rank", "2", "--repeats", "1"]
+    argv += ["--tools", "dpsub,dask_ml_randomized", "--scheduler", scheduler_address]
+    argv += ["--no-plot", "--results-dir", str(tmp_path / "r"), "--data-dir", str(tmp_path / "d")]
+    assert scale.main(argv) == 0
+    document = json.loads((tmp_path / "r" / "scale.json").read_text())
+    status = {r["tool"]: r["status"] for r in document["records"]}
+    assert status["dpsub"] == "ok"
+    assert status["dask_ml_randomized"].startswith("failed: RunAborted: Dask workers died"), status
+    (row,) = document["summary"]
+    assert row["dask_ml_wall_s"] is None and row["time_vs_dask_ml"] is None
+    assert row["dpsub_wall_s"] > 0
+
+    monkeypatch.setattr(common, "run_dpsub", killed)
+    with pytest.raises(RunAborted):  # the cluster's translation of KilledWorker
+        scale.main(argv[:6] + ["--tools", "dpsub"] + argv[8:])
 
 
 def test_beyond_memory_reports_each_process_and_the_error(tmp_path):
