@@ -719,7 +719,7 @@ def add_scheduled_commands(sub) -> None:
         help="batch id (default: the batch URI); appending an id again re-releases that step "
         "and changes nothing",
     )
-    add_scheduler_argument(s_append, default="default: a local cluster")
+    add_scheduler_argument(s_append)
     s_append.add_argument("--workers", type=_workers, help="workers of the local cluster")
     add_storage_arguments(s_append)
     s_append.add_argument("--quiet", action="store_true", help="no progress bar or banner")
@@ -874,13 +874,20 @@ def cmd_stream(args: argparse.Namespace) -> int:
     options = StorageOptions.from_pairs(args.storage_option)
     with open_stream(args.state) as stream:
         if args.stream_command == "append":
-            from dpsub_dist.engine.cluster import dask_client
+            from dpsub_dist.engine.cluster import batch_place
 
             if args.out:
                 check_output_dir(args.out, args.overwrite, options)
-            with dask_client(args.scheduler, args.quiet, args.workers) as client:
+            columns = stream.settings.columns
+            where = (args.scheduler, args.batch, columns, options, args.quiet, args.workers)
+            with batch_place(*where) as (client, footers):
                 release = stream.append(
-                    args.batch, args.batch_id, options, client, progress=not args.quiet
+                    args.batch,
+                    args.batch_id,
+                    options,
+                    client,
+                    progress=not args.quiet,
+                    footers=footers,
                 )
             left, total = stream.accountant().remaining.rho, stream.settings.rho
             verb = "already appended; re-released" if release.already_appended else "appended"

@@ -90,6 +90,35 @@ def test_user_level_never_chooses_from_the_private_row_count(tmp_path: Path) -> 
     assert "in process" not in done.stderr
 
 
+def test_a_stream_append_of_a_small_batch_runs_in_process(small: Path, tmp_path: Path) -> None:
+    """A stream is row level: its batch's footers choose, as an estimate's do."""
+    init = ["stream", "init", "s.stream", "--rank", "2", "--horizon", "4", "--rho", "0.5"]
+    assert dpsub(*init, "--delta", "1e-6", cwd=tmp_path).returncode == 0
+    done = dpsub("stream", "append", "s.stream", str(small), "--out", "out", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "in process, no cluster (2,000 rows × 6 features = 93.75 kiB" in done.stderr
+    assert "local Dask cluster" not in done.stderr
+    assert "appended step 1/4" in done.stdout
+    assert np.load(tmp_path / "out" / "basis.npy").shape == (6, 2)
+
+
+def test_a_batch_is_chosen_from_its_footers_alone(tmp_path: Path) -> None:
+    """The stream's columns set the width; a list column's width is in its rows, which the
+    choice never reads (a failure there is charged, inside the append): the cluster."""
+    from dpsub_dist.engine.sources import read_footers
+
+    rows = IN_PROCESS_BYTES // (8 * 4)
+    table = pd.DataFrame(np.zeros((rows, 8)), columns=[f"x{i}" for i in range(8)])
+    table.to_parquet(tmp_path / "wide.parquet", index=False)
+    footers = read_footers(str(tmp_path / "wide.parquet"), None, IN_PROCESS)
+    assert cluster.footers_choice(footers, None)[0] == "local-cluster"  # 8 columns
+    assert cluster.footers_choice(footers, ["x0", "x1", "x2", "x3"])[0] == "in-process"
+    lists = pd.DataFrame({"v": [np.zeros(3), np.zeros(3)]})
+    lists.to_parquet(tmp_path / "lists.parquet", index=False)
+    footers = read_footers(str(tmp_path / "lists.parquet"), None, IN_PROCESS)
+    assert cluster.footers_choice(footers, None) == ("local-cluster", cluster.LIST_WIDTH_REASON)
+
+
 def _dataset(n_rows: int, dim: int, from_rows: tuple[str, ...] = ()) -> Dataset:
     return Dataset(
         [], [], None, [f"x{i}" for i in range(dim)], n_rows, "t", widths_from_rows=from_rows

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from distributed import Client
 
     from dpsub_dist.engine.compute import Executor
-    from dpsub_dist.engine.sources import Dataset
+    from dpsub_dist.engine.sources import Dataset, Footers
 
 IN_PROCESS_NAME = "in-process"
 """``--scheduler in-process``: Dask's threads in this process, no cluster."""
@@ -36,7 +36,7 @@ CHOSEN_DEFAULT = (
     f"default: in-process for a table of at most {IN_PROCESS_BYTES // 2**20} MiB as float64 "
     "(the footers' rows × the features × 8 bytes) at row level, else a local cluster"
 )
-"""The default of the commands that choose (:func:`run_place`)."""
+"""The default of the commands that choose (:func:`run_place`, :func:`batch_place`)."""
 
 
 def _memory_bytes() -> int:
@@ -171,6 +171,40 @@ def run_place(
         yield client, lambda _executor: dataset
 
 
+@contextlib.contextmanager
+def batch_place(
+    scheduler: str | None,
+    uri: str,
+    columns: list[str] | None,
+    storage_options: Any,
+    quiet: bool = False,
+    workers: int | None = None,
+) -> Iterator[tuple[Any | None, Footers | None]]:
+    """:func:`run_place` for a stream's batch (row level): the client, and the footers it
+    was chosen from (None: not read here), to hand to the append so it reads them once.
+
+    The choice reads the footers only: the first row of a list column is read inside the
+    append, where a failure is charged. A footer that cannot be read leaves the choice to a
+    local cluster, as before, and the append raises the error in its own order of checks.
+    """
+    if scheduler or workers:
+        with dask_client(scheduler, quiet, workers) as client:
+            yield client, None
+        return
+    from dpsub_dist.engine.compute import IN_PROCESS
+    from dpsub_dist.engine.sources import read_footers
+
+    footers: Footers | None
+    why: str | None
+    try:
+        footers = read_footers(uri, storage_options, IN_PROCESS)
+        scheduler, why = footers_choice(footers, columns)
+    except DpsubError:
+        footers, why = None, None
+    with dask_client(scheduler, quiet, why=why) as client:
+        yield client, footers
+
+
 def check_scheduler(scheduler: str | None) -> None:
     """InputError (exit 2) for a ``--scheduler`` that is neither a name nor an address."""
     names = (IN_PROCESS_NAME, LOCAL_CLUSTER_NAME)
@@ -186,11 +220,32 @@ def chosen_scheduler(dataset: Dataset) -> tuple[str, str]:
     public facts only: the footers' row count (row level) and the schema's width. A width
     read from a row (a variable list column) is not public: a local cluster."""
     if dataset.widths_from_rows:
-        return LOCAL_CLUSTER_NAME, "the width of a list column is read from its rows"
+        return LOCAL_CLUSTER_NAME, LIST_WIDTH_REASON
+    return size_choice(dataset.n_rows, dataset.dim)
+
+
+LIST_WIDTH_REASON = "the width of a list column is read from its rows"
+
+
+def footers_choice(footers: Footers, columns: list[str] | None) -> tuple[str, str]:
+    """:func:`chosen_scheduler` from the footers alone (no row read): for a stream's batch,
+    whose first row is read inside the append, where a failure is charged."""
+    from dpsub_dist.io.parquet import column_widths, feature_count, select_columns, widths_in_rows
+
+    used = select_columns(footers.infos, columns, None, None).used
+    if widths_in_rows(footers.infos, used):
+        return LOCAL_CLUSTER_NAME, LIST_WIDTH_REASON
+    rows = sum(info.num_rows for info in footers.infos)
+    return size_choice(rows, feature_count(used, column_widths(footers.infos, used)))
+
+
+def size_choice(n_rows: int, dim: int) -> tuple[str, str]:
+    """In process up to :data:`IN_PROCESS_BYTES` of float64 rows, else a local cluster, and
+    why (printed: ``n_rows`` must be public, as the footers' count is at row level)."""
     from dask.utils import format_bytes
 
-    size = dataset.n_rows * dataset.dim * 8
-    shown = f"{dataset.n_rows:,} rows × {dataset.dim} features = {format_bytes(size)} as float64"
+    size = n_rows * dim * 8
+    shown = f"{n_rows:,} rows × {dim} features = {format_bytes(size)} as float64"
     if size <= IN_PROCESS_BYTES:
         return IN_PROCESS_NAME, f"{shown} ≤ {format_bytes(IN_PROCESS_BYTES)}"
     return LOCAL_CLUSTER_NAME, f"{shown} > {format_bytes(IN_PROCESS_BYTES)}"

@@ -96,7 +96,7 @@ import numpy as np
 from dpsub_dist.context import RunContext, versions, width_failure
 from dpsub_dist.engine.compute import IN_PROCESS, Executor
 from dpsub_dist.engine.gram import compute_gram
-from dpsub_dist.engine.sources import Dataset, parquet_dataset
+from dpsub_dist.engine.sources import Dataset, Footers, parquet_dataset
 from dpsub_dist.errors import BudgetRefused, DataError, InputError
 from dpsub_dist.io.parquet import list_parquet_files
 from dpsub_dist.io.storage import StorageOptions, filesystem, is_local, with_protocol
@@ -722,6 +722,7 @@ class Stream:
         client: Any | None = None,
         progress: bool = False,
         noise_seed: int | None = None,
+        footers: Footers | None = None,
     ) -> StreamRelease:
         """Read one batch on the workers, add its noisy contribution, release the new basis.
 
@@ -738,7 +739,8 @@ class Stream:
         The append's private steps run in its :class:`~dpsub_dist.context.RunContext`
         (:func:`append_context`). ``noise_seed`` is a *private* seed for their noise, as
         :func:`~dpsub_dist.job.run_estimate` takes a ledger run record's (tests pin releases
-        with it); no user flag sets it. None: a fresh one.
+        with it); no user flag sets it. None: a fresh one. ``footers``: the batch's, already
+        read (:func:`~dpsub_dist.engine.cluster.batch_place`), so they are not read again.
         """
         batch_id = check_run_id(batch_id) if batch_id else canonical_dataset(uri)
         executor = Executor(client)
@@ -777,7 +779,9 @@ class Stream:
         ids = {b.step: b.batch_id for b in batches}
         _check_new_paths(uri, files, known, ids)
         try:  # from the first row read on, a failure is published as such and charged
-            dataset = parquet_dataset(uri, s.columns, None, storage_options or {}, executor)
+            dataset = parquet_dataset(
+                uri, s.columns, None, storage_options or {}, executor, footers=footers
+            )
             if s.rank >= dataset.dim:
                 raise width_failure(
                     dataset,
