@@ -705,8 +705,7 @@ def test_every_method_has_a_noise_ledger_case() -> None:
 
 def run_case(case: Case, source: Path, tmp: Path, scheduler: str | None) -> tuple[dict, np.ndarray]:
     """Run ``case`` as a user would; its manifest and released basis. ``scheduler``: the
-    cluster's address, or None: no --scheduler, so these small tables run in process (stream
-    append, which does not choose, is told ``--scheduler in-process``)."""
+    cluster's address, or None: no --scheduler, so these small tables run in process."""
     if case.command == "api":
         return _api_run(case, source)
     out = _cli_run(case, source, tmp, scheduler)
@@ -736,7 +735,7 @@ def _cli_run(case: Case, source: Path, tmp: Path, scheduler: str | None) -> Path
         for i, part in enumerate(sorted(source.glob("*.parquet"))):
             out = tmp / f"step{i}"
             append = ["stream", "append", str(state), str(part), "--out", str(out)]
-            assert main([*append, *(common or ["--scheduler", "in-process"])]) == 0
+            assert main([*append, *common]) == 0
         return out
     if case.command == "run":
         ledger = tmp / "ledger.db"
@@ -784,7 +783,8 @@ def test_every_draw_has_the_scale_its_charged_budget_buys(
         manifest, _ = run_case(case, data[case.source], tmp_path, scheduler)
     assert manifest["outcome"] == "ok", manifest["release"]
     if scheduler is None and case.command != "api":
-        assert "in process, no cluster (" in capsys.readouterr().err
+        chosen = [line for line in capsys.readouterr().err.splitlines() if " rows × " in line]
+        assert chosen and chosen[-1].startswith("in process, no cluster ("), chosen
     check_run(Run(manifest, list(draws)), units=manifest["n_rows"], charges=charges)
     check_privacy_maps([a for a in accountants if a._plan is not None])
 
