@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs Debian's chromium for tests/test_report.py, which opens the report pages in
+# Installs Debian's chromium for tests/report/test_report.py, which opens the report pages in
 # headless Chromium (rendered DOM, screenshots, no network). Quick when already installed.
 # Failing here fails CI (.ci/run): the browser checks must not skip.
 set -euo pipefail

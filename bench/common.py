@@ -461,7 +461,7 @@ class GatherMeter:
     """Counts the pickled bytes of everything ``Client.gather`` and ``Future.result`` return
     in this process while it is entered: what the driver actually received from the cluster
     (footers, summaries), to set beside the manifest's ``summary_bytes_gathered``;
-    tests/test_no_raw_data.py holds the package to it."""
+    tests/privacy/test_no_raw_data.py holds the package to it."""
 
     def __enter__(self) -> GatherMeter:
         import pickle

@@ -25,8 +25,8 @@ columns in raw units (the ID columns ``rownames``, ``zper`` and the columns with
 values ``ghindx``, ``lnmeddol`` dropped, then the few rows with a missing value); centred
 row norms p50 2,707, p99 10,621, max 54,867 (the issue's table). ``mimic`` is
 :func:`mimic_rows`. ``flights`` is bench/real_data.py's (z-scored); ``heavy`` is
-bench/norm_quantile.py's ``heavy_tailed_rows``; ``spiked`` is tests/test_norm_bound_rule.py's
-rows (ε = 10 there).
+bench/norm_quantile.py's ``heavy_tailed_rows``; ``spiked`` is
+tests/privacy/test_norm_bound_rule.py's rows (ε = 10 there).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def _heavy() -> np.ndarray:
 def _spiked() -> np.ndarray:
     import runpy  # tests/ is not a package: the test module's own generator, by path
 
-    return runpy.run_path("tests/test_norm_bound_rule.py")["spiked_rows"]()[0]
+    return runpy.run_path("tests/privacy/test_norm_bound_rule.py")["spiked_rows"]()[0]
 
 
 TABLES = {

@@ -4,7 +4,7 @@ Runs every audit case (honest mechanism and planted under-noised twin) with more
 than the test suite and prints a markdown table. Cases come from test modules that
 define ``AUDIT_CASES``: a list of objects with ``name``, ``claimed_epsilon``, ``delta``,
 ``runs``, ``planted_note`` and ``run(runs, planted) -> AuditResult`` (see
-``tests/test_audit_core.py::AuditCase``).
+``tests/privacy/test_audit_core.py::AuditCase``).
 
     python -m bench.privacy_audit_table --runs-factor 5
 """

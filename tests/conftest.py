@@ -80,7 +80,7 @@ def small_dataset(tmp_path_factory):
 
 ALLOWED_SKIPS: dict[str, tuple[str, str]] = {
     # test node id: (text its skip reason must contain, why a skip is acceptable there)
-    "tests/test_faults.py::test_real_disk_full": (
+    "tests/engine/test_faults.py::test_real_disk_full": (
         "cannot mount a tmpfs here",
         "mounting needs CAP_SYS_ADMIN, which unprivileged CI containers lack; the same ENOSPC "
         "path is exercised without privileges by test_disk_full_while_writing_the_manifest",

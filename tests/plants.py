@@ -2,8 +2,8 @@
 
 Each plant is one textual edit of the package that makes the real privacy loss exceed the
 claim (docs/testing.md, "Planted bugs"). For each, this script copies the tracked files to a
-scratch folder, applies the edit, runs the net (tests/test_noise_ledger.py and
-tests/test_privacy_net.py, never the module unit tests) and prints the tests that failed.
+scratch folder, applies the edit, runs the net (tests/privacy/test_noise_ledger.py and
+tests/privacy/test_privacy_net.py, never the module unit tests) and prints the tests that failed.
 A plant that no net test catches is reported as SURVIVED and the exit status is 1.
 
 ``MUTATIONS`` are hand mutations of modules mutmut has not covered (each changes a scale, a
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-NET = ["tests/test_noise_ledger.py", "tests/test_privacy_net.py"]
+NET = ["tests/privacy/test_noise_ledger.py", "tests/privacy/test_privacy_net.py"]
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,7 @@ MUTATIONS = [
         "                max(c.epsilon for c in costs),",
         "                min(c.epsilon for c in costs),",
         "boost",
-        "tests/test_boost.py::test_parallel_composition_covers_every_group_s_total",
+        "tests/methods/test_boost.py::test_parallel_composition_covers_every_group_s_total",
     ),
     Plant(
         "gram: rows clipped at the larger of norm and bound swapped for the smaller",
@@ -244,7 +244,7 @@ MUTATIONS = [
         "noise.add_gaussian(rng, product, self.sigmas[t - 1], self.sensitivity)",
         "noise.add_gaussian(rng, product, self.sigmas[-t], self.sensitivity)",
         "power",
-        "tests/test_power.py::test_each_iteration_draws_sigma_t_for_its_share_of_rho",
+        "tests/methods/test_power.py::test_each_iteration_draws_sigma_t_for_its_share_of_rho",
     ),
     Plant(
         "power: the next iterate orthonormalised from the exact product, not the release",
@@ -253,7 +253,7 @@ MUTATIONS = [
         "            basis = orthonormalise(released)",
         "            basis = orthonormalise(product)",
         "power",
-        "tests/test_power.py::test_each_iterate_is_the_orthonormalised_release_not_the_exact_product",
+        "tests/methods/test_power.py::test_each_iterate_is_the_orthonormalised_release_not_the_exact_product",
     ),
     Plant(
         "power: the iterations' cost stated as zCDP under an (ε, δ) grant",
@@ -302,7 +302,7 @@ MUTATIONS = [
         "    return 1.0 / np.sqrt(user_totals(units, user_norms))",
         "    return 1.0 / user_totals(units, user_norms)",
         "test_user_level or test_removing",
-        "tests/test_user_level_privacy.py::test_user_scale_brings_each_heavy_user_to_unit_total_and_leaves_light_ones",
+        "tests/privacy/test_user_level_privacy.py::test_user_scale_brings_each_heavy_user_to_unit_total_and_leaves_light_ones",
     ),
     Plant(
         "variance: projected sums scale rows by 1/B without clipping",
@@ -336,7 +336,7 @@ MUTATIONS = [
         "private_norm_bound(\n"
         "        counts, int(counts.sum()), search, rng, quantile=quantile, grid=grid\n    )",
         "test_user_level",
-        "tests/test_norm_bound.py::test_user_level_threshold_is_q_times_the_noisy_count_not_the_exact_one",
+        "tests/privacy/test_norm_bound.py::test_user_level_threshold_is_q_times_the_noisy_count_not_the_exact_one",
     ),
     Plant(
         "sparse_vector: queries compared with the un-noised threshold",
@@ -345,7 +345,7 @@ MUTATIONS = [
         ">= noisy_threshold:",
         ">= threshold:",
         "friendly or histogram",
-        "tests/test_mechanisms.py::test_above_threshold_compares_the_noisy_query_with_the_noisy_threshold",
+        "tests/privacy/test_mechanisms.py::test_above_threshold_compares_the_noisy_query_with_the_noisy_threshold",
     ),
     Plant(
         "assign: user ids -0.0 and 0.0 not merged (a user in two subsets)",
@@ -354,7 +354,7 @@ MUTATIONS = [
         "        column = pc.add(column.cast(pa.float64()), 0.0)",
         "        column = column.cast(pa.float64())",
         "test_user_level",
-        "tests/test_user_level_privacy.py::test_negative_and_positive_zero_ids_are_one_user",
+        "tests/privacy/test_user_level_privacy.py::test_negative_and_positive_zero_ids_are_one_user",
     ),
     Plant(
         "assign: row subsets ignore the public seed",
@@ -363,7 +363,7 @@ MUTATIONS = [
         "    keyed = positions.astype(np.uint64) ^ _seed_key(seed)",
         "    keyed = positions.astype(np.uint64)",
         "friendly",
-        "tests/test_core.py::test_assignment_depends_on_position_not_values",
+        "tests/methods/test_core.py::test_assignment_depends_on_position_not_values",
     ),
     Plant(
         "boost: user groups hashed with the subsets' key (groups and subsets correlated)",
@@ -372,7 +372,7 @@ MUTATIONS = [
         'purpose=b"groups")',
         'purpose=b"subsets")',
         "boost",
-        "tests/test_user_level_privacy.py::test_group_hash_is_keyed_apart_from_the_subsets_even_at_one_seed",
+        "tests/privacy/test_user_level_privacy.py::test_group_hash_is_keyed_apart_from_the_subsets_even_at_one_seed",
     ),
     Plant(
         "covariance: each centred bound given the whole norm share (shares sum > 1)",
@@ -381,7 +381,7 @@ MUTATIONS = [
         "    half = (norm_share / 2, 0.0)",
         "    half = (norm_share, 0.0)",
         "private or auto",
-        "tests/test_power.py::test_plan_gives_the_private_bound_powers_own_share",
+        "tests/methods/test_power.py::test_plan_gives_the_private_bound_powers_own_share",
     ),
     Plant(
         "covariance: row-level Gram drawn at add/remove's sensitivity, charged at replace's",
@@ -432,7 +432,7 @@ MUTATIONS = [
         "    nodes = [(h, (batch - 1) >> h) for h in range(tree_levels(horizon))]",
         "    nodes = [(h, (batch - 1) >> h) for h in range(tree_levels(horizon) - 1)]",
         "stream",
-        "tests/test_stream.py::test_each_batch_enters_at_most_L_nodes_and_prefixes_cover_exactly",
+        "tests/methods/test_stream.py::test_each_batch_enters_at_most_L_nodes_and_prefixes_cover_exactly",
     ),
     Plant(
         "covariance: gap-perturb's projector noise given no δ share under (ε, δ)",

@@ -1,7 +1,7 @@
 """Runs the shipped Airflow DAG or Prefect flow for a list of dates, inside its own venv.
 
 Usage: ``python scheduler_harness.py airflow|prefect PLAN.json RESULTS.json`` (started by
-tests/test_schedulers.py with the scheduler's environment set). PLAN is a list of
+tests/deploy/test_schedulers.py with the scheduler's environment set). PLAN is a list of
 ``{"label", "date", "env"}``: ``env`` (``DPSUB``, ``DPSUB_JOB``) is set before that date's
 run. RESULTS gets the scheduler's version and, per step, the state the scheduler shows for
 the run and for the dpsub task, and how many times the task ran. Only the retry delay is

@@ -1,6 +1,6 @@
 """Running engine graphs: in-process or on a cluster, with only the outputs gathered.
 
-:class:`Executor` is the one place that tells the two apart (tests/test_executor_only.py
+:class:`Executor` is the one place that tells the two apart (tests/engine/test_executor_only.py
 fails on a ``client is None`` branch anywhere else). The lowest layer of the engine:
 :mod:`dpsub_dist.engine.gram`, :mod:`dpsub_dist.engine.subsets` and the subset routes
 import it, and it imports none of them (no import cycle by construction).

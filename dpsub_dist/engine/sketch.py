@@ -21,7 +21,7 @@ Thm 9.2; C a modest constant that depends on Ω through Gaussian tail bounds: me
 C ≈ 1.3 for the summary's largest entry at d = 60, k = 3, 1000 rows a subset, each extra
 pass multiplying the error by λₘ₊₁/λₖ ≈ 3.6·10⁻⁴). A subset with at most m rows, or of
 rank ≤ m, is recovered exactly up to rounding (range(Qⱼ) holds its whole row space). The
-summary yⱼ = vec(VⱼVⱼᵀR) moves by at most 2‖R‖·sin∠; tests/test_sketch_route.py checks
+summary yⱼ = vec(VⱼVⱼᵀR) moves by at most 2‖R‖·sin∠; tests/engine/test_sketch_route.py checks
 the bound and the exact cases. PASSES ≥ 2: Rayleigh–Ritz needs an orthonormal Qⱼ.
 
 Privacy: the row shuffle and Gram routes hand the local step subset j's rows; this route

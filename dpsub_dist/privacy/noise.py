@@ -15,7 +15,7 @@ Gaussian for differential privacy", Algorithms 1–3) from integer uniform draws
 floating-point channel of textbook samplers (Mironov, CCS 2012). OpenDP ships vetted samplers
 of the same algorithms but draws from OS entropy only: they cannot be seeded, so a resumed
 run could not reproduce its release from the private seed; we use our own implementation,
-tested against exact pmfs (tests/test_noise_samplers.py).
+tested against exact pmfs (tests/privacy/test_noise_samplers.py).
 
 Rounding the value moves each coordinate by ≤ g/2 on each neighbour, so the sensitivity of
 the rounded value grows by ``g`` per changed coordinate (L1: ``g·c``, L2: ``g·√c``, ``c``
@@ -86,7 +86,7 @@ class Draw:
     value it was added to (``round(value/g)·g``), so a test can check the sampler's output
     and the data side of what was noised; ``integers`` are the draws K themselves (with a
     fixed private seed the same on every machine: integer arithmetic only, which
-    tests/test_release_checksums.py pins). Equality compares the first four fields only.
+    tests/privacy/test_release_checksums.py pins). Equality compares the first four fields only.
     """
 
     kind: str

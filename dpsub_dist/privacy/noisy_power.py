@@ -36,7 +36,7 @@ source's floats, float32 kept as float32) enters ``C`` as ``w·xxᵀ``, i.e. as 
 ``a = √w·x``, with ``w = m/max(‖x‖, B)²`` computed in float64 (the norms too, for float32
 rows) and ``m = 1 − 2⁻²⁴`` (:data:`dpsub_dist.engine.gram.CLIP_MARGIN`) covering the float64
 rounding of ``‖x‖``, ``w`` and the user totals, so ``‖a‖² = w‖x‖² ≤ 1`` holds *exactly* for
-the floats used, not only up to rounding (tests/test_power.py checks it in rational
+the floats used, not only up to rounding (tests/methods/test_power.py checks it in rational
 arithmetic on rows at the bound; a plain ``1/max(‖x‖, B)²`` exceeds 1 there by ~10⁻¹⁶, and
 float32 rows clipped and then rounded would by ~10⁻⁷). What is not exact, here as in every
 floating-point sum of this library, is the product's own rounding: float32 sources are

@@ -178,7 +178,8 @@ def margined_quantile(
     :func:`noise_matched_quantile` at n, so it binds for a run's quantile only where n is
     replaced by a smaller count (a public sample's n_S: the sampled centre), and for a
     caller's fixed quantile (the mean's 0.99) at small n: there the search used to fire late,
-    a bound up to 32× the data's (measured at n = 2·10⁴, ε = 1: 6 of 100 runs, tests/test_auto.py).
+    a bound up to 32× the data's (measured at n = 2·10⁴, ε = 1: 6 of 100 runs,
+    tests/methods/test_auto.py).
     """
     low, high = LOW_MARGIN / norm_epsilon, count - SV_MARGIN / norm_epsilon
     if low > high:

@@ -1,0 +1,155 @@
+"""The shipped Prefect flow and Airflow DAG, run for real against a local dataset and ledger.
+
+Each scheduler is installed (pinned) in its own venv under ``bench/.venvs/`` (gitignored;
+reused while its pins match) and runs ``pipelines/`` unchanged, calling this checkout's
+dpsub (tests/dpsub_shim.py) through ``$DPSUB``: Prefect's flow runs locally on a temporary
+server (no account), Airflow's DAG through ``dag.test()`` on its own SQLite metadata
+database. The only change to the shipped files is a retry delay of 1 s instead of 10 min.
+
+One plan, one ledger, five dates, the scheduler-visible outcome of each exit code:
+published (0), already published (0, nothing charged), bad input (2: failed, not retried,
+reservation returned), aborted after reserving (5: retried, resumed, charged once) and
+refused for budget (4: skipped, not retried). Slow (installs and two schedulers): run with
+``pytest -m slow tests/deploy/test_schedulers.py``; docs/running-daily.md gives the durations.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dpsub_shim import ROOT, write_aborting_dpsub, write_dpsub, write_job
+
+from dpsub_dist.cli import main
+
+VENV_DIR = Path(os.environ.get("DPSUB_SCHEDULER_VENVS", ROOT / "bench" / ".venvs"))
+SCHEDULERS = {
+    "airflow": ["apache-airflow==3.3.2"],
+    "prefect": ["prefect==3.8.8", "fastapi==0.150.0"],  # 0.160 dropped Body(min_items=)
+}
+"""Pinned installs (no constraints file; Python 3.11). Bump here and re-run the slow tests."""
+HARNESS = Path(__file__).parents[1] / "scheduler_harness.py"
+
+PLAN = [  # (label, logical date, job): one ledger granted epsilon 2.5, each run charges 1
+    ("published", "2024-06-01", "good"),
+    ("already published", "2024-06-01", "good"),
+    ("bad input", "2024-06-02", "bad"),
+    ("aborted then resumed", "2024-06-03", "good"),
+    ("refused for budget", "2024-06-04", "good"),
+]
+EXPECTED = {  # label: (run state, task state, task tries) as each scheduler shows them
+    "airflow": {
+        "published": ("success", "success", 1),
+        "already published": ("success", "success", 1),
+        "bad input": ("failed", "failed", 1),
+        "aborted then resumed": ("success", "success", 2),
+        "refused for budget": ("success", "skipped", 1),
+    },
+    "prefect": {
+        "published": ("COMPLETED", "Completed", 1),
+        "already published": ("COMPLETED", "Completed", 1),
+        "bad input": ("FAILED", "Failed", 1),
+        "aborted then resumed": ("COMPLETED", "Completed", 2),
+        "refused for budget": ("COMPLETED", "Skipped", 1),
+    },
+}
+
+
+def scheduler_venv(name: str) -> Path:
+    """The scheduler's venv, created and installed on first use (a failed install fails)."""
+    venv = VENV_DIR / name
+    marker = venv / ".installed.json"
+    specs = SCHEDULERS[name]
+    if marker.exists() and json.loads(marker.read_text()) == specs:
+        return venv
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *specs]
+    subprocess.run(pip, check=True, timeout=1800)
+    marker.write_text(json.dumps(specs))
+    return venv
+
+
+def scheduler_env(name: str, venv: Path, home: Path) -> dict[str, str]:
+    """A clean environment: the scheduler's state in ``home``, no cloud API, no PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "AIRFLOW"))}
+    env.pop("PYTHONPATH", None)
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    if name == "airflow":
+        env.update(
+            AIRFLOW_HOME=str(home),
+            AIRFLOW__CORE__LOAD_EXAMPLES="False",
+            AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "pipelines"),
+        )
+    else:
+        env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    return env
+
+
+def ledger_json(command: str, ledger: Path, capsys) -> list[dict]:
+    capsys.readouterr()
+    assert main(["budget", command, "--ledger", str(ledger), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheduler", ["prefect", "airflow"])
+def test_shipped_pipeline_under_the_real_scheduler(scheduler, small_dataset, tmp_path, capsys):
+    venv = scheduler_venv(scheduler)
+    data, ledger, results = Path(small_dataset.path), tmp_path / "ledger.db", tmp_path / "results"
+    results.mkdir()
+    jobs = {
+        "good": write_job(tmp_path / "events-basis.yaml", data, ledger, results),
+        "bad": write_job(tmp_path / "bad.yaml", data, ledger, results, columns="[x0, nope]"),
+    }
+    grant = ["--ledger", str(ledger), "--dataset", str(data), "--epsilon", "2.5"]
+    assert main(["budget", "init", *grant, "--delta", "1e-5"]) == 0
+    dpsub = write_dpsub(tmp_path / "bin")
+    aborting = write_aborting_dpsub(tmp_path / "bin", ledger)
+    plan = [
+        {
+            "label": label,
+            "date": day,
+            "env": {
+                "DPSUB": str(aborting if label.startswith("aborted") else dpsub),
+                "DPSUB_JOB": str(jobs[job]),
+            },
+        }
+        for label, day, job in PLAN
+    ]
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    env = scheduler_env(scheduler, venv, tmp_path / scheduler)
+    if scheduler == "airflow":
+        migrate = [str(venv / "bin" / "airflow"), "db", "migrate"]
+        subprocess.run(migrate, env=env, check=True, capture_output=True, timeout=600)
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), str(HARNESS), scheduler]
+        + [str(tmp_path / "plan.json"), str(tmp_path / "results.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert f"=={report['version']}" in SCHEDULERS[scheduler][0]  # the pinned version ran
+    seen = {r["label"]: (r["run_state"], r["task_state"], r["tries"]) for r in report["steps"]}
+    assert seen == EXPECTED[scheduler], done.stderr[-5000:]
+
+    runs = {r["run_id"]: r for r in ledger_json("history", ledger, capsys)}
+    assert runs["events-basis-2024-06-01"]["state"] == "published"
+    assert runs["events-basis-2024-06-03"]["state"] == "published"  # resumed after the abort
+    assert "events-basis-2024-06-04" not in runs  # refused before reserving
+    assert runs.get("events-basis-2024-06-02", {}).get("state") != "reserved"  # given back
+    [status] = ledger_json("show", ledger, capsys)
+    assert status["published"]["epsilon"] == pytest.approx(2.0)  # two runs, each charged once
+    assert status["reserved"]["epsilon"] == 0
+    assert status["remaining"]["epsilon"] == pytest.approx(0.5)
+    published = sorted(p.name for p in results.iterdir())
+    assert published == ["events-basis-2024-06-01", "events-basis-2024-06-03"]
+    for name in published:
+        assert (results / name / "basis.npy").exists()
+        assert (results / name / "report.html").exists()  # written by the runner
