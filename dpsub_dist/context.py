@@ -31,6 +31,7 @@ import numpy as np
 from dpsub_dist._version import __version__
 from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.sources import Dataset
+from dpsub_dist.engine.subsets import SubsetPlan
 from dpsub_dist.errors import DataError, InputError
 from dpsub_dist.privacy.accountant import Accountant, Budget
 from dpsub_dist.privacy.mechanism import Mechanism
@@ -140,6 +141,20 @@ class RunContext:
     def grant(self, step: str) -> Budget:
         """The grant the plan gives ``step`` (KeyError: not a declared step)."""
         return self.grants[step]
+
+    def subset_plan(self, subsets: int) -> SubsetPlan:
+        """How the run's units map to ``subsets`` subsets, from public facts: the public
+        seed, the assignment, the unit, the footers' row count, the width and the cluster's
+        size (the shuffle's buckets)."""
+        n, config = self.dataset.n_rows, self.config
+        return SubsetPlan(
+            subsets=subsets,
+            n_rows=n,
+            seed=public_seed(config),
+            assign=config.assign,
+            user_level=config.unit_column is not None,
+            buckets=choose_buckets(n, self.dataset.dim, subsets, self.executor),
+        )
 
     def release(self, step: str, mechanism: M, draw: Callable[[M, np.random.Generator], T]) -> T:
         """Charge ``step`` with ``mechanism`` (refused if undeclared, charged twice or above its

@@ -51,7 +51,6 @@ from scipy.optimize import linear_sum_assignment
 from dpsub_dist.context import (
     EstimateResult,
     RunContext,
-    choose_buckets,
     progress_shown,
     public_seed,
 )
@@ -59,7 +58,7 @@ from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.gram import clip_rows, gram_of, sum_per_worker
 from dpsub_dist.engine.progress import progress_bar
 from dpsub_dist.engine.sources import Dataset
-from dpsub_dist.engine.subsets import SubsetPlan, compute_subset_summaries
+from dpsub_dist.engine.subsets import compute_subset_summaries
 from dpsub_dist.errors import InputError
 from dpsub_dist.linalg import subspace_error, top_eigenvectors
 from dpsub_dist.methods import _centring as centring
@@ -408,14 +407,7 @@ def run_sample_aggregate(ctx: RunContext) -> MethodOutcome:
             "at this budget), or a larger budget"
         )
     seed = public_seed(config)
-    plan = SubsetPlan(
-        subsets=t,
-        n_rows=n,
-        seed=seed,
-        assign=config.assign,
-        user_level=user_level,
-        buckets=choose_buckets(n, dim, t, ctx.executor),
-    )
+    plan = ctx.subset_plan(t)
     step = KPlaneStep(clusters=k, rank=q, dim=dim, ref_points=ref, seed=seed)
     with ctx.timed("local_steps_s"):
         summaries = compute_subset_summaries(

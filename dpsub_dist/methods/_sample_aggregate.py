@@ -23,10 +23,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from dpsub_dist.context import EstimateResult, RunContext, choose_buckets, public_seed
+from dpsub_dist.context import EstimateResult, RunContext, public_seed
 from dpsub_dist.engine.routes import LOCAL_ROUTES, local_route
 from dpsub_dist.engine.sources import Dataset
-from dpsub_dist.engine.subsets import SubsetPlan
 from dpsub_dist.errors import InputError
 from dpsub_dist.linalg import (
     top_left_singular_vectors,
@@ -464,14 +463,7 @@ def run_sample_aggregate(
     centring.check_bounds(config, grants, n)  # the private mean's bound
     seed = public_seed(config)
     check_scale(config.method, config.scale, reference_points(seed, dim, q))
-    subset_plan = SubsetPlan(
-        subsets=t,
-        n_rows=n,
-        seed=seed,
-        assign=config.assign,
-        user_level=user_level,
-        buckets=choose_buckets(n, dim, t, ctx.executor),
-    )
+    subset_plan = ctx.subset_plan(t)
     step = ProjectedReferenceStep(rank=k, dim=dim, ref_points=q, seed=seed)
     with ctx.timed("centre_s"):
         loader, centred, mean_release = centring.centre(ctx)
