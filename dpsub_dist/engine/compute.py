@@ -193,6 +193,14 @@ class Executor:
             return list(compute_in_process(*tasks, how=dask.persist))
         return list(self.client.persist(list(tasks)))
 
+    def place(self, blocks: list[Any]) -> list:
+        """In-memory ``blocks`` where the tasks run: scattered to the workers once on a
+        cluster (each pass's graph then names them instead of carrying the rows through the
+        scheduler again; random keys, no hash of the data), as they are in process."""
+        if self.client is None or not blocks:
+            return blocks
+        return self.client.scatter(blocks, hash=False)
+
     def map(self, function: Callable[..., Any], items: Sequence[Any], **kwargs: Any) -> list:
         """``[function(item, **kwargs) for item in items]``: one task per item on a cluster, on
         up to :data:`MAP_THREADS` threads in process (it maps reads: footers, first rows)."""

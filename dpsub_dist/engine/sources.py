@@ -107,14 +107,10 @@ class Footers:
     infos: list[FileInfo]
 
 
-def read_footers(
-    uri: str, storage_options: StorageOptions, executor: Executor | Any | None
-) -> Footers:
+def read_footers(uri: str, storage_options: StorageOptions | None, executor: Executor) -> Footers:
     """List the files (driver) and read their footers (``executor``: workers, or in process)."""
     files = list_parquet_files(uri, storage_options)
-    return Footers(
-        files, Executor.of(executor).map(inspect_file, files, storage_options=storage_options)
-    )
+    return Footers(files, executor.map(inspect_file, files, storage_options=storage_options))
 
 
 def parquet_dataset(
@@ -134,7 +130,7 @@ def parquet_dataset(
 
     ``executor``: a bare client (or None: in process) is accepted too, for scripts."""
     storage_options = StorageOptions.wrap(storage_options)  # redacted in reprs and task keys
-    footers = footers or read_footers(uri, storage_options, executor)
+    footers = footers or read_footers(uri, storage_options, Executor.of(executor))
     files, infos = footers.files, footers.infos
     choice = select_columns(infos, columns, unit_column, exclude, options)
     selected = choice.used
@@ -300,7 +296,8 @@ def array_dataset(
     data = np.asarray(data)
     starts = range(0, data.shape[0], ARRAY_PART_ROWS)
     parts = [data[s : s + ARRAY_PART_ROWS] for s in starts]
-    return _blocks_dataset(parts, [len(p) for p in parts], data.shape[1], columns)
+    sizes = [len(p) for p in parts]
+    return _blocks_dataset(executor.place(parts), sizes, data.shape[1], columns)
 
 
 def _blocks_dataset(

@@ -214,3 +214,16 @@ def test_columns_may_be_a_pandas_index_and_a_bare_string_is_refused() -> None:
     assert list(fitted.fit(frame).feature_names_in_) == ["a", "b", "c"]
     with pytest.raises(ValueError, match="columns must be a list of column names"):
         PrivateSubspace(2, columns="a", method="gauss", row_norm=5.0).fit(frame)
+
+
+def test_an_in_memory_array_is_sent_to_the_cluster_once(dask_client) -> None:
+    """Fitting a NumPy array on a cluster scatters its blocks once: each pass's graph names
+    them, where every pass used to carry the rows through the scheduler again (Dask warns of
+    graphs above 10 MB; these 16 MB of rows made each pass's graph one)."""
+    rng = np.random.default_rng(4)
+    rows = rng.standard_normal((250_000, 8)) @ np.diag([5, 3, 1, 1, 1, 1, 1, 1])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="Sending large graph")
+        est = PrivateSubspace(2, epsilon=1.0, delta=1e-6, client=dask_client).fit(rows)
+    top = np.eye(8)[:, :2]
+    assert np.linalg.norm(est.components_ @ top @ top.T - est.components_) < 0.2
