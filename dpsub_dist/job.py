@@ -1,4 +1,5 @@
-"""The generic runner: validate → dispatch through the method registry → result.
+"""The generic runner: validate → dispatch through the method registry → result. Auto's choice
+and boosting's groups are resolved here, above the method runners, which draw the noise.
 
 Every check that can fail on parameters runs before any data is read (:func:`validate`: the
 run-level table of :mod:`dpsub_dist.params`, then the method tables of
@@ -13,13 +14,21 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from dpsub_dist.context import EstimateResult, plan, progress_shown, versions
+from dpsub_dist.context import (
+    EstimateResult,
+    RunContext,
+    open_checked,
+    plan,
+    progress_shown,
+    versions,
+)
+from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.sources import Dataset
-from dpsub_dist.methods import MODIFIERS, REGISTRY, check_config, method_named
+from dpsub_dist.methods import MODIFIERS, REGISTRY, boost, check_config, method_named
 from dpsub_dist.methods._centring import resolve_center
 from dpsub_dist.methods._clustering import run_clustering
 from dpsub_dist.methods._standardize import check as standardize_check
-from dpsub_dist.methods.boost import run_boosted
+from dpsub_dist.methods.spec import Method
 from dpsub_dist.params import ClusterConfig, EstimateConfig, RunConfig, StreamConfig
 from dpsub_dist.privacy.accountant import Accountant, Budget
 
@@ -88,10 +97,42 @@ def run_estimate(
     validate(config)
     config = with_defaults(config)
     progress = progress_shown(config, progress)
-    run = method_named("estimate", config.method).run
+    method = method_named("estimate", config.method)
     if config.boost is not None:
-        return run_boosted(config, run, open_dataset, client, progress, noise_seed)
-    return run(config, open_dataset, client, progress, noise_seed)
+        return run_boosted(config, method, open_dataset, client, progress, noise_seed)
+    if method.choose is None:
+        return method.run(config, open_dataset, client, progress, noise_seed)
+    dataset = open_checked(config, open_dataset, Executor(client))  # the choice reads D
+    choice = method.choose(config, dataset)
+    result = choice.method.run(choice.config, lambda _client: dataset, client, progress, noise_seed)
+    result.manifest["method_choice"] = choice.note
+    return result
+
+
+def run_boosted(
+    config: EstimateConfig,
+    method: Method,
+    open_dataset: Callable[[Any], Dataset],
+    client: Any | None,
+    progress: bool,
+    noise_seed: int | None,
+) -> EstimateResult:
+    """``--boost B`` around ``method`` (SS21 Alg. 3, :mod:`dpsub_dist.methods.boost`): its
+    runner on each disjoint group with the whole budget, as an ordinary run (a choosing
+    method chosen once, from the width D every group shares), then each step charged once
+    for all groups in parallel and the stable estimate selected."""
+    ctx = RunContext.open(config, open_dataset, client, progress, noise_seed)
+    inner, parts = boost.disjoint_groups(config, ctx.dataset)
+    if method.choose is not None:
+        choice = method.choose(inner, ctx.dataset)
+        method, inner = choice.method, choice.config
+    results = [
+        method.run(
+            inner, lambda _c, d=part: d, client, progress, boost.group_noise_seed(noise_seed, g)
+        )
+        for g, part in enumerate(parts)
+    ]
+    return boost.boosted_result(ctx, inner.seed, results)
 
 
 def run_cluster(

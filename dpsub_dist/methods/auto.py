@@ -1,5 +1,6 @@
 """``--method auto``: the estimator chosen from public facts only (the rule and its measurements:
-:mod:`dpsub_dist.methods.auto`, docs/auto.md), then run with the whole budget.
+:mod:`dpsub_dist.methods.auto`, docs/auto.md), then run with the whole budget. Auto is a
+choice, not a runner (:func:`resolve`): the job layer runs the chosen method as if requested.
 
 The rule reads the parameters the user gave and the width D from the Parquet schema (public at
 both privacy units), nothing else: not the rows, not n at user level, and no private statistic.
@@ -22,16 +23,11 @@ Rule, in order (measured in docs/auto.md):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import dataclasses
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dpsub_dist.params import EstimateConfig
-import dataclasses
-from collections.abc import Callable
-from typing import Any
-
-from dpsub_dist.context import EstimateResult, open_checked
-from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.methods._centring import CENTRING_PARAMS
 from dpsub_dist.methods._sample_aggregate import PLAN_PARAMS
@@ -39,7 +35,7 @@ from dpsub_dist.methods.friendly import METHOD as FRIENDLY
 from dpsub_dist.methods.friendly import RADIUS
 from dpsub_dist.methods.gauss import METHOD as GAUSS
 from dpsub_dist.methods.power import METHOD as POWER
-from dpsub_dist.methods.spec import Method, not_applicable
+from dpsub_dist.methods.spec import Choice, Method, not_applicable
 
 DRIVER_BYTES = 2 * 2**30
 """Public memory budget for gauss on the driver: the D×D Gram, its noisy copy and the eigen
@@ -92,25 +88,14 @@ CHOICES = {method.name: method for method in (FRIENDLY, GAUSS, POWER)}
 """The methods the rule chooses between."""
 
 
-def run_auto(
-    config: Any,
-    open_dataset: Callable[[Any], Dataset],
-    client: Any | None,
-    progress: bool,
-    noise_seed: int | None,
-) -> EstimateResult:
-    """Open the dataset, choose (public facts only), run the chosen method with the budget."""
-    dataset = open_checked(config, open_dataset, Executor(client))  # D from the schema
+def resolve(config: Any, dataset: Dataset) -> Choice:
+    """The method the rule chooses on ``dataset`` (its width D from the schema), its config
+    and the manifest's ``method_choice``. Auto runs nothing itself: the job layer opens the
+    dataset, resolves and runs the chosen method as if it were requested
+    (:func:`dpsub_dist.job.run_estimate`)."""
     name, reason = choose(config, dataset.dim)
-    chosen = chosen_config(config, CHOICES[name])
-    result = CHOICES[name].run(chosen, lambda _client: dataset, client, progress, noise_seed)
-    result.manifest["method_choice"] = {
-        "requested": "auto",
-        "chosen": name,
-        "reason": reason,
-        "inputs": INPUTS,
-    }
-    return result
+    note = {"requested": "auto", "chosen": name, "reason": reason, "inputs": INPUTS}
+    return Choice(CHOICES[name], chosen_config(config, CHOICES[name]), note)
 
 
 def plan_shares(config: Any, dataset: Dataset | None) -> dict[str, tuple[float, float]]:
@@ -144,6 +129,7 @@ METHOD = Method(
     command="estimate",
     summary="the default: gauss, power or friendly, chosen from public facts (docs/auto.md)",
     params=(*PLAN_PARAMS, RADIUS, *CENTRING_PARAMS),
-    run=run_auto,
+    run=None,
     plan=plan_shares,
+    choose=resolve,
 )

@@ -1,5 +1,6 @@
 """``--boost B`` around any estimate method: SS21 Alg. 3 on B disjoint groups (ALGORITHMS.md
-§5); the runner wraps the method's own runner (:func:`dpsub_dist.methods.boost.run_boosted`).
+§5): the job layer runs the method's own runner on each group (:func:`dpsub_dist.job.run_boosted`:
+no frame of boosting holds the budget while a group draws); this module holds the steps around.
 
 1. **Groups**, independent of values: row level — keyed hash of (group seed, global row
    position) mod B, so a row whose values are replaced stays in its group; user level —
@@ -152,7 +153,7 @@ def _part_rows(dataset: Dataset) -> list[int]:
     return [int(e - s) for s, e in zip(dataset.offsets, ends, strict=True)]
 
 
-def _child_noise_seed(noise_seed: int | None, group: int) -> int | None:
+def group_noise_seed(noise_seed: int | None, group: int) -> int | None:
     """Private noise seed of one group, derived from the run's (None: OS entropy)."""
     if noise_seed is None:
         return None
@@ -198,37 +199,29 @@ def charge_parallel(ctx: RunContext, results: Sequence[EstimateResult]) -> None:
         ctx.release(step, Parallel(tuple(parts)), lambda _groups, _rng: None)
 
 
-def run_boosted(
-    config: EstimateConfig,
-    runner: Callable[..., EstimateResult],
-    open_dataset: Callable[[Any], Dataset],
-    client: Any | None,
-    progress: bool,
-    noise_seed: int | None,
-) -> EstimateResult:
-    """``--boost B`` around ``config.method``, whose runner is ``runner`` (SS21 Alg. 3)."""
-    ctx = RunContext.open(config, open_dataset, client, progress, noise_seed)
-    groups = int(config.boost)
-    alpha = config.boost_alpha
-    dataset = ctx.dataset
-    seed = public_seed(config)
+def disjoint_groups(
+    config: EstimateConfig, dataset: Dataset
+) -> tuple[EstimateConfig, list[Dataset]]:
+    """The config every group runs (boosting off, the public seed fixed, the budget parsed at
+    the edge) and the B groups of ``dataset``, all on one centre route."""
+    groups, seed = int(config.boost), public_seed(config)
     seed_of_groups = group_seed(seed)
     user_level = config.unit_column is not None
     sizes = None if user_level else group_sizes(_part_rows(dataset), seed_of_groups, groups)
-    # the groups' plans split the budget parsed at the edge
     inner = dataclasses.replace(
         config, boost=None, boost_alpha=None, seed=seed, parsed_budget=config.budget()
     )
     parts = [group_dataset(dataset, g, groups, seed_of_groups, sizes) for g in range(groups)]
-    parts = one_centre_route(inner, parts)
+    return inner, one_centre_route(inner, parts)
 
-    results: list[EstimateResult] = []
-    for g, part in enumerate(parts):
-        results.append(
-            runner(
-                inner, lambda _client, d=part: d, client, progress, _child_noise_seed(noise_seed, g)
-            )
-        )
+
+def boosted_result(ctx: RunContext, seed: int, results: Sequence[EstimateResult]) -> EstimateResult:
+    """The boosted run's result from its groups' (run on :func:`disjoint_groups` with the
+    public ``seed``): their one plan declared, each step charged once in parallel, the stable
+    estimate selected (post-processing)."""
+    config = ctx.config
+    groups, alpha = int(config.boost), config.boost_alpha
+    user_level = config.unit_column is not None
     ctx.plan(one_plan(results))
     charge_parallel(ctx, results)
     chosen, counts = select_stable([r.basis for r in results], alpha)
@@ -240,7 +233,7 @@ def run_boosted(
             "agreement_needed": agreement_needed(groups),
             "agreement": "operator norm of the projection difference ≤ 2α",
             "public_seed": seed,
-            "group_seed": seed_of_groups,
+            "group_seed": group_seed(seed),
         },
         "group_runs": [
             {

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from dpsub_dist.errors import InputError
 from dpsub_dist.params import Param, positive
 
-__all__ = ["Method", "Modifier", "Param", "not_applicable", "positive"]
+__all__ = ["Choice", "Method", "Modifier", "Param", "not_applicable", "positive"]
 
 if TYPE_CHECKING:
     from dpsub_dist.engine.sources import Dataset
@@ -52,7 +52,10 @@ class Method:
 
     ``run(config, open_dataset, client, progress, noise_seed)`` runs it end to end (its driver,
     in the method's own module); a stream's ``run(path, config)``
-    creates the stream, whose appends then run its plan. ``plan(config, dataset)`` is its
+    creates the stream, whose appends then run its plan. A method that is a choice between
+    others (auto) has ``choose(config, dataset)`` in place of a runner: from public facts
+    only, the :class:`Choice` the job layer runs as if it were requested
+    (:func:`dpsub_dist.job.run_estimate`). ``plan(config, dataset)`` is its
     budget plan: each named private step's (share of ε or ρ, share of δ), from public facts
     only (the options and the opened dataset's footers; None where no dataset is open yet),
     fixed before any row is read; the runner declares this very plan (:func:`from_options`
@@ -66,15 +69,26 @@ class Method:
     command: str
     summary: str
     params: tuple[Param, ...]
-    run: Callable[..., Any]
+    run: Callable[..., Any] | None
     plan: Callable[[Any, Dataset | None], Shares]
     check: Callable[[Any], None] | None = None
     row_level_only: str = ""
+    choose: Callable[[Any, Dataset], Choice] | None = None
 
     def defaults(self, config: Any) -> dict[str, Any]:
         """Its table's defaults for the options ``config`` leaves unset, by config attribute:
         the values the run uses (help texts print the same table)."""
         return unset_defaults(self.params, config)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What a choosing method resolved to: the chosen ``method``, the ``config`` it runs with
+    (the parsed budget goes with it) and ``note``, the manifest's ``method_choice``."""
+
+    method: Method
+    config: Any
+    note: dict[str, str]
 
 
 def from_options(plan: Callable[[Any], Shares]) -> Callable[[Any, Dataset | None], Shares]:
