@@ -241,7 +241,7 @@ def _stack_chunks(sizes: np.ndarray, dim: int) -> Iterator[slice]:
     :data:`STACK_FLOATS` floats: the run's first subset sets its rows per subset."""
     start = 0
     while start < len(sizes):
-        step = max(1, STACK_FLOATS // (int(sizes[start]) * dim))
+        step = max(1, STACK_FLOATS // max(int(sizes[start]) * dim, 1))
         yield slice(start, start + step)
         start += step
 
@@ -263,7 +263,7 @@ def _scale_exponents(stack: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     zero) and the shift its product takes after; extreme subsets' rows are scaled by 2^-e in
     place first (shift 0)."""
     flat = stack.reshape(len(stack), -1)
-    peaks = np.maximum(flat.max(axis=1), -flat.min(axis=1))
+    peaks = np.maximum(flat.max(axis=1, initial=0.0), -flat.min(axis=1, initial=0.0))
     nonzero = peaks > 0
     exponents = np.where(nonzero, np.frexp(peaks)[1], EMPTY_EXPONENT).astype(np.int64)
     extreme = nonzero & (np.abs(exponents) >= SAFE_EXPONENT)
