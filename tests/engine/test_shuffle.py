@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from bench.passes import looped_partition_grams
 from dpsub_dist.engine import subsets
 from dpsub_dist.engine.subsets import (
     SubsetPlan,
@@ -188,3 +189,43 @@ def test_partition_grams_equal_a_per_subset_reference(scale):
     np.testing.assert_array_equal(counts, expected[1])
     np.testing.assert_array_equal(exponents, expected[2])
     np.testing.assert_allclose(grams, expected[0], rtol=1e-13, atol=0)
+
+
+def awkward_rows(rows: int, dim: int, seed: int) -> np.ndarray:
+    """Rows of mixed magnitudes: some 10³⁰⁰, some 10⁻³⁰⁰ (beyond SAFE_EXPONENT either way),
+    some 10⁻³¹⁰ (subnormal), some zero, the rest about 1."""
+    rng = np.random.default_rng(seed)
+    out = rng.standard_normal((rows, dim))
+    scale = rng.choice([1.0, 1e300, 1e-300, 1e-310, 0.0], size=rows, p=[0.6, 0.1, 0.1, 0.1, 0.1])
+    return out * scale[:, None]
+
+
+@pytest.mark.parametrize("stack_floats", [24, subsets.STACK_FLOATS])
+@pytest.mark.parametrize("right_shape", [None, "shared", "stacked"])
+def test_stacked_products_equal_the_per_subset_loop(monkeypatch, stack_floats, right_shape):
+    """The batched products (subsets stacked largest first, zero-padded) equal the per-subset
+    loop's on awkward subsets: empty ones, single rows, all-zero ones, extreme magnitudes
+    (the SAFE_EXPONENT path), and a stack too small for even one subset's rows (24 floats)."""
+    monkeypatch.setattr(subsets, "STACK_FLOATS", stack_floats)
+    dim, width, plan = 6, 3, SubsetPlan(subsets=200, n_rows=700, seed=4)
+    rows = awkward_rows(plan.n_rows, dim, seed=5)
+    rng = np.random.default_rng(6)
+    right = {
+        None: None,
+        "shared": rng.standard_normal((dim, width)),
+        "stacked": np.linalg.qr(rng.standard_normal((plan.subsets, dim, width)))[0],
+    }[right_shape]
+    loader = lambda part: (rows[part], None)  # noqa: E731
+    got = subsets.partition_grams(plan, loader, slice(100, 400), 100, right)
+    want = looped_partition_grams(plan, loader, slice(100, 400), 100, right)
+    counts = want[1]
+    assert {0, 1} <= set(counts.tolist()) and counts.max() >= 4  # empty, one-row, larger
+    assert (want[2] >= subsets.SAFE_EXPONENT).any() and (want[2] <= -subsets.SAFE_EXPONENT).any()
+    assert ((counts > 0) & (want[2] == subsets.EMPTY_EXPONENT)).any()  # a subset of zero rows
+    np.testing.assert_array_equal(got[1], counts)
+    np.testing.assert_array_equal(got[2], want[2])
+    largest = np.abs(want[0]).max(axis=(1, 2), keepdims=True)
+    assert np.all(np.abs(got[0] - want[0]) <= 1e-12 * largest)
+    assert np.isfinite(got[0]).all() and (largest[want[2] != subsets.EMPTY_EXPONENT] > 0).all()
+    if right is None:
+        np.testing.assert_array_equal(got[0], got[0].transpose(0, 2, 1))
