@@ -20,18 +20,20 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 
 AUDIT_MODULES: list[str] = [
-    "test_audit_core",  # histogram, friendly core, sparse-vector searches (§2–§4)
+    "privacy/test_audit_core",  # histogram, friendly core, sparse-vector searches (§2–§4)
     # Add a module here when it defines AUDIT_CASES (covariance, GAP-MAX, stream, clustering).
 ]
-"""Test modules (under tests/) whose ``AUDIT_CASES`` make up the table."""
+"""Test modules (folder/name under tests/) whose ``AUDIT_CASES`` make up the table."""
 
 
 def collect(modules: list[str]) -> list:
     """Every AUDIT_CASES entry of the listed test modules."""
-    sys.path.insert(0, str(TESTS))
+    sys.path.insert(0, str(TESTS))  # the tests' shared helpers
     cases = []
     for name in modules:
-        cases += list(importlib.import_module(name).AUDIT_CASES)
+        folder, module = name.rsplit("/", 1)
+        sys.path.insert(0, str(TESTS / folder))
+        cases += list(importlib.import_module(module).AUDIT_CASES)
     return cases
 
 
