@@ -32,6 +32,14 @@ CORRELATION = np.array(
 )
 
 
+ROWS = 1_000_000
+"""Rows of the basis tests. σ̂'s noise falls like 1/n: at ε = 1 on 200,000 rows the worst
+column's σ̂ was 7 % off in the median run and past 20 % in 1 of 100, enough for the
+uncorrelated column (eigenvalue 1.0) to overtake the second component (1.53) in 3 of 100
+runs, the documented small-table cost (docs/centring.md). On 10⁶ rows, 200 fresh-noise
+runs: worst location error ≤ 0.010 spreads, worst σ̂ ≤ 2.0 % off, basis error ≤ 0.021."""
+
+
 def mixed_units(n: int, seed: int = 0) -> pd.DataFrame:
     """Correlated columns in units 10⁶ apart, with offsets far from 0."""
     rng = np.random.default_rng(seed)
@@ -136,17 +144,17 @@ def test_api_on_a_mixed_unit_dataframe_approaches_the_correlation_pca() -> None:
     """A pandas table in mixed units: with standardize=True the private basis is close to the
     non-private correlation-matrix PCA (and to the basis of z-scoring by hand); without it,
     the basis is the raw covariance's (the 10⁴-unit column), far from it."""
-    frame = mixed_units(200_000)
+    frame = mixed_units(ROWS)
     truth = correlation_pca(frame, 2)
     est = PrivateSubspace(2, epsilon=1.0, standardize=True, seed=1).fit(frame)
-    assert subspace_error(est.basis_, truth) < 0.15
+    assert subspace_error(est.basis_, truth) < 0.08
     raw = PrivateSubspace(2, epsilon=1.0, seed=1).fit(frame)
     assert subspace_error(raw.basis_, truth) > 0.5
-    # The released location and scale are the columns' within a few percent of their spread,
-    # and transform standardises with them.
+    # The released location and scale are the columns' within a few percent of their spread
+    # (four times the worst of 200 runs, ROWS), and transform standardises with them.
     mean, std = frame.mean().to_numpy(), frame.std().to_numpy()
-    assert np.all(np.abs(est.mean_ - mean) / std < 0.05), (est.mean_, mean)
-    np.testing.assert_allclose(est.scale_, std, rtol=0.15)
+    assert np.all(np.abs(est.mean_ - mean) / std < 0.04), (est.mean_, mean)
+    np.testing.assert_allclose(est.scale_, std, rtol=0.08)
     rows = frame.to_numpy()[:5]
     np.testing.assert_allclose(
         est.transform(frame.iloc[:5]), (rows - est.mean_) / est.scale_ @ est.basis_
@@ -157,10 +165,10 @@ def test_api_on_a_mixed_unit_dataframe_approaches_the_correlation_pca() -> None:
 
 
 def test_power_and_friendly_take_it_too() -> None:
-    frame = mixed_units(200_000, seed=3)
+    frame = mixed_units(ROWS, seed=3)
     truth = correlation_pca(frame, 2)
     est = PrivateSubspace(2, epsilon=1.0, standardize=True, method="power", seed=1).fit(frame)
-    assert subspace_error(est.basis_, truth) < 0.2
+    assert subspace_error(est.basis_, truth) < 0.08
     manifest = est.manifest_
     assert manifest["parameters"]["standardize"] is True
     assert len(manifest["release"]["location"]) == 5 == len(manifest["release"]["scale"])
@@ -177,7 +185,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_cli_standardize_in_a_subprocess(tmp_path: Path) -> None:
     data = tmp_path / "mixed.parquet"
-    mixed_units(200_000).to_parquet(data)
+    frame = mixed_units(ROWS)
+    frame.to_parquet(data)
     out = tmp_path / "run"
     proc = run_cli(
         "estimate", str(data), "--rank", "2", "--epsilon", "1", "--delta", "1e-6",
@@ -191,7 +200,7 @@ def test_cli_standardize_in_a_subprocess(tmp_path: Path) -> None:
     assert math.fsum(shares[s][0] for s in private_steps()) == pytest.approx(0.15)
     assert set(private_steps()) <= set(steps)
     basis = np.load(out / "basis.npy")
-    assert subspace_error(basis, correlation_pca(mixed_units(200_000), 2)) < 0.25
+    assert subspace_error(basis, correlation_pca(frame, 2)) < 0.08
     assert "standardize" in run_cli("estimate", "--help").stdout
 
 
