@@ -43,13 +43,7 @@ from dpsub_dist.engine.compute import IN_PROCESS
 from dpsub_dist.engine.sources import Footers, parquet_dataset, read_footers
 from dpsub_dist.errors import BudgetRefused, DpsubError, InputError
 from dpsub_dist.io.output import check_output_dir
-from dpsub_dist.io.parquet import (
-    column_widths,
-    describe_left_out,
-    feature_count,
-    select_columns,
-    widths_in_rows,
-)
+from dpsub_dist.io.parquet import describe_left_out
 from dpsub_dist.io.storage import StorageOptions
 from dpsub_dist.job import plan_budget
 from dpsub_dist.jobfile import Job, own_unpublished_output
@@ -160,23 +154,19 @@ def _budget(
 
 def _dataset(job: Job, footers: Footers) -> str:
     """Validate the job's columns and rank against the footers (no row is read)."""
-    infos = footers.infos
-    choice = select_columns(infos, job.columns, job.unit_column, job.exclude_columns)
-    columns = choice.used
-    left_out = describe_left_out(choice.left_out)
+    chosen = footers.columns(job.columns, job.unit_column, job.exclude_columns)
+    left_out = describe_left_out(chosen.choice.left_out)
     found = f"{job.dataset}: {len(footers.files)} Parquet files, footers readable"
-    variable = widths_in_rows(infos, columns)
+    variable = chosen.from_rows
     if job.method == "auto":
         check_schema_width(variable)
+    count = chosen.fixed_features
     if variable:
-        fixed = [name for name in columns if name not in variable]
         features = (
-            f"{feature_count(fixed, column_widths(infos, fixed))} features and list "
-            f"column(s) {', '.join(variable)}, whose width the run reads from their rows "
-            "(the rank is checked then)"
+            f"{count} features and list column(s) {', '.join(variable)}, whose width the run "
+            "reads from their rows (the rank is checked then)"
         )
     else:
-        count = feature_count(columns, column_widths(infos, columns))
         if job.rank >= count:
             raise InputError(
                 f"rank {job.rank} must be smaller than the {count} features of {job.dataset}: "
@@ -188,8 +178,7 @@ def _dataset(job: Job, footers: Footers) -> str:
 
 def _plan(job: Job, footers: Footers) -> str:
     """The steps the run will charge, from the footers (no row): the plan its method declares."""
-    choice = select_columns(footers.infos, job.columns, job.unit_column, job.exclude_columns)
-    if widths_in_rows(footers.infos, choice.used):
+    if footers.columns(job.columns, job.unit_column, job.exclude_columns).from_rows:
         return "fixed when the run reads the list columns' width from their rows"
     dataset = parquet_dataset(
         job.dataset,

@@ -230,13 +230,10 @@ LIST_WIDTH_REASON = "the width of a list column is read from its rows"
 def footers_choice(footers: Footers, columns: list[str] | None) -> tuple[str, str]:
     """:func:`chosen_scheduler` from the footers alone (no row read): for a stream's batch,
     whose first row is read inside the append, where a failure is charged."""
-    from dpsub_dist.io.parquet import column_widths, feature_count, select_columns, widths_in_rows
-
-    used = select_columns(footers.infos, columns, None, None).used
-    if widths_in_rows(footers.infos, used):
+    chosen = footers.columns(columns)
+    if chosen.from_rows:
         return LOCAL_CLUSTER_NAME, LIST_WIDTH_REASON
-    rows = sum(info.num_rows for info in footers.infos)
-    return size_choice(rows, feature_count(used, column_widths(footers.infos, used)))
+    return size_choice(footers.n_rows, chosen.fixed_features)
 
 
 def size_choice(n_rows: int, dim: int) -> tuple[str, str]:

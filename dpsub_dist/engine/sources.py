@@ -100,11 +100,42 @@ class Dataset:
 
 
 @dataclass(frozen=True)
+class FooterColumns:
+    """The columns a run reads, as the footers alone tell them (public): the choice, the
+    list columns whose width only their rows tell, and the feature count of the others."""
+
+    choice: ColumnChoice
+    from_rows: list[str]
+    fixed_features: int
+
+
+@dataclass(frozen=True)
 class Footers:
     """A Parquet dataset's files and each one's footer: what is public before any row is read."""
 
     files: list[str]
     infos: list[FileInfo]
+
+    @property
+    def n_rows(self) -> int:
+        """The row count the footers state."""
+        return sum(info.num_rows for info in self.infos)
+
+    def columns(
+        self,
+        requested: Sequence[str] | None,
+        unit_column: str | None = None,
+        exclude: Sequence[str] | None = None,
+        options: OptionNames = CLI_OPTIONS,
+    ) -> FooterColumns:
+        """The columns :func:`parquet_dataset` will read (:func:`select_columns`), without
+        reading a row."""
+        choice = select_columns(self.infos, requested, unit_column, exclude, options)
+        from_rows = widths_in_rows(self.infos, choice.used)
+        fixed = [name for name in choice.used if name not in from_rows]
+        return FooterColumns(
+            choice, from_rows, feature_count(fixed, column_widths(self.infos, fixed))
+        )
 
 
 def read_footers(uri: str, storage_options: StorageOptions | None, executor: Executor) -> Footers:
@@ -132,11 +163,11 @@ def parquet_dataset(
     storage_options = StorageOptions.wrap(storage_options)  # redacted in reprs and task keys
     footers = footers or read_footers(uri, storage_options, Executor.of(executor))
     files, infos = footers.files, footers.infos
-    choice = select_columns(infos, columns, unit_column, exclude, options)
-    selected = choice.used
+    chosen = footers.columns(columns, unit_column, exclude, options)
+    choice, selected = chosen.choice, chosen.choice.used
     if unit_column is not None:
         check_unit_column(infos[0], unit_column)
-    variable = widths_in_rows(infos, selected)  # their width: from rows, at run time only
+    variable = chosen.from_rows  # their width: from rows, at run time only
     firsts = (
         Executor.of(executor).map(
             first_row_widths, files, names=tuple(variable), storage_options=storage_options
