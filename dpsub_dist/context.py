@@ -168,7 +168,7 @@ class RunContext:
         the step was charged, by this command or an earlier one of the plan, at exactly
         ``mechanism``'s cost (a cost in the plan's mode, as a tree level's ρ)."""
         if self._accountant.stated.get(step) != mechanism.cost():
-            raise PlanMismatch(f"step {step!r} is drawn again but was not charged so")
+            raise PlanMismatch(f"step '{step}' is drawn again but was not charged so")
         return self._draw(step, mechanism, draw)
 
     def _draw(self, step: str, mechanism: M, draw: Callable[[M, np.random.Generator], T]) -> T:
@@ -188,7 +188,7 @@ class RunContext:
         """Leave the declared ``step`` uncharged, nothing drawn: a decision from public facts
         (n and ε too small for its bound's margin) dropped it; :meth:`result` counts it."""
         if step not in self.grants:
-            raise PlanMismatch(f"step {step!r} is skipped but was not declared")
+            raise PlanMismatch(f"step '{step}' is skipped but was not declared")
         self._skipped.append(step)
 
     def _charge(self, step: str, mechanism: Mechanism) -> None:

@@ -65,6 +65,7 @@ from dpsub_dist.methods._norm_pass import (
     gather_clipped_sum,
 )
 from dpsub_dist.methods._standardize import ROUNDS, StandardisedLoader
+from dpsub_dist.methods.steps import Step
 from dpsub_dist.privacy import column_scales, mechanism
 from dpsub_dist.privacy.accountant import Budget, gaussian_sigma, laplace_epsilon
 from dpsub_dist.privacy.covariance_noise import SENSITIVITY, MeanRelease, gaussian_mean
@@ -101,14 +102,14 @@ CENTRED_BY_DEFAULT = (*SAMPLE_AGGREGATE, "gauss", "gap-perturb", "auto")
 MEAN_SHARE = 0.2
 """Share of the budget spent on the mean when centring (its error enters only as n‖μ̂ − μ‖²)."""
 
-CENTRING_SHARES = {"norm_bound": (0.05, 0.0), "mean": (MEAN_SHARE, MEAN_SHARE)}
+CENTRING_SHARES = {Step.NORM_BOUND: (0.05, 0.0), Step.MEAN: (MEAN_SHARE, MEAN_SHARE)}
 """(ε or ρ share, δ share) of the centring steps in sample and aggregate (``norm_bound`` only
 without ``--row-norm``); the mean takes gauss's share. The mean's error ``e`` enters every
 subset's Gram as ``−m(m_j eᵀ + e m_jᵀ)``, with ``m_j`` the subset's own mean: measured on
 near-low-rank data (docs/centring.md) a 6% share doubled the friend radius, 20% did not."""
 
 
-VARIANCE_SHARES = {"variance_norm_bound": (0.03, 0.0), "explained_variance": (0.07, 0.05)}
+VARIANCE_SHARES = {Step.VARIANCE_NORM_BOUND: (0.03, 0.0), Step.EXPLAINED_VARIANCE: (0.07, 0.05)}
 """Budget of the explained-variance steps (row level, after the basis is released)."""
 
 
@@ -146,7 +147,7 @@ def plan_shares(
     if centre and resolve_center(config):
         before = dict(CENTRING_SHARES)
         if config.row_norm is not None:
-            before.pop("norm_bound")
+            before.pop(Step.NORM_BOUND)
     after = VARIANCE_SHARES if config.unit_column is None else {}
     extra = [*before.values(), *after.values()]
     rest_p = 1.0 - sum(p for p, _ in extra)
@@ -206,10 +207,10 @@ def refined_quantile(grants: dict[str, Budget], n_rows: int, dim: int) -> float:
     ``Σ(‖y‖ − B)₊/n`` and the noise adds ≈ κ·B, so the sum of the two is convex in B with
     derivative ``−P(‖y‖ > B) + κ``: smallest where the share of clipped rows is κ; the
     bias bound is loose, hence the weight."""
-    kappa = mean_noise_ratio(grants["refined_mean"], n_rows, dim)
+    kappa = mean_noise_ratio(grants[Step.REFINED_MEAN], n_rows, dim)
     quantile = 1.0 - min(MEAN_NOISE_WEIGHT * kappa, MEAN_MAX_CLIPPED)
-    bound, fix = BOUND_STEPS["mean_norm_bound"]
-    epsilon = laplace_epsilon(grants["mean_norm_bound"])
+    bound, fix = BOUND_STEPS[Step.MEAN_NORM_BOUND]
+    epsilon = laplace_epsilon(grants[Step.MEAN_NORM_BOUND])
     return margined_quantile(quantile, n_rows, epsilon, "rows", bound, fix)
 
 
@@ -222,7 +223,7 @@ def refines(single: Budget, refined: dict[str, Budget], n_rows: int, dim: int) -
         return False
     if mean_noise_ratio(single, n_rows, dim) < WIDE_NOISE_RATIO:
         return False
-    if mean_noise_ratio(refined["refined_mean"], n_rows, dim) >= CONTRACTING_RATIO:
+    if mean_noise_ratio(refined[Step.REFINED_MEAN], n_rows, dim) >= CONTRACTING_RATIO:
         return False
     try:
         refined_quantile(refined, n_rows, dim)
@@ -247,9 +248,9 @@ REFINED_SOURCE = (
 
 
 BOUND_STEPS = {
-    "norm_bound": ("a private norm bound", FIX),
-    "mean_norm_bound": ("the refined centre's private norm bound", "pass a larger ε"),
-    "variance_norm_bound": ("the explained variance's private norm bound", "pass a larger ε"),
+    Step.NORM_BOUND: ("a private norm bound", FIX),
+    Step.MEAN_NORM_BOUND: ("the refined centre's private norm bound", "pass a larger ε"),
+    Step.VARIANCE_NORM_BOUND: ("the explained variance's private norm bound", "pass a larger ε"),
 }
 """This module's private bounds at row level: (what the message calls it, its fix). The mean's
 bound is replaced by ``--row-norm``; the explained variance's is always private."""
@@ -279,8 +280,8 @@ def check_bounds(config: EstimateConfig, grants: dict[str, Budget], n_rows: int)
     plan has it) must meet its margin, or the run is bad input with nothing read or charged
     (n and the grants are public). The explained variance's bound is not checked here: where
     it cannot meet its margin the basis is released without it (:func:`explain`)."""
-    if config.unit_column is None and "norm_bound" in grants:
-        row_quantile("norm_bound", grants, n_rows)
+    if config.unit_column is None and Step.NORM_BOUND in grants:
+        row_quantile(Step.NORM_BOUND, grants, n_rows)
 
 
 @dataclass(frozen=True)
@@ -353,8 +354,8 @@ def private_user_bound(ctx: RunContext, quantile_for: Callable[[float, float], f
         else np.zeros(len(GRID) + 1, dtype=np.int64)
     )
     return ctx.release(
-        "norm_bound",
-        user_norm_bound_mechanism(ctx.grant("norm_bound")),
+        Step.NORM_BOUND,
+        user_norm_bound_mechanism(ctx.grant(Step.NORM_BOUND)),
         lambda mech, rng: private_user_norm_bound(counts, mech, rng, quantile_for),
     )
 
@@ -372,17 +373,17 @@ def centre(
     if not resolve_center(config):
         return dataset.loader, {"center": False, "center_note": UNCENTRED_NOTE}, {}
     if config.row_norm is None:
-        quantile = row_quantile("norm_bound", ctx.grants, dataset.n_rows)  # low-side margin
-        source = NORM_SOURCE.format(q=quantile, step="norm_bound")
+        quantile = row_quantile(Step.NORM_BOUND, ctx.grants, dataset.n_rows)  # low-side margin
+        source = NORM_SOURCE.format(q=quantile, step=Step.NORM_BOUND)
     else:
         bound, source = float(config.row_norm), "public (--row-norm)"
     if config.row_norm is None and fused_mean(dataset):
         bound, row_sum = _bound_and_sum(ctx, dataset, quantile)
     else:
         if config.row_norm is None:
-            bound = private_bound(ctx, "norm_bound", dataset, dataset.loader, quantile)
+            bound = private_bound(ctx, Step.NORM_BOUND, dataset, dataset.loader, quantile)
         row_sum = clipped_sum(ctx, dataset, dataset.loader, bound)
-    mean = release_mean(ctx, "mean", row_sum, dataset.n_rows, bound)
+    mean = release_mean(ctx, Step.MEAN, row_sum, dataset.n_rows, bound)
     parameters = {"center": True, "mean_row_norm": bound, "mean_row_norm_source": source}
     release = {
         "mean": mean.mean.tolist(),
@@ -391,7 +392,7 @@ def centre(
         "mean_sensitivity": mean.sensitivity,
         "mean_noise_sigma": mean.sigma,
     }
-    if "refined_mean" in ctx.grants:  # the plan's refined route (:func:`refines`)
+    if Step.REFINED_MEAN in ctx.grants:  # the plan's refined route (:func:`refines`)
         return refine(ctx, dataset, mean, parameters, release)
     return CentredLoader(dataset.loader, mean.mean), parameters, release
 
@@ -442,9 +443,9 @@ def refine(
     (the run's accountant); the rows are then centred at c₁, a released value."""
     quantile = refined_quantile(ctx.grants, dataset.n_rows, dataset.dim)
     around = CentredLoader(dataset.loader, coarse.mean)
-    bound = private_bound(ctx, "mean_norm_bound", dataset, around, quantile)
+    bound = private_bound(ctx, Step.MEAN_NORM_BOUND, dataset, around, quantile)
     step = release_mean(
-        ctx, "refined_mean", clipped_sum(ctx, dataset, around, bound), dataset.n_rows, bound
+        ctx, Step.REFINED_MEAN, clipped_sum(ctx, dataset, around, bound), dataset.n_rows, bound
     )
     centre = coarse.mean + step.mean
     parameters = {
@@ -510,7 +511,7 @@ def _bound_and_sum(ctx: RunContext, dataset: Dataset, quantile: float) -> tuple[
     release checksums did not move).
     """
     counts, held = compute_level_sums(dataset.parts, dataset.loader, ctx.executor, ctx.progress)
-    bound = release_bound(ctx, "norm_bound", counts, dataset.n_rows, quantile)
+    bound = release_bound(ctx, Step.NORM_BOUND, counts, dataset.n_rows, quantile)
     return bound, gather_clipped_sum(held, bound, ctx.executor)
 
 
@@ -542,7 +543,7 @@ def explain(
             "row count and n is private",
         }
     try:
-        quantile = margined_row_quantile("variance_norm_bound", ctx.grants, dataset.n_rows)
+        quantile = margined_row_quantile(Step.VARIANCE_NORM_BOUND, ctx.grants, dataset.n_rows)
     except TooFewForBound as err:  # public n and ε: skipped, nothing drawn or charged
         for step in VARIANCE_SHARES:
             ctx.skip(step)
@@ -551,14 +552,14 @@ def explain(
             "explained_variance_ratio": None,
             "explained_variance_note": f"not released, nothing charged for it: {err}",
         }
-    bound = private_bound(ctx, "variance_norm_bound", dataset, loader, quantile)
+    bound = private_bound(ctx, Step.VARIANCE_NORM_BOUND, dataset, loader, quantile)
     part_sums = dask.delayed(_projected_sums, pure=True)
     tasks = [part_sums(loader, basis, bound, part) for part in dataset.parts]
     label = f"{len(tasks)} partitions → projected variances"
     sums = sum_on_workers(tasks, ctx.executor, label, ctx.progress)
     release = ctx.release(
-        "explained_variance",
-        variance_mechanism(ctx.grant("explained_variance")),
+        Step.EXPLAINED_VARIANCE,
+        variance_mechanism(ctx.grant(Step.EXPLAINED_VARIANCE)),
         lambda mech, rng: private_variances(sums, dataset.n_rows, bound, mech, rng),
     )
     values, rotation = top_eigenvectors(release.matrix, basis.shape[1])  # descending
@@ -601,8 +602,8 @@ def standardize(ctx: RunContext, dataset: Dataset) -> tuple[Any, dict[str, Any],
     label = f"{len(tasks)} partitions → column histograms"
     counts = sum_on_workers(tasks, ctx.executor, label, ctx.progress)  # n ≥ 1: some part
     ranges = ctx.release(
-        "standardize_histogram",
-        column_scales.histogram_mechanism(ctx.grant("standardize_histogram"), dim),
+        Step.STANDARDIZE_HISTOGRAM,
+        column_scales.histogram_mechanism(ctx.grant(Step.STANDARDIZE_HISTOGRAM), dim),
         lambda mech, rng: column_scales.private_ranges(counts, mech, rng),
     )
     moments = dask.delayed(_clipped_moments, pure=True)

@@ -65,6 +65,7 @@ from dpsub_dist.methods import _centring as centring
 from dpsub_dist.methods import _sample_aggregate as sa
 from dpsub_dist.methods._norm_pass import NORM_SOURCE, compute_norm_counts
 from dpsub_dist.methods.gauss import norm_bound_first
+from dpsub_dist.methods.steps import Step
 from dpsub_dist.privacy.accountant import Budget, laplace_epsilon
 from dpsub_dist.privacy.mechanism import Gaussian
 from dpsub_dist.privacy.norm_bound import (
@@ -472,13 +473,13 @@ def run_sulq(ctx: RunContext) -> MethodOutcome:
     seed = public_seed(config)
     planes = OVERCLUSTER * k
     bases = random_bases(np.random.default_rng([seed, _INIT_TAG]), planes, dim, q)
-    steps = [step for step in ctx.grants if step != "norm_bound"]
+    steps = [step for step in ctx.grants if step != Step.NORM_BOUND]
     iterations = [iteration_mechanism(ctx.grant(step)) for step in steps]
     row_norm, norm_source = config.row_norm, "public (--row-norm)"
-    if "norm_bound" in ctx.grants:
+    if Step.NORM_BOUND in ctx.grants:
         with ctx.timed("norm_bound_s"):
             row_norm, quantile = sulq_norm_bound(ctx, iterations[0])
-        norm_source = NORM_SOURCE.format(q=quantile, step="norm_bound")
+        norm_source = NORM_SOURCE.format(q=quantile, step=Step.NORM_BOUND)
     task = PartitionGrams(dataset.loader, row_norm)
     gathered = 0
     mark = time.monotonic()
@@ -527,14 +528,14 @@ def sulq_norm_bound(ctx: RunContext, iteration: Gaussian) -> tuple[float, float]
     each iteration's sensitivity is for rows of norm ≤ 1 after /B.
     """
     dataset = ctx.dataset
-    epsilon = laplace_epsilon(ctx.grant("norm_bound"))
+    epsilon = laplace_epsilon(ctx.grant(Step.NORM_BOUND))
     quantile = noise_matched_quantile(dataset.n_rows, dataset.dim, iteration.sigma, epsilon)
     try:
         quantile = margined_quantile(quantile, dataset.n_rows, epsilon, "rows", fix=SULQ_FIX)
     except TooFewForBound as err:
         raise InputError(str(err)) from None
     counts = compute_norm_counts(dataset.parts, dataset.loader, ctx.executor, ctx.progress)
-    bound = centring.release_bound(ctx, "norm_bound", counts, dataset.n_rows, quantile)
+    bound = centring.release_bound(ctx, Step.NORM_BOUND, counts, dataset.n_rows, quantile)
     return bound, quantile
 
 

@@ -35,6 +35,7 @@ from dpsub_dist.linalg import (
 from dpsub_dist.methods import _centring as centring
 from dpsub_dist.methods._standardize import with_standardize
 from dpsub_dist.methods.spec import Param, positive
+from dpsub_dist.methods.steps import Step
 from dpsub_dist.privacy import friendly_core as friendly
 from dpsub_dist.privacy import histogram_cells as histogram
 from dpsub_dist.privacy.accountant import Budget, laplace_epsilon
@@ -49,10 +50,14 @@ _OFFSET_TAG = 0x0FF
 
 BUDGET_SHARES: dict[str, dict[str, tuple[float, float]]] = {
     # step: (share of epsilon or rho, share of delta)
-    "friendly": {"radius_search": (0.15, 0.0), "core_test": (0.25, 0.5), "core_noise": (0.6, 0.5)},
-    "friendly_fixed_radius": {"core_test": (0.3, 0.5), "core_noise": (0.7, 0.5)},
-    "histogram": {"cell_search": (0.2, 0.0), "histogram": (0.8, 1.0)},
-    "histogram_fixed_side": {"histogram": (1.0, 1.0)},
+    "friendly": {
+        Step.RADIUS_SEARCH: (0.15, 0.0),
+        Step.CORE_TEST: (0.25, 0.5),
+        Step.CORE_NOISE: (0.6, 0.5),
+    },
+    "friendly_fixed_radius": {Step.CORE_TEST: (0.3, 0.5), Step.CORE_NOISE: (0.7, 0.5)},
+    "histogram": {Step.CELL_SEARCH: (0.2, 0.0), Step.HISTOGRAM: (0.8, 1.0)},
+    "histogram_fixed_side": {Step.HISTOGRAM: (1.0, 1.0)},
 }
 """How each aggregator splits the run's budget; chosen from measured utility (README)."""
 
@@ -70,15 +75,15 @@ CORE_SPREAD_REASON = (
 )
 
 FAILURE_REASONS = {
-    "radius_search": "the private radius search found no friend radius at which most subsets "
+    Step.RADIUS_SEARCH: "the private radius search found no friend radius at which most subsets "
     f"agree: their estimates are spread out (too few rows per subset, or no clear gap after "
     f"rank k); {TRY}",
-    "core_test": "the noisy core weight was below t/4: too few subsets agree within the chosen "
+    Step.CORE_TEST: "the noisy core weight was below t/4: too few subsets agree within the chosen "
     f"radius; {TRY}",
-    "cell_search": "the private cell-side search found no cell holding a tenth of the subsets: "
+    Step.CELL_SEARCH: "the private cell-side search found no cell holding a tenth of the subsets: "
     f"their estimates are spread out; {TRY} (friendly needs less agreement)",
-    "histogram": "no cell's noisy count cleared the stability threshold: too few subsets fall in "
-    f"one cell; {TRY} (friendly needs less agreement)",
+    Step.HISTOGRAM: "no cell's noisy count cleared the stability threshold: too few subsets "
+    f"fall in one cell; {TRY} (friendly needs less agreement)",
 }
 """Why each aggregator step can return ⊥, and what to try (facts about released values)."""
 
@@ -128,10 +133,10 @@ def aggregator_shares(method: Aggregator, scale_given: bool) -> dict[str, tuple[
 def minimum_subsets(method: Aggregator, grants: dict[str, Budget]) -> int:
     """Fewest subsets for which the aggregator can succeed on perfectly agreeing points."""
     if method == "friendly":
-        grant = grants["core_test"]
+        grant = grants[Step.CORE_TEST]
         margin = 4 / laplace_epsilon(grant) * math.log(1 / (2 * friendly.ptr_delta(grant))) + 4
         return math.ceil(3 * margin)  # W ≈ t must clear t/4 + margin with room to spare
-    grant = grants["histogram"]
+    grant = grants[Step.HISTOGRAM]
     threshold = 1 + 2 / laplace_epsilon(grant) * math.log(1 / histogram.stability_delta(grant))
     return max(50, math.ceil(2 * threshold))
 
@@ -252,18 +257,18 @@ def _aggregate_friendly(
     if radius is None:
         grid = _search_grid(reference, friend_radius_floor(reference))
         radius = ctx.release(
-            "radius_search",
-            friendly.radius_search_mechanism(ctx.grant("radius_search")),
+            Step.RADIUS_SEARCH,
+            friendly.radius_search_mechanism(ctx.grant(Step.RADIUS_SEARCH)),
             lambda search, rng: friendly.choose_radius(sq_dists, grid, search, rng),
         )
         details["radius_chosen_privately"] = True
         if radius is None:
-            return Aggregate(None, {**details, **_failure("radius_search")})
+            return Aggregate(None, {**details, **_failure(Step.RADIUS_SEARCH)})
     details["radius"] = radius
-    test_grant, noise_grant = ctx.grant("core_test"), ctx.grant("core_noise")
+    test_grant, noise_grant = ctx.grant(Step.CORE_TEST), ctx.grant(Step.CORE_NOISE)
     delta = friendly.ptr_delta(test_grant)
     core = ctx.release(
-        "core_test",
+        Step.CORE_TEST,
         friendly.core_test_mechanism(test_grant),
         lambda test, rng: friendly.core_test(sq_dists, radius, test, delta, rng),
     )
@@ -271,13 +276,13 @@ def _aggregate_friendly(
     if not core.passed:  # the grant stays spent: at the smallest L that passes, t/4
         smallest_pass = summaries.shape[0] / 4
         ctx.forgo(
-            "core_noise",
+            Step.CORE_NOISE,
             friendly.core_noise_mechanism(noise_grant, test_grant, radius, smallest_pass),
         )
-        return Aggregate(None, {**details, "noise_sigma": None, **_failure("core_test")})
+        return Aggregate(None, {**details, "noise_sigma": None, **_failure(Step.CORE_TEST)})
     gaussian = friendly.core_noise_mechanism(noise_grant, test_grant, radius, core.lower_bound)
     point = ctx.release(
-        "core_noise", gaussian, lambda g, rng: friendly.core_average(summaries, core, g, rng)
+        Step.CORE_NOISE, gaussian, lambda g, rng: friendly.core_average(summaries, core, g, rng)
     )
     return Aggregate(point, {**details, "noise_sigma": gaussian.sigma})
 
@@ -290,20 +295,20 @@ def _aggregate_histogram(
     if side is None:
         grid = _search_grid(reference)
         side = ctx.release(
-            "cell_search",
-            histogram.cell_search_mechanism(ctx.grant("cell_search")),
+            Step.CELL_SEARCH,
+            histogram.cell_search_mechanism(ctx.grant(Step.CELL_SEARCH)),
             lambda search, rng: histogram.choose_cell_side(
                 summaries, offset, grid, search, rng, HISTOGRAM_SEARCH_FRACTION
             ),
         )
         details["cell_side_chosen_privately"] = True
         if side is None:
-            return Aggregate(None, {**details, **_failure("cell_search")})
+            return Aggregate(None, {**details, **_failure(Step.CELL_SEARCH)})
     details["cell_side"] = side
-    grant = ctx.grant("histogram")
+    grant = ctx.grant(Step.HISTOGRAM)
     delta = histogram.stability_delta(grant)
     release = ctx.release(
-        "histogram",
+        Step.HISTOGRAM,
         histogram.histogram_mechanism(grant),
         lambda counts, rng: histogram.shifted_grid_histogram(
             summaries, side, offset, counts, delta, rng
@@ -311,7 +316,7 @@ def _aggregate_histogram(
     )
     details.update(noisy_count=release.noisy_count, count_threshold=release.threshold)
     if release.point is None:
-        details.update(_failure("histogram"))
+        details.update(_failure(Step.HISTOGRAM))
     return Aggregate(release.point, details)
 
 

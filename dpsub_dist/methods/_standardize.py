@@ -24,13 +24,14 @@ import numpy as np
 
 from dpsub_dist.engine.sources import load_native
 from dpsub_dist.errors import InputError
+from dpsub_dist.methods.steps import Step
 
-ROUNDS = ("standardize_moments", "standardize_refine")
+ROUNDS = (Step.STANDARDIZE_MOMENTS, Step.STANDARDIZE_REFINE)
 """The moments steps, each around the previous one's centre and spread (CoinPress rounds)."""
 SHARES = {
-    "standardize_histogram": (0.02, 0.02),
-    "standardize_moments": (0.05, 0.05),
-    "standardize_refine": (0.08, 0.08),
+    Step.STANDARDIZE_HISTOGRAM: (0.02, 0.02),
+    Step.STANDARDIZE_MOMENTS: (0.05, 0.05),
+    Step.STANDARDIZE_REFINE: (0.08, 0.08),
 }
 """(ε or ρ share, δ share) of the three steps (15 % together); δ shares are 0 under zCDP.
 The last round's noise is what the released scale keeps: it takes the largest share."""

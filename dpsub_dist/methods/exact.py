@@ -33,6 +33,7 @@ import numpy as np
 
 from dpsub_dist.context import EstimateResult, RunContext
 from dpsub_dist.errors import InputError
+from dpsub_dist.methods.steps import Step
 from dpsub_dist.privacy.gap_max import (
     DEFAULT_TOLERANCE,
     SNAP_DELTA_SHARE,
@@ -56,7 +57,7 @@ MAX_ROWS = 200
 MAX_CANDIDATES = 200_000
 """Largest number C(n, k) of k-subsets the exact method enumerates (seconds to a minute)."""
 
-BUDGET_SHARES = {"gap_max": (1.0, 1.0)}
+BUDGET_SHARES = {Step.GAP_MAX: (1.0, 1.0)}
 """The whole budget goes to the one GAP-MAX release."""
 
 FAILURE_REASONS = {
@@ -120,14 +121,14 @@ def run_exact(
     dataset = ctx.dataset
     candidates = check_size(dataset.n_rows, config.rank)
     steps = gap_max_mechanism(
-        ctx.grant("gap_max"), tolerance, dataset.n_rows, dataset.dim, outliers
+        ctx.grant(Step.GAP_MAX), tolerance, dataset.n_rows, dataset.dim, outliers
     )
     task = dask.delayed(score_on_worker, pure=False)(
         dataset.parts, dataset.loader, config.rank, tolerance
     )
     with ctx.timed("gap_max_s"):
         spans: SpanScores = ctx.executor.gather([task], "GAP-MAX scores")[0]
-        release: GapMaxRelease = ctx.release("gap_max", steps, partial(gap_max_release, spans))
+        release: GapMaxRelease = ctx.release(Step.GAP_MAX, steps, partial(gap_max_release, spans))
 
     parameters = {
         "outliers": outliers,
@@ -152,7 +153,7 @@ def run_exact(
         "reason": release.reason,
     }
     if release.basis is None:
-        details["failed_step"] = "gap_max"
+        details["failed_step"] = Step.GAP_MAX
         details["failure_reason"] = FAILURE_REASONS[release.reason]
     # At most two scores and a d×k fit; stated from public shapes, as the presence of a fit
     # (is any k-subset independent?) depends on the data and is not released.

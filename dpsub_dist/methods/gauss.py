@@ -58,6 +58,7 @@ from dpsub_dist.methods._norm_pass import (
     gather_clipped_gram,
 )
 from dpsub_dist.methods._standardize import with_standardize
+from dpsub_dist.methods.steps import Step
 from dpsub_dist.privacy import covariance_noise as cov_steps
 from dpsub_dist.privacy import mechanism, norm_bound
 from dpsub_dist.privacy.accountant import Budget, gaussian_sigma, laplace_epsilon, planned_grants
@@ -127,14 +128,14 @@ def budget_plan(
     """
     delta_share = 0.0 if zcdp else 1.0
     if method == "gauss":
-        steps = {"gram_noise": (1.0, delta_share)}
+        steps = {Step.GRAM_NOISE: (1.0, delta_share)}
     else:
         steps = {
-            "gap_test": (GAP_TEST_SHARE, 1.0 if zcdp else 0.5),
-            "projector_noise": (1.0 - GAP_TEST_SHARE, 0.0 if zcdp else 0.5),
+            Step.GAP_TEST: (GAP_TEST_SHARE, 1.0 if zcdp else 0.5),
+            Step.PROJECTOR_NOISE: (1.0 - GAP_TEST_SHARE, 0.0 if zcdp else 0.5),
         }
     refined = refined and center and private_norm
-    means = ("mean", "refined_mean") if refined else ("mean",)
+    means = (Step.MEAN, Step.REFINED_MEAN) if refined else (Step.MEAN,)
     if center:
         share = centring.REFINED_MEAN_SHARE if refined else MEAN_SHARE
         rest = 1.0 - share * len(means)
@@ -148,26 +149,26 @@ def budget_plan(
     scaled = {name: (p * rest, q) for name, (p, q) in steps.items()}
     if refined:  # the raw rows' bound, the coarse-centred rows', the centred rows'
         third = (norm_share / 3, 0.0)
-        coarse, fine = scaled.pop("mean"), scaled.pop("refined_mean")
+        coarse, fine = scaled.pop(Step.MEAN), scaled.pop(Step.REFINED_MEAN)
         return {
-            "norm_bound": third,
-            "mean": coarse,
-            "mean_norm_bound": third,
-            "refined_mean": fine,
-            "centred_norm_bound": third,
+            Step.NORM_BOUND: third,
+            Step.MEAN: coarse,
+            Step.MEAN_NORM_BOUND: third,
+            Step.REFINED_MEAN: fine,
+            Step.CENTRED_NORM_BOUND: third,
             **scaled,
         }
     half = (norm_share / 2, 0.0)  # the raw rows' bound (for the mean), the centred rows'
-    mean = scaled.pop("mean")
+    mean = scaled.pop(Step.MEAN)
     if not sampled:
-        return {"norm_bound": half, "mean": mean, "centred_norm_bound": half, **scaled}
+        return {Step.NORM_BOUND: half, Step.MEAN: mean, Step.CENTRED_NORM_BOUND: half, **scaled}
     sample = (mean[0] * (1 - CORRECTION_SHARE), mean[1] * (1 - CORRECTION_SHARE))
     correction = (mean[0] * CORRECTION_SHARE, mean[1] * CORRECTION_SHARE)
     return {
-        "norm_bound": half,
-        "mean": sample,
-        "centred_norm_bound": half,
-        "centred_sum": correction,
+        Step.NORM_BOUND: half,
+        Step.MEAN: sample,
+        Step.CENTRED_NORM_BOUND: half,
+        Step.CENTRED_SUM: correction,
         **scaled,
     }
 
@@ -179,7 +180,7 @@ def norm_bound_first(
     the other steps' privacy shares (summing to 1) scaled by the rest (every method with a
     private bound)."""
     rest = 1.0 - norm_share
-    return {"norm_bound": (norm_share, 0.0)} | {n: (p * rest, q) for n, (p, q) in steps.items()}
+    return {Step.NORM_BOUND: (norm_share, 0.0)} | {n: (p * rest, q) for n, (p, q) in steps.items()}
 
 
 def plan_shares(config: EstimateConfig, dataset: Dataset | None) -> dict[str, tuple[float, float]]:
@@ -222,7 +223,7 @@ def refined_centre(config: EstimateConfig, dataset: Dataset | None) -> bool:
         return False
     single = planned_grants(config.budget(), route_shares(config, sampled=False))
     refined = planned_grants(config.budget(), route_shares(config, sampled=False, refined=True))
-    return centring.refines(single["mean"], refined, dataset.n_rows, dataset.dim)
+    return centring.refines(single[Step.MEAN], refined, dataset.n_rows, dataset.dim)
 
 
 def release_basis(
@@ -236,8 +237,8 @@ def release_basis(
     details: dict[str, Any] = {"neighbours": relation}
     if config.method == "gauss":
         noisy = ctx.release(
-            "gram_noise",
-            mechanism.gaussian(ctx.grant("gram_noise"), sens.gram),
+            Step.GRAM_NOISE,
+            mechanism.gaussian(ctx.grant(Step.GRAM_NOISE), sens.gram),
             lambda mech, rng: analyze_gauss(summary.gram, mech, rng),
         )
         details.update(gram_sensitivity=noisy.sensitivity, gram_noise_sigma=noisy.sigma)
@@ -260,7 +261,7 @@ def release_basis(
         explained_variance_note=EXPLAINED_VARIANCE_NOTE["gap-perturb"],
     )
     if release.basis is None:
-        details.update(failed_step="gap_test", failure_reason=NO_GAP_REASON)
+        details.update(failed_step=Step.GAP_TEST, failure_reason=NO_GAP_REASON)
     return release.basis, details
 
 
@@ -273,10 +274,10 @@ def perturb_subspace(
     where L ≤ s the release is ⊥ and ``projector_noise`` is forgone (charged at Δ = 1, the
     same privacy map, nothing drawn: the plan reserved it)."""
     sens = SENSITIVITY[relation]
-    gap_grant = ctx.grant("gap_test")
+    gap_grant = ctx.grant(Step.GAP_TEST)
     gap, top = cov_steps.eigengap(gram, rank)
     noisy_gap, lower, noise_name, noise_scale = ctx.release(
-        "gap_test",
+        Step.GAP_TEST,
         cov_steps.gap_test_mechanism(gap_grant, sens.gap),
         lambda mech, rng: cov_steps.noisy_gap_lower_bound(
             gap, mech, cov_steps.gap_failure(gap_grant), rng
@@ -284,13 +285,13 @@ def perturb_subspace(
     )
     test = (noisy_gap, lower, noise_name, noise_scale)
     projector_sens = sens.projector(lower)
-    noise_grant = ctx.grant("projector_noise")
+    noise_grant = ctx.grant(Step.PROJECTOR_NOISE)
     if projector_sens is None:
-        ctx.forgo("projector_noise", cov_steps.projector_mechanism(noise_grant))
+        ctx.forgo(Step.PROJECTOR_NOISE, cov_steps.projector_mechanism(noise_grant))
         return GapRelease(None, None, *test, None, None)
     projector = cov_steps.projector_mechanism(noise_grant, projector_sens)
     basis, noisy = ctx.release(
-        "projector_noise",
+        Step.PROJECTOR_NOISE,
         projector,
         lambda mech, rng: cov_steps.perturb_projector(top, mech, rng),
     )
@@ -314,10 +315,10 @@ def bound_quantile(
     ``norm_bound`` grant's). With the margins of :func:`norm_bound.margined_quantile`: raises
     :class:`norm_bound.TooFewForBound` where n (or ñ) is too small for them.
     """
-    noise_grant = grants["gram_noise"] if method == "gauss" else grants["projector_noise"]
+    noise_grant = grants[Step.GRAM_NOISE] if method == "gauss" else grants[Step.PROJECTOR_NOISE]
     sigma = gaussian_sigma(noise_grant, SENSITIVITY[relation].gram)
     if norm_epsilon is None:
-        norm_epsilon = laplace_epsilon(grants["norm_bound"])
+        norm_epsilon = laplace_epsilon(grants[Step.NORM_BOUND])
     quantile = noise_matched_quantile(n_rows, dim, sigma, norm_epsilon)
     unit = "users" if relation == "add_remove" else "rows"
     return norm_bound.margined_quantile(quantile, n_rows, norm_epsilon, unit)
@@ -436,7 +437,7 @@ def centre_sample(config: EstimateConfig, dataset: Dataset | None) -> CentreSamp
     if not dataset.sampled_centre or len(dataset.parts) < SAMPLE_MIN_PARTITIONS:
         return None
     _, grants = plan(config, route_shares(config, sampled=True))
-    sigma = gaussian_sigma(grants["mean"], SENSITIVITY["replace"].row_sum)
+    sigma = gaussian_sigma(grants[Step.MEAN], SENSITIVITY["replace"].row_sum)
     target = max(
         SAMPLE_MIN_ROWS,
         math.ceil(dataset.n_rows * SAMPLE_FRACTION),
@@ -447,8 +448,8 @@ def centre_sample(config: EstimateConfig, dataset: Dataset | None) -> CentreSamp
     if sample.n_rows > dataset.n_rows * SAMPLE_MAX_FRACTION:
         return None
     try:  # both of S's bounds (the raw rows', the centred rows') meet their margins at n_S
-        centring.margined_row_quantile("norm_bound", grants, sample.n_rows)
-        epsilon = laplace_epsilon(grants["centred_norm_bound"])
+        centring.margined_row_quantile(Step.NORM_BOUND, grants, sample.n_rows)
+        epsilon = laplace_epsilon(grants[Step.CENTRED_NORM_BOUND])
         norm_bound.margined_quantile(0.5, sample.n_rows, epsilon, "rows")
     except norm_bound.TooFewForBound:
         return None
@@ -483,8 +484,8 @@ def release_centred_mean(ctx: RunContext, clipped_sum: np.ndarray, n_rows: int) 
     as the mechanism that draws the noise (:func:`gaussian_mean`, the ``mean`` step's
     mechanism, divided by the public n)."""
     return ctx.release(
-        "centred_sum",
-        mechanism.gaussian(ctx.grant("centred_sum"), SENSITIVITY["replace"].row_sum),
+        Step.CENTRED_SUM,
+        mechanism.gaussian(ctx.grant(Step.CENTRED_SUM), SENSITIVITY["replace"].row_sum),
         lambda mech, rng: gaussian_mean(clipped_sum, n_rows, mech, rng),
     )
 
@@ -533,7 +534,7 @@ def bound_gram_and_correction(
     the quantile aims at, which biases the covariance towards the sample's scale but
     releases nothing more (docs/scale.md). Returns B₂, the quantile searched for on S, the
     Gram, the shift n·z̄̃z̄̃ᵀ = s̃s̃ᵀ/n (released) and the released z̄̃."""
-    step, dataset = "centred_norm_bound", ctx.dataset
+    step, dataset = Step.CENTRED_NORM_BOUND, ctx.dataset
     on_sample = norm_bound.margined_quantile(
         quantile, sample.dataset.n_rows, laplace_epsilon(ctx.grant(step)), "rows"
     )
@@ -556,7 +557,7 @@ def too_few_users_bottom(dataset: Dataset, reason: str) -> tuple[dict[str, Any],
         "row_scaling": ROW_SCALING["add_remove"],
         "partitions": len(dataset.parts),
     }
-    release = {"neighbours": "add_remove", "failed_step": "norm_bound", "failure_reason": reason}
+    release = {"neighbours": "add_remove", "failed_step": Step.NORM_BOUND, "failure_reason": reason}
     return parameters, release
 
 
@@ -583,7 +584,7 @@ def run_covariance(
     # empty input is summarised as the zero matrix and released with noise like any other.
     if dataset.n_rows < 1 and relation == "replace":
         raise InputError(f"{dataset.input} has no rows: pass a dataset with at least one row")
-    step = "centred_norm_bound" if config.center else "norm_bound"
+    step = Step.CENTRED_NORM_BOUND if config.center else Step.NORM_BOUND
     if config.row_norm is None and relation == "replace":  # public n, D, ε, δ: before any read
         try:
             quantile = bound_quantile(
@@ -672,7 +673,7 @@ def run_covariance(
         **centred,
         "partitions": len(dataset.parts),
     }
-    sums = 1 + (shift is not None) + ("refined_mean" in grants)  # the mean steps' row sums
+    sums = 1 + (shift is not None) + (Step.REFINED_MEAN in grants)  # the mean steps' row sums
     gathered = summary.nbytes + (8 * dataset.dim * sums if config.center else 0)
     return without_assignment(ctx.result(basis, parameters, {**mean_release, **release}, gathered))
 

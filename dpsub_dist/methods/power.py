@@ -74,6 +74,7 @@ from dpsub_dist.methods._norm_pass import (
     held_levels,
     level_products,
 )
+from dpsub_dist.methods.steps import Step
 from dpsub_dist.privacy import noisy_power as power
 from dpsub_dist.privacy.accountant import laplace_epsilon
 from dpsub_dist.privacy.norm_bound import (
@@ -175,7 +176,9 @@ def budget_plan(center: bool, zcdp: bool, private_norm: bool) -> dict[str, tuple
     """Step shares: gauss's plan (norm bounds, mean) with its Gram step as the power step and
     the bounds' share :data:`NORM_SHARE`."""
     plan = cov.budget_plan("gauss", center, zcdp, private_norm, NORM_SHARE)
-    return {("power" if step == "gram_noise" else step): share for step, share in plan.items()}
+    return {
+        (Step.POWER if step == Step.GRAM_NOISE else step): share for step, share in plan.items()
+    }
 
 
 def plan_shares(config: EstimateConfig) -> dict[str, tuple[float, float]]:
@@ -396,14 +399,14 @@ def run_power(
     relation = cov.neighbours(config)
     # The T iterations' one mechanism (a grant no ρ fits: refused before any read): the bound's
     # quantile reads its σ, and it is charged and draws every iteration below.
-    steps = power.power_mechanism(ctx.grant("power"), iterations(config), relation)
+    steps = power.power_mechanism(ctx.grant(Step.POWER), iterations(config), relation)
     dataset = ctx.dataset
     user_level = relation == "add_remove"
     # n is public at row level only: there no rows is bad input; at user level an empty input
     # is released like any other (C = 0 plus noise).
     if dataset.n_rows < 1 and not user_level:
         raise InputError(f"{dataset.input} has no rows: pass a dataset with at least one row")
-    step = "centred_norm_bound" if config.center else "norm_bound"
+    step = Step.CENTRED_NORM_BOUND if config.center else Step.NORM_BOUND
     if config.row_norm is None and not user_level:  # public n: refused before any read
         try:
             norm_epsilon = laplace_epsilon(ctx.grant(step))
@@ -447,7 +450,7 @@ def run_power(
             return passes(basis)
 
     release = ctx.release(
-        "power",
+        Step.POWER,
         steps,
         lambda iterations, rng: power.noisy_power_method(
             multiply, start, config.rank, iterations, rng

@@ -122,6 +122,7 @@ from dpsub_dist.methods._centring import CENTER, MEAN_SHARE
 from dpsub_dist.methods._norm_pass import NORM_SOURCE
 from dpsub_dist.methods.gauss import NORM_SHARE
 from dpsub_dist.methods.spec import Method, Param, from_options, positive
+from dpsub_dist.methods.steps import Step
 from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import ZCDP, Accountant, ApproxDP, Budget, laplace_epsilon
 from dpsub_dist.privacy.covariance_noise import SENSITIVITY
@@ -330,15 +331,15 @@ def resolve_center(config: Any) -> bool:
     return True if config.center is None else bool(config.center)
 
 
-FIRST_BATCH_STEPS = ("norm_bound", "mean", "centred_norm_bound")
+FIRST_BATCH_STEPS = (Step.NORM_BOUND, Step.MEAN, Step.CENTRED_NORM_BOUND)
 
 
 def step_mechanism(settings: StreamSettings, step: str, grant: Budget) -> mechanism.Mechanism:
     """The mechanism of each planned step: the one its append releases (charges and draws
     with), and the one an earlier append's charge is counted with (:func:`_accountant`)."""
-    if step in ("norm_bound", "centred_norm_bound"):
+    if step in (Step.NORM_BOUND, Step.CENTRED_NORM_BOUND):
         return norm_bound_mechanism(grant)
-    if step == "mean":
+    if step == Step.MEAN:
         return mechanism.gaussian(grant, SENSITIVITY["replace"].row_sum)
     return node_mechanism(settings.tree_total, settings.horizon)
 
@@ -1052,7 +1053,7 @@ def first_batch(ctx: RunContext, settings: StreamSettings) -> dict[str, Any]:
     here."""
     dataset = ctx.dataset
     private_norm = settings.clip_norm is None
-    step = "centred_norm_bound" if settings.center else "norm_bound"
+    step = Step.CENTRED_NORM_BOUND if settings.center else Step.NORM_BOUND
     quantile = first_batch_quantile(settings, dataset, ctx.grants)
     loader, centred, mean_release = centring.centre(ctx)
     if private_norm:
@@ -1084,7 +1085,9 @@ def first_batch_quantile(
         )
     if not private_norm:
         return None
-    epsilon = laplace_epsilon(grants["centred_norm_bound" if settings.center else "norm_bound"])
+    epsilon = laplace_epsilon(
+        grants[Step.CENTRED_NORM_BOUND if settings.center else Step.NORM_BOUND]
+    )
     quantile = noise_matched_quantile(dataset.n_rows, dataset.dim, settings.node_sigma, epsilon)
     try:
         return margined_quantile(quantile, dataset.n_rows, epsilon, "rows")
@@ -1146,11 +1149,11 @@ def plan_shares(config: Any) -> dict[str, tuple[float, float]]:
     norm = NORM_SHARE if config.clip_norm is None else 0.0
     first: dict[str, tuple[float, float]] = {}
     if norm:
-        first["norm_bound"] = (norm / 2 if centred else norm, 0.0)
+        first[Step.NORM_BOUND] = (norm / 2 if centred else norm, 0.0)
     if centred:
-        first["mean"] = (MEAN_SHARE * (1.0 - norm), 0.0)
+        first[Step.MEAN] = (MEAN_SHARE * (1.0 - norm), 0.0)
     if norm and centred:
-        first["centred_norm_bound"] = (norm / 2, 0.0)
+        first[Step.CENTRED_NORM_BOUND] = (norm / 2, 0.0)
     tree = (1.0 - MEAN_SHARE if centred else 1.0) * (1.0 - norm)
     return {**first, **tree_steps(tree, tree_levels(config.horizon))}
 

@@ -273,10 +273,10 @@ def planned_grants(total: Budget, shares: dict[str, tuple[float, float]]) -> dic
             p, q = pair
         except (TypeError, ValueError):
             raise InvalidBudget(
-                f"shares[{step!r}] must be a pair (privacy_share, delta_share) (got {pair!r})"
+                f"shares['{step}'] must be a pair (privacy_share, delta_share) (got {pair!r})"
             ) from None
-        ps[step] = _finite_nonneg(f"privacy share of step {step!r}", p, positive=True)
-        qs[step] = _finite_nonneg(f"delta share of step {step!r}", q)
+        ps[step] = _finite_nonneg(f"privacy share of step '{step}'", p, positive=True)
+        qs[step] = _finite_nonneg(f"delta share of step '{step}'", q)
     p_sum = math.fsum(ps.values())
     q_sum = math.fsum(qs.values())
     grants: dict[str, Budget] = {}
@@ -492,7 +492,7 @@ class Accountant:
         stated = cost.cost() if callable(getattr(cost, "cost", None)) else None
         if stated is None and self._plan is not None:
             raise UnstatedCost(
-                f"step {step!r} is charged by name without a mechanism: charge the "
+                f"step '{step}' is charged by name without a mechanism: charge the "
                 "Mechanism that adds its noise, so its cost is computed from that noise"
             )
         converted = self._as_total_mode(cost if stated is None else stated)
@@ -502,7 +502,7 @@ class Accountant:
             converted = self._as_total_mode(self._plan[step])
         if not self._fits([converted]):
             raise BudgetExceeded(
-                f"step {step!r} asks for {_fmt(converted)} but the run has spent "
+                f"step '{step}' asks for {_fmt(converted)} but the run has spent "
                 f"{_fmt(self.spent)} of {_fmt(self.total)}, leaving {_fmt(self.remaining)}: "
                 "lower this step's share or raise the total budget"
             )
@@ -513,14 +513,16 @@ class Accountant:
         if self._plan is None:
             return
         if step not in self._plan:
-            raise BudgetExceeded(f"step {step!r} is not in the budget plan {list(self._plan)}")
+            raise BudgetExceeded(
+                f"step '{step}' is not in the budget plan {list(map(str, self._plan))}"
+            )
         if any(name == step for name, _ in self._steps):
-            raise BudgetExceeded(f"step {step!r} was already charged: each step is charged once")
+            raise BudgetExceeded(f"step '{step}' was already charged: each step is charged once")
         planned = self._as_total_mode(self._plan[step])
         (p, d), (lim_p, lim_d) = self._sum([cost]), self._sum([planned])
         if p > lim_p * (1.0 + REL_TOL) or d > lim_d * (1.0 + REL_TOL):
             raise BudgetExceeded(
-                f"step {step!r} asks for {_fmt(cost)} but its plan grants {_fmt(planned)}"
+                f"step '{step}' asks for {_fmt(cost)} but its plan grants {_fmt(planned)}"
             )
 
     # -- state ------------------------------------------------------------
