@@ -6,12 +6,15 @@ with its private generator wrapped so that any use of it outside
 with the mechanism that release charged: its scale per unit of sensitivity must be that
 mechanism's (or one of its parts'). Then the steps charged must be the steps the run
 declared (its manifest's ``budget_shares``): all of them where a basis was released (a
-stream's cases append its whole horizon: its last release has charged its whole plan).
+stream's cases append its whole horizon: its last release has charged its whole plan). Every
+step released is named by a :class:`~dpsub_dist.methods.steps.Step` member (or numbered:
+a clustering iteration, a stream's tree node), not by a string written at the release.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,12 +25,15 @@ import pytest
 
 import dpsub_dist
 from dpsub_dist import context
+from dpsub_dist.methods.steps import Step
 from dpsub_dist.privacy import mechanism, noise
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_release_checksums import CLUSTERS, ESTIMATES, STREAMS, _rows, run_case  # noqa: E402
 
 CASES = [*ESTIMATES, *CLUSTERS, *STREAMS]
+NUMBERED = re.compile(r"iteration_\d+|batch \d+")
+"""Steps numbered where they are planned: clustering iterations, a stream's tree nodes."""
 
 
 class GuardedGenerator:
@@ -70,7 +76,7 @@ def _ratios(mech: mechanism.Mechanism) -> list[float]:
 @pytest.fixture
 def guard(monkeypatch) -> dict[str, list]:
     """Wrap every private generator a run makes; returns what was seen."""
-    seen: dict[str, list] = {"outside": [], "inside": [], "unmatched": [], "draws": []}
+    seen: dict[str, list] = {"outside": [], "inside": [], "unmatched": [], "draws": [], "steps": []}
     make = noise.noise_rng
 
     def guarded_rng(private_seed: int | None = None) -> GuardedGenerator:
@@ -89,6 +95,7 @@ def guard(monkeypatch) -> dict[str, list]:
             seen["outside"].append(kind)
         else:
             step, mech = active
+            seen["steps"].append(step)
             ratio = scale / sensitivity
             if not any(math.isclose(ratio, r, rel_tol=1e-12) for r in _ratios(mech)):
                 seen["unmatched"].append((step, kind, ratio, _ratios(mech)))
@@ -106,6 +113,8 @@ def test_every_draw_is_the_noise_of_the_mechanism_its_release_charged(name, guar
     assert guard["draws"] or guard["inside"], "the run drew no noise: the guard saw nothing"
     assert guard["outside"] == [], f"private randomness used outside a release: {guard}"
     assert guard["unmatched"] == [], f"a draw not calibrated as its charged mechanism: {guard}"
+    unnamed = {s for s in guard["steps"] if not (isinstance(s, Step) or NUMBERED.fullmatch(s))}
+    assert not unnamed, f"steps released under a name that is not a Step member: {unnamed}"
     _charged_are_declared(basis, manifest)
 
 
