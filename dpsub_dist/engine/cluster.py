@@ -72,12 +72,22 @@ def _quiet(logger: logging.Logger) -> Iterator[None]:
         logger.setLevel(level)
 
 
+NO_WORKERS_TIMEOUT = "120s"
+"""How long a local cluster's tasks wait with no worker running before they fail (Dask's
+``distributed.scheduler.no-workers-timeout``). Its nannies restart a killed worker within
+seconds; a worker that cannot unpickle a task (a module it cannot import) shuts down with its
+nanny, and the run then ends instead of waiting forever. Not set for a ``--scheduler``
+address: a cluster that scales from zero workers is the operator's to time out."""
+
+
 @contextlib.contextmanager
 def _workers_lost() -> Iterator[None]:
-    """A task whose workers kept dying (Dask's ``KilledWorker``: the OOM killer, a crash) ends
-    the run as RunAborted (exit 5), nothing written; under the ledger it stays reserved and
-    its run id resumes. One lost worker is not this: Dask reruns its tasks on the others."""
+    """A task whose workers kept dying (Dask's ``KilledWorker``: the OOM killer, a crash), or
+    that waited :data:`NO_WORKERS_TIMEOUT` with no worker at all (``NoWorkerError``), ends the
+    run as RunAborted (exit 5), nothing written; under the ledger it stays reserved and its
+    run id resumes. One lost worker is not this: Dask reruns its tasks on the others."""
     from distributed import KilledWorker
+    from distributed.scheduler import NoWorkerError
 
     try:
         yield
@@ -86,6 +96,13 @@ def _workers_lost() -> Iterator[None]:
             "Dask workers died running the same task (killed: out of memory?): nothing was "
             "written or released; give the workers more memory (--memory-limit, or dask "
             "worker --memory-limit) or smaller partitions, and re-run"
+        ) from None
+    except NoWorkerError as err:
+        raise RunAborted(
+            f"the Dask cluster has had no worker running for {err.timeout:.0f} s (they died or "
+            "shut down and none came back: out of memory, or a worker that cannot import a "
+            "task's modules?): nothing was written or released; check the workers' memory "
+            "(--memory-limit) and environment, and re-run"
         ) from None
 
 
@@ -310,7 +327,11 @@ def dask_client(
         return
     n_workers = workers or max(1, os.cpu_count() or 1)
     environ = {**dask.config.get("distributed.nanny.pre-spawn-environ"), **WORKER_MALLOC}
-    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):  # read by each nanny
+    settings = {
+        "distributed.nanny.pre-spawn-environ": environ,  # read by each nanny
+        "distributed.scheduler.no-workers-timeout": NO_WORKERS_TIMEOUT,  # by the scheduler
+    }
+    with dask.config.set(settings):
         cluster = LocalCluster(
             n_workers=n_workers,
             threads_per_worker=1,

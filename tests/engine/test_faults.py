@@ -171,3 +171,35 @@ def test_output_parent_made_read_only_during_the_run(
     assert code == 5, err
     assert "Read-only file system" in err
     _no_output(out)
+
+
+class BreaksOnWorkers:
+    """A task argument that unpickles only in the process that made it: on a worker it raises
+    ImportError, as a module missing from the workers' environment would."""
+
+    def __init__(self, home: int) -> None:
+        self.home = home
+
+    def __reduce__(self) -> tuple:
+        return (_rebuild, (self.home,))
+
+
+def _rebuild(home: int) -> BreaksOnWorkers:
+    if os.getpid() != home:
+        raise ImportError("simulated: the worker cannot import this task's module")
+    return BreaksOnWorkers(home)
+
+
+def test_a_local_cluster_left_without_workers_ends_the_run(monkeypatch) -> None:
+    """A worker that cannot unpickle a task shuts down with its nanny, so nothing restarts
+    it, and the run waited forever (seen when a worker started on a half-edited tree). After
+    NO_WORKERS_TIMEOUT with no worker the run ends: RunAborted (exit 5), nothing written."""
+    from dpsub_dist.engine import cluster
+    from dpsub_dist.errors import RunAborted
+
+    monkeypatch.setattr(cluster, "NO_WORKERS_TIMEOUT", "2s")
+    start = time.monotonic()
+    with pytest.raises(RunAborted, match="no worker running for 2 s"):
+        with cluster.dask_client(None, quiet=True, workers=1) as client:
+            client.submit(id, BreaksOnWorkers(os.getpid())).result(timeout=120)
+    assert time.monotonic() - start < 60
