@@ -123,8 +123,8 @@ def run_boosted(
     for all groups in parallel and the stable estimate selected."""
     ctx = RunContext.open(config, open_dataset, client, progress, noise_seed)
     inner, parts = boost.disjoint_groups(config, ctx.dataset)
-    if method.choose is not None:
-        choice = method.choose(inner, ctx.dataset)
+    choice = None if method.choose is None else method.choose(inner, ctx.dataset)
+    if choice is not None:
         method, inner = choice.method, choice.config
     results = [
         method.run(
@@ -132,7 +132,10 @@ def run_boosted(
         )
         for g, part in enumerate(parts)
     ]
-    return boost.boosted_result(ctx, inner.seed, results)
+    result = boost.boosted_result(ctx, inner.seed, results)
+    if choice is not None:  # as an unboosted auto run publishes it
+        result.manifest.update(method=choice.method.name, method_choice=choice.note)
+    return result
 
 
 def run_cluster(

@@ -100,6 +100,16 @@ def test_the_choice_is_made_before_any_row_is_read(monkeypatch) -> None:
     assert result.manifest["method_choice"]["chosen"] == "gauss"
 
 
+def test_boosted_auto_publishes_its_choice_once() -> None:
+    """Under --boost the choice is made once for every group (from D) and the boosted
+    manifest says which method it was and why, as an unboosted auto run's does."""
+    rows, _ = shifted_low_rank()
+    config = EstimateConfig(rank=RANK, epsilon=4.0, delta=1e-6, method="auto", boost=2, seed=1)
+    manifest = run_estimate(config, lambda client: array_dataset(rows)).manifest
+    assert manifest["method_choice"]["requested"] == "auto"
+    assert manifest["method_choice"]["chosen"] == "gauss" == manifest["method"]
+
+
 @pytest.mark.parametrize(
     "options,dim,method,reason",
     [
