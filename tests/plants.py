@@ -438,8 +438,8 @@ MUTATIONS = [
         "covariance: gap-perturb's projector noise given no δ share under (ε, δ)",
         "mutation",
         "dpsub_dist/methods/gauss.py",
-        'Step.PROJECTOR_NOISE: (1.0 - GAP_TEST_SHARE, 0.0 if zcdp else 0.5)',
-        'Step.PROJECTOR_NOISE: (1.0 - GAP_TEST_SHARE, 0.0)',
+        "Step.PROJECTOR_NOISE: (1.0 - GAP_TEST_SHARE, 0.0 if zcdp else 0.5)",
+        "Step.PROJECTOR_NOISE: (1.0 - GAP_TEST_SHARE, 0.0)",
         "gap-perturb",
     ),
 ]
