@@ -147,6 +147,45 @@ def _column_info(field: pa.Field) -> ColumnInfo:
     return ColumnInfo(field.name, str(t), numeric, vector=True, width=width)
 
 
+SCALAR_NAMES = {
+    "halffloat": "float16",
+    "float": "float32",
+    "double": "float64",
+    "bool": "boolean",
+    "string": "text",
+    "large_string": "text",
+    "string_view": "text",
+    "binary": "bytes",
+    "large_binary": "bytes",
+    "null": "all null",
+}
+
+
+def human_type(type_name: str) -> str:
+    """A reader's name for an Arrow type string (the schema's ``str(type)``):
+    ``dictionary<values=string, …>`` → ``categorical (dictionary of text)``,
+    ``fixed_size_list<item: float>[8]`` → ``vector of 8 float32``, ``double`` → ``float64``;
+    an unknown type is returned as Arrow spells it."""
+    name = type_name.strip()
+    found = re.fullmatch(r"dictionary<values=([^,]+), indices=.*>", name)
+    if found:
+        return f"categorical (dictionary of {human_type(found[1])})"
+    found = re.fullmatch(r"fixed_size_list<[^:]+: (.+)>\[(\d+)\]", name)
+    if found:
+        return f"vector of {found[2]} {human_type(found[1])}"
+    found = re.fullmatch(r"(?:large_)?list(?:_view)?<[^:]+: (.+)>", name)
+    if found:
+        return f"list of {human_type(found[1])} (variable length)"
+    found = re.fullmatch(r"(timestamp|date|time|duration)\d*\[(.*)\]", name)
+    if found:
+        kind = {"date": "date", "time": "time of day"}.get(found[1], found[1])
+        return f"{kind} ({found[2]})" if kind != "date" else kind
+    found = re.fullmatch(r"decimal\d+\((\d+), (\d+)\)", name)
+    if found:
+        return f"decimal({found[1]}, {found[2]})"
+    return SCALAR_NAMES.get(name, name)
+
+
 def in_rows(column: ColumnInfo) -> bool:
     """Whether a column is a numeric variable list, whose width only its rows tell."""
     return column.vector and column.numeric and column.width is None

@@ -469,7 +469,8 @@ def test_crash_after_reservation_charges_and_publishes_only_failed(
     err = capsys.readouterr().err.strip()
     # the same words as a data error's: which of the two it was may depend on the data
     assert err.startswith(
-        "dpsub run: error: the run failed after reading its data; details for the operator in "
+        "dpsub run: error: the run failed after reading its data (next: dpsub inspect INPUT "
+        "shows each column's missing and non-finite values); details for the operator in "
     )
     assert "0.123456789" in Path(err.rsplit(" ", 1)[1]).read_text()  # the traceback
     assert "0.123456789" not in err and "RuntimeError" not in err
