@@ -43,6 +43,10 @@ from dpsub_dist.io.storage import (
 TARGET_PART_ROWS = 1_000_000
 """Consecutive row groups are merged into partitions of about this many rows."""
 
+PROGRESS_PARTS = 16
+"""At least this many partitions where the row groups allow: a pass's progress counts finished
+tasks, so a single file of many row groups read as one task would jump from 0% to 100%."""
+
 
 @dataclass(frozen=True)
 class ColumnInfo:
@@ -498,7 +502,12 @@ def feature_name(columns: Sequence[str], widths: Sequence[int | None] | None, j:
 
 
 def plan_parts(infos: Sequence[FileInfo], target_rows: int = TARGET_PART_ROWS) -> list[Part]:
-    """Group consecutive row groups of each file into partitions of about ``target_rows``."""
+    """Group consecutive row groups of each file into partitions of about ``target_rows``,
+    smaller where that leaves fewer than :data:`PROGRESS_PARTS` (a row group is never split):
+    a single file of many row groups is then read by several tasks, and its progress moves
+    with them. From the footers only."""
+    total = sum(info.num_rows for info in infos)
+    target_rows = max(1, min(target_rows, -(-total // PROGRESS_PARTS)))
     parts: list[Part] = []
     for info in infos:
         groups: list[int] = []
