@@ -4,7 +4,7 @@
 # machine", walks through it; tests/deploy/test_deploy_containers.py runs those commands.
 #
 #   deploy/cluster.sh up --data DIR --out DIR --state DIR --jobs DIR [--workers 2]
-#                        [--threads 1] [--memory-limit 2GiB]
+#                        [--threads 1] [--memory-limit 2GiB] [--env-file FILE]
 #   deploy/cluster.sh submit DPSUB-ARGS...   # dpsub in a container; estimate, cluster, run
 #                                            # and stream append get --scheduler <this cluster>
 #   deploy/cluster.sh status                 # address, dashboard, folders, containers
@@ -20,6 +20,9 @@
 # (outputs, a SQLite ledger and the operator's diagnostics files in /state/diagnostics;
 # dpsub's container only), --jobs at /etc/dpsub (read-only, dpsub's container). The image runs as uid 1000: `up` creates missing folders and hands
 # --out, --state (and a --data it created) to uid 1000:1000.
+# --env-file FILE (podman's format, NAME=value lines) sets variables in the workers and in
+# dpsub's containers, e.g. object-storage credentials (AWS_ACCESS_KEY_ID=…): they stay out
+# of command lines and labels (`podman inspect` of a container still shows them).
 # Environment: DPSUB_CLUSTER (name, default dpsub; several clusters can run side by side),
 # IMAGE (default localhost/dpsub:<version of pyproject.toml>), PODMAN_RUNTIME (default runc).
 set -euo pipefail
@@ -71,7 +74,7 @@ absolute() { # absolute DIR: the folder's absolute path (created when missing)
 }
 
 up() {
-  local workers=2 threads=1 memory=2GiB data="" out="" state="" jobs=""
+  local workers=2 threads=1 memory=2GiB data="" out="" state="" jobs="" env_file=""
   while (($#)); do
     (($# >= 2)) || die "$1 needs a value"
     case $1 in
@@ -82,6 +85,7 @@ up() {
       --out) out=$2 ;;
       --state) state=$2 ;;
       --jobs) jobs=$2 ;;
+      --env-file) env_file=$2 ;;
       *) die "unknown option $1 for up (see the top of deploy/cluster.sh)" ;;
     esac
     shift 2
@@ -93,6 +97,12 @@ up() {
   [[ $EUID -eq 0 ]] || die "run as root (the image and its containers are root's podman's)"
   "${PODMAN[@]}" image exists "$IMAGE" || die "no image $IMAGE: build it with deploy/build-image.sh"
   running && die "cluster '$NAME' is already running: deploy/cluster.sh down first"
+  local env=()
+  if [[ -n $env_file ]]; then
+    [[ -f $env_file ]] || die "--env-file $env_file: no such file"
+    env_file=$(cd "$(dirname "$env_file")" && pwd -P)/$(basename "$env_file")
+    env=(--env-file "$env_file")
+  fi
   [[ -d $data ]] || { absolute "$data" >/dev/null && chown "$USER_ID" "$data"; }
   data=$(absolute "$data") out=$(absolute "$out") state=$(absolute "$state")
   jobs=$(absolute "$jobs")
@@ -107,7 +117,7 @@ up() {
   "${PODMAN[@]}" "${common[@]}" --name "$SCHEDULER" --env "DPSUB_HEALTH_PORT=$dashboard" \
     --label "dpsub.address=$address" --label "dpsub.dashboard=http://127.0.0.1:$dashboard/status" \
     --label "dpsub.data=$data" --label "dpsub.out=$out" --label "dpsub.state=$state" \
-    --label "dpsub.jobs=$jobs" --label "dpsub.workers=$workers" \
+    --label "dpsub.jobs=$jobs" --label "dpsub.workers=$workers" --label "dpsub.env-file=$env_file" \
     "$IMAGE" scheduler --host 127.0.0.1 --port "$port" \
     --dashboard-address "127.0.0.1:$dashboard" >/dev/null
   local i worker_dashboard
@@ -115,7 +125,7 @@ up() {
     worker_dashboard=$(free_port)
     TAKEN+=("$worker_dashboard")
     "${PODMAN[@]}" "${common[@]}" --name "$NAME-w$i" --env "DPSUB_HEALTH_PORT=$worker_dashboard" \
-      --volume "$data:/data:ro" \
+      "${env[@]}" --volume "$data:/data:ro" \
       "$IMAGE" worker "$address" --name "w$i" --host 127.0.0.1 --nthreads "$threads" \
       --memory-limit "$memory" --dashboard-address "127.0.0.1:$worker_dashboard" >/dev/null
   done
@@ -138,10 +148,12 @@ submit() {
     estimate\ * | cluster\ * | run\ * | "stream append")
       [[ " $* " == *" --scheduler"* ]] || args+=(--scheduler "$(label address)") ;;
   esac
-  local data out state jobs
+  local data out state jobs env_file env=()
   data=$(label data) out=$(label out) state=$(label state) jobs=$(label jobs)
+  env_file=$(label env-file)
+  [[ -z $env_file ]] || env=(--env-file "$env_file")
   exec "${PODMAN[@]}" run --rm "${LIMITS[@]}" --network host --no-healthcheck \
-    --env DPSUB_DIAGNOSTICS_DIR=/state/diagnostics \
+    --env DPSUB_DIAGNOSTICS_DIR=/state/diagnostics "${env[@]}" \
     --label "$LABEL" --name "$NAME-run-$(date +%s)-$$" \
     --volume "$data:/data" --volume "$out:/results" --volume "$state:/state" \
     --volume "$jobs:/etc/dpsub:ro" "$IMAGE" "${args[@]}"
