@@ -24,7 +24,8 @@
 # dpsub's containers, e.g. object-storage credentials (AWS_ACCESS_KEY_ID=…): they stay out
 # of command lines and labels (`podman inspect` of a container still shows them).
 # Environment: DPSUB_CLUSTER (name, default dpsub; several clusters can run side by side),
-# IMAGE (default localhost/dpsub:<version of pyproject.toml>), PODMAN_RUNTIME (default runc).
+# IMAGE (for `up`, default localhost/dpsub:<version of pyproject.toml>; `submit` runs the
+# image the cluster runs), PODMAN_RUNTIME (default runc).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -43,11 +44,14 @@ die() {
 }
 
 label() {  # label NAME: a label of the scheduler container (the cluster's record)
-  "${PODMAN[@]}" inspect --format "{{index .Config.Labels \"dpsub.$1\"}}" "$SCHEDULER"
+  "${PODMAN[@]}" container inspect --format "{{index .Config.Labels \"dpsub.$1\"}}" "$SCHEDULER"
 }
 
 running() {
-  [[ $("${PODMAN[@]}" inspect --format '{{.State.Running}}' "$SCHEDULER" 2>/dev/null) == true ]]
+  local state
+  state=$("${PODMAN[@]}" container inspect --format '{{.State.Running}}' "$SCHEDULER" 2>/dev/null) ||
+    return 1
+  [[ $state == true ]]
 }
 
 require_cluster() {
@@ -118,6 +122,7 @@ up() {
     --label "dpsub.address=$address" --label "dpsub.dashboard=http://127.0.0.1:$dashboard/status" \
     --label "dpsub.data=$data" --label "dpsub.out=$out" --label "dpsub.state=$state" \
     --label "dpsub.jobs=$jobs" --label "dpsub.workers=$workers" --label "dpsub.env-file=$env_file" \
+    --label "dpsub.image=$IMAGE" \
     "$IMAGE" scheduler --host 127.0.0.1 --port "$port" \
     --dashboard-address "127.0.0.1:$dashboard" >/dev/null
   local i worker_dashboard
@@ -156,7 +161,7 @@ submit() {
     --env DPSUB_DIAGNOSTICS_DIR=/state/diagnostics "${env[@]}" \
     --label "$LABEL" --name "$NAME-run-$(date +%s)-$$" \
     --volume "$data:/data" --volume "$out:/results" --volume "$state:/state" \
-    --volume "$jobs:/etc/dpsub:ro" "$IMAGE" "${args[@]}"
+    --volume "$jobs:/etc/dpsub:ro" "$(label image)" "${args[@]}"
 }
 
 status() {

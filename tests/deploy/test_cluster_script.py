@@ -37,7 +37,7 @@ def option(name):
 
 if args[:2] == ["image", "exists"]:
     sys.exit(0)
-if args[0] == "inspect":
+if args[:2] == ["container", "inspect"]:
     found = containers.get(args[-1])
     if found is None:
         sys.exit(125)
