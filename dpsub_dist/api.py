@@ -40,6 +40,7 @@ from dpsub_dist.params import (
     EstimateConfig,
     RunConfig,
 )
+from dpsub_dist.transform import project, released_centring, unproject
 
 DEFAULT_EPSILON = 1.0
 """ε of a fit given neither ``epsilon`` nor ``rho`` (with ``delta``'s default, 10⁻⁶)."""
@@ -95,6 +96,17 @@ class _PrivateEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseE
     def _fit_count(self) -> _FitCount:
         """The fits of this estimator and of every clone made from it or cloned into it."""
         return self.__dict__.setdefault("_fits", _FitCount())
+
+    def _refuse_refit(self) -> None:
+        """An estimator loaded from a published run (``from_run``) holds no data: no fit."""
+        loaded = self.__dict__.get("_loaded_from")
+        if loaded is not None:
+            name = type(self).__name__
+            raise _also_value_error(InputError)(
+                f"this {name} was loaded from the run {loaded} ({name}.from_run): it holds the "
+                "released basis, not the data, so it cannot be fitted again; to estimate on new "
+                f"data (spending a new budget) fit sklearn.base.clone(est) or a new {name}"
+            )
 
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, self._fitted_attribute)
@@ -375,6 +387,7 @@ class PrivateSubspace(_PrivateEstimator):
     def fit(self, X: Any, y: None = None) -> PrivateSubspace:
         """Estimate from a NumPy/Dask array, a pandas/Dask DataFrame, or a Parquet path/URI
         (``str`` or ``pathlib.Path``). Spends the budget; Dask input is read on the cluster."""
+        self._refuse_refit()
         with _api_errors(self):
             result = self._fit_run(X, self._config(), run_estimate)
         if result.basis is None:
@@ -385,38 +398,75 @@ class PrivateSubspace(_PrivateEstimator):
                 f"no stable subspace: {api_wording(reason, self.get_params(deep=False))}; try "
                 "method='gauss', more data or a larger budget"
             )
-        self.basis_ = result.basis
-        self.components_ = result.basis.T
-        self.n_components_ = result.basis.shape[1]
+        self._set_release(result.basis, result.manifest)
+        return self
+
+    def _set_release(self, basis: np.ndarray, manifest: dict[str, Any]) -> None:
+        """The fitted attributes from a release: its basis and its manifest's values."""
+        self.manifest_ = manifest
+        self.basis_ = basis
+        self.components_ = basis.T
+        self.n_components_ = basis.shape[1]
         self._n_features_out = self.n_components_
-        release = chosen_view(result.manifest)["release"]
-        centre = release.get("location", release.get("mean"))
-        self.mean_ = None if centre is None else np.asarray(centre)
-        self.scale_ = None if release.get("scale") is None else np.asarray(release["scale"])
+        self.mean_, self.scale_ = released_centring(manifest)
+        release = chosen_view(manifest)["release"]
         self.explained_variance_ = _array_or_none(release.get("explained_variance"))
         self.explained_variance_ratio_ = _array_or_none(release.get("explained_variance_ratio"))
-        n_rows = result.manifest.get("n_rows")
+        n_rows = manifest.get("n_rows")
         self.singular_values_ = (
             None
             if self.explained_variance_ is None or n_rows is None
             else np.sqrt(n_rows * self.explained_variance_)
         )
-        return self
+
+    @classmethod
+    def from_run(
+        cls, run: str | os.PathLike, storage_options: dict[str, Any] | None = None
+    ) -> PrivateSubspace:
+        """The estimator a published run defines (``dpsub estimate --out RUN``, ``dpsub run``,
+        a stream release written with ``--out``; a local folder or ``s3://`` prefix), fitted:
+        its ``transform``/``inverse_transform`` are the run's, as ``dpsub transform`` applies
+        them. Reading a release is post-processing: no budget. It holds no data, so ``fit``
+        refuses (``clone`` gives an unfitted estimator to fit anew, at a new budget)."""
+        from dpsub_dist.transform import run_projection
+
+        uri = os.fspath(run)
+        with _api_errors(cls()):
+            projection, manifest = run_projection(uri, storage_options)
+        view = chosen_view(manifest)
+        params = {
+            "n_components": projection.rank,
+            "columns": list(projection.columns),
+            "method": manifest.get("method", DEFAULTS["estimate"]),
+            "unit_column": view.get("parameters", {}).get("unit_column"),
+            "standardize": projection.scale is not None,
+            "storage_options": storage_options,
+        }
+        estimator = cls(**{name: value for name, value in params.items() if value is not None})
+        estimator._set_release(projection.basis, manifest)
+        estimator.n_features_in_ = projection.basis.shape[0]
+        estimator.feature_names_in_ = np.asarray(
+            [
+                feature_name(projection.columns, projection.widths, j)
+                for j in range(estimator.n_features_in_)
+            ],
+            dtype=object,
+        )
+        estimator.columns_left_out_ = dict(manifest.get("columns_left_out") or {})
+        estimator._loaded_from = uri
+        return estimator
 
     def transform(self, X: Any) -> Any:
         """Project rows onto the private basis (post-processing: no extra privacy cost).
 
         Subtracts ``mean_`` first when the fit centred, and divides by ``scale_`` when it
-        standardised. NumPy and pandas input give a NumPy array; Dask arrays/DataFrames and
+        standardised (:func:`dpsub_dist.transform.project`, the map ``dpsub transform``
+        applies). NumPy and pandas input give a NumPy array; Dask arrays/DataFrames and
         Parquet paths give a lazy Dask array.
         """
         with _api_errors(self):
             rows = self._rows(X)
-        if self.mean_ is not None:
-            rows = rows - self.mean_
-        if self.scale_ is not None:
-            rows = rows / self.scale_
-        return rows @ self.basis_
+        return project(rows, self.basis_, self.mean_, self.scale_)
 
     def inverse_transform(self, X: Any) -> Any:
         """Map projected rows back to feature space: ``X @ components_ (· scale_) (+ mean_)``."""
@@ -426,10 +476,7 @@ class PrivateSubspace(_PrivateEstimator):
         k = self.n_components_
         if X.ndim != 2 or X.shape[1] != k:
             raise ValueError(f"expected n_components_ = {k} columns per row, got shape {X.shape}")
-        out = X @ self.components_
-        if self.scale_ is not None:
-            out = out * self.scale_
-        return out if self.mean_ is None else out + self.mean_
+        return unproject(X, self.components_, self.mean_, self.scale_)
 
     def plot_explained_variance(self, ax: Any = None) -> Any:
         """Scree plot of the released explained-variance ratio (published values: no budget);
