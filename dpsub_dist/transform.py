@@ -343,7 +343,7 @@ def transform_manifest(
         if projection.centre is not None
         else "uncentred: x as read"
     )
-    ledger = manifest.get("privacy", {}).get("ledger")
+    ledger = manifest.get("ledger")  # dpsub run: the ledger's record of the run
     return {
         "kind": "transform",
         "outcome": "ok",
