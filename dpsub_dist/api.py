@@ -43,6 +43,8 @@ from dpsub_dist.params import (
 from dpsub_dist.transform import project, released_centring, unproject
 
 DEFAULT_EPSILON = 1.0
+DEFAULT_COMPONENTS = 2
+"""``n_components`` of ``PrivateSubspace()``: K = 2, shown in ``get_params`` (never None)."""
 """ε of a fit given neither ``epsilon`` nor ``rho`` (with ``delta``'s default, 10⁻⁶)."""
 
 EXPECTED_FAILED_CHECKS = {
@@ -52,8 +54,80 @@ EXPECTED_FAILED_CHECKS = {
         "themselves on the non_deterministic tag"
     ),
 }
-"""scikit-learn checks that no randomised private estimator can pass, with the reason: pass
-``check_estimator(est, expected_failed_checks=EXPECTED_FAILED_CHECKS)``."""
+"""scikit-learn checks that no randomised private estimator can pass, with the reason."""
+
+FEW_ROWS = (
+    "fits on 1 to 100 rows, fewer than this configuration needs at its budget (PrivateSubspace "
+    "without row_norm: ≥ 1106 at ε = 1 for the private row-norm bound; friendly, histogram "
+    "and sample-aggregate clustering: enough rows for their subsets): fit refuses with a "
+    "ValueError before spending (n is public at row level), as PCA refuses too few samples"
+)
+FEW_ROWS_CHECKS = (
+    "check_array_api_input",
+    "check_fit_score_takes_y",
+    "check_dont_overwrite_parameters",
+    "check_n_features_in_after_fitting",
+    "check_positive_only_tag_during_fit",
+    "check_estimators_dtypes",
+    "check_dtype_object",
+    "check_estimators_nan_inf",
+    "check_estimators_pickle",
+    "check_f_contiguous_array_estimator",
+    "check_transformer_data_not_an_array",
+    "check_transformer_general",
+    "check_transformer_preserve_dtypes",
+    "check_fit2d_1sample",
+    "check_dict_unchanged",
+    "check_fit2d_predict1d",
+)
+"""The checks that fit on so few rows (scikit-learn 1.9)."""
+FEW_FEATURES = (
+    "fits on 2 features: n_components (clustering: n_clusters × n_components) must be "
+    "smaller than the number of features, and fit refuses before spending"
+)
+FEW_FEATURES_CHECKS = (
+    "check_estimators_overwrite_params",
+    "check_estimators_fit_returns_self",
+    "check_readonly_memmap_input",
+    "check_fit_idempotent",
+    "check_fit_check_is_fitted",
+    "check_n_features_in",
+)
+"""The checks that fit on 2 features (make_blobs' default) and 21 rows."""
+SMALL_DATA_METHODS = {
+    "PrivateSubspace": ("auto", "gauss", "power"),
+    "PrivateSubspaceClustering": ("sulq",),
+}
+"""Methods that fit a handful of rows given a public ``row_norm`` (no subsets, no private
+bound); any other configuration is declared to need more rows than the checks give."""
+
+
+def expected_failed_checks(estimator: BaseEstimator) -> dict[str, str]:
+    """The scikit-learn checks ``estimator``'s configuration cannot pass, each with the reason,
+    in scikit-learn's own form: ``check_estimator(est,
+    expected_failed_checks=expected_failed_checks(est))`` runs every check and reports these
+    as expected failures (``parametrize_with_checks(…, expected_failed_checks=
+    expected_failed_checks)`` likewise). Always :data:`EXPECTED_FAILED_CHECKS`; the
+    :data:`FEW_ROWS` checks unless the configuration fits a handful of rows (a public
+    ``row_norm`` and a method of :data:`SMALL_DATA_METHODS`, no ``standardize`` or
+    ``boost``); the :data:`FEW_FEATURES` checks where it releases 2 or more dimensions."""
+    params = estimator.get_params(deep=False)
+    checks = {}
+    small = (
+        params.get("row_norm") is not None
+        and params.get("method") in SMALL_DATA_METHODS.get(type(estimator).__name__, ())
+        and not params.get("standardize")
+        and params.get("boost") is None
+    )
+    if not small:
+        checks |= dict.fromkeys(FEW_ROWS_CHECKS, FEW_ROWS)
+    size = (params.get("rank") or params.get("n_components") or 1) * (
+        params.get("clusters") or params.get("n_clusters") or 1
+    )
+    if size >= 2:
+        checks |= dict.fromkeys(FEW_FEATURES_CHECKS, FEW_FEATURES)
+    return EXPECTED_FAILED_CHECKS | checks
+
 
 REFIT_WARNING = (
     "{name} or a clone of it (GridSearchCV and cross_val_score fit clones) was already "
@@ -331,7 +405,7 @@ class PrivateSubspace(_PrivateEstimator):
 
     def __init__(
         self,
-        n_components: int | None = None,
+        n_components: int | None = DEFAULT_COMPONENTS,
         *,
         rank: int | None = None,
         epsilon: float | None = None,
@@ -363,7 +437,7 @@ class PrivateSubspace(_PrivateEstimator):
         self._store(locals())
 
     def _config(self) -> EstimateConfig:
-        rank = _alias("n_components", self.n_components, "rank", self.rank, default=2)
+        rank = _alias("n_components", self.n_components, "rank", self.rank, DEFAULT_COMPONENTS)
         return _config_from(self, EstimateConfig, self._scale_alias(), rank=rank)
 
     def _scale_alias(self) -> dict[str, float]:
@@ -511,8 +585,8 @@ class PrivateSubspaceClustering(_PrivateEstimator):
 
     def __init__(
         self,
-        n_clusters: int | None = None,
-        n_components: int | None = None,
+        n_clusters: int | None = 2,
+        n_components: int | None = 1,
         *,
         clusters: int | None = None,
         rank: int | None = None,
@@ -543,8 +617,8 @@ class PrivateSubspaceClustering(_PrivateEstimator):
             self,
             ClusterConfig,
             {},
-            clusters=_alias("n_clusters", self.n_clusters, "clusters", self.clusters, default=2),
-            rank=_alias("n_components", self.n_components, "rank", self.rank, default=1),
+            clusters=_alias("n_clusters", self.n_clusters, "clusters", self.clusters, 2),
+            rank=_alias("n_components", self.n_components, "rank", self.rank, 1),
         )
 
     def fit(self, X: Any, y: None = None) -> PrivateSubspaceClustering:
@@ -627,14 +701,26 @@ def api_parameters(command: str) -> list[str]:
     return [*names, *declared(command), "client"]
 
 
+NONE_REFUSED = {
+    "n_components": "scikit-learn's PCA reads None as all D components, but a private basis "
+    "has fewer than D (all D span the whole space, and the directions past the signal would "
+    "be drawn by the noise): pass the dimension to release, n_components=K < D",
+    "n_clusters": "pass the number of subspaces, n_clusters=K",
+}
+"""Why ``None`` is refused for a size parameter (no size is chosen for the caller)."""
+
+
 def _alias(name: str, value: Any, alias: str, alias_value: Any, default: int) -> Any:
-    """The value of a parameter given under its scikit-learn name or its dpsub alias, else
-    its default."""
-    if value is not None and alias_value is not None and value != alias_value:
-        raise InputError(f"{name}={value} and {alias}={alias_value} differ: pass only {name}")
-    if value is not None:
-        return value
-    return default if alias_value is None else alias_value
+    """The value of a parameter given under its scikit-learn name or its dpsub alias:
+    the alias when given (the name at its ``default`` gives way; another value that differs
+    is refused), else the name's value; ``None`` is refused with its reason."""
+    if alias_value is not None:
+        if value not in (None, default, alias_value):
+            raise InputError(f"{name}={value} and {alias}={alias_value} differ: pass only {name}")
+        return alias_value
+    if value is None:
+        raise InputError(f"{name}=None is not accepted: {NONE_REFUSED[name]} (default {default})")
+    return value
 
 
 @functools.cache
