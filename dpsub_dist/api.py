@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin, clone
+from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from dpsub_dist.engine.sources import Dataset, array_dataset, frame_choice, parquet_dataset
@@ -40,7 +41,7 @@ from dpsub_dist.params import (
     EstimateConfig,
     RunConfig,
 )
-from dpsub_dist.transform import project, released_centring, unproject
+from dpsub_dist.transform import prepared, project, released_centring, unproject
 
 DEFAULT_EPSILON = 1.0
 DEFAULT_COMPONENTS = 2
@@ -361,6 +362,20 @@ class _PrivateEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseE
         return frame
 
 
+def _released_model(estimator: PrivateSubspace) -> bool:
+    """Whether the probabilistic PCA methods apply: unfitted (they then say so), or fitted
+    from a run that released the explained variance and its total; else AttributeError
+    saying why (scikit-learn's ``available_if``: ``hasattr`` is then False)."""
+    if not hasattr(estimator, "components_") or estimator.noise_variance_ is not None:
+        return True
+    why = chosen_view(estimator.manifest_)["release"].get("explained_variance_note")
+    raise AttributeError(
+        "the probabilistic PCA model needs the released explained variance and its total, "
+        f"which this run did not release ({why or 'see manifest_'}); a private estimate of "
+        "them would need its own budget"
+    )
+
+
 class PrivateSubspace(_PrivateEstimator):
     """Differentially private top-k principal subspace (``method="auto"`` by default).
 
@@ -492,6 +507,9 @@ class PrivateSubspace(_PrivateEstimator):
             if self.explained_variance_ is None or n_rows is None
             else np.sqrt(n_rows * self.explained_variance_)
         )
+        self.noise_variance_ = _noise_variance(
+            self.explained_variance_, self.explained_variance_ratio_, basis.shape[0]
+        )
 
     @classmethod
     def from_run(
@@ -551,6 +569,50 @@ class PrivateSubspace(_PrivateEstimator):
         if X.ndim != 2 or X.shape[1] != k:
             raise ValueError(f"expected n_components_ = {k} columns per row, got shape {X.shape}")
         return unproject(X, self.components_, self.mean_, self.scale_)
+
+    @available_if(_released_model)
+    def get_covariance(self) -> np.ndarray:
+        """The covariance of the probabilistic PCA model of the release, as scikit-learn's
+        ``PCA.get_covariance``: ``Vᵀ diag(max(λ − σ², 0)) V + σ² I`` with V = ``components_``,
+        λ = ``explained_variance_`` and σ² = ``noise_variance_``, in the units the run
+        estimated in (standardised with ``standardize``). Released values only: free."""
+        variance, noise = self._model()
+        excess = np.maximum(variance - noise, 0.0)
+        covariance = (self.components_.T * excess) @ self.components_
+        covariance.flat[:: len(covariance) + 1] += noise
+        return covariance
+
+    @available_if(_released_model)
+    def get_precision(self) -> np.ndarray:
+        """The inverse of :meth:`get_covariance` (released values only: free)."""
+        return np.linalg.inv(self.get_covariance())
+
+    @available_if(_released_model)
+    def score_samples(self, X: Any) -> np.ndarray:
+        """Log-likelihood of each row of ``X`` under the released model (as
+        ``PCA.score_samples``: Gaussian with mean ``mean_`` and :meth:`get_covariance`, on
+        the rows centred and scaled as ``transform`` does). The model is released values;
+        the numbers are about the rows you pass, read without privacy as ``transform``
+        reads them: yours, not a release (a score used to choose between fits makes the
+        choice non-private)."""
+        self._model()
+        with _api_errors(self):
+            rows = np.asarray(self._rows(X), dtype=np.float64)
+        rows = prepared(rows, self.mean_, self.scale_)
+        precision = self.get_precision()
+        _, logdet = np.linalg.slogdet(precision)
+        log_like = -0.5 * np.einsum("ij,ij->i", rows, rows @ precision)
+        return log_like - 0.5 * (rows.shape[1] * np.log(2 * np.pi) - logdet)
+
+    @available_if(_released_model)
+    def score(self, X: Any, y: None = None) -> float:
+        """The mean of :meth:`score_samples` (as ``PCA.score``)."""
+        return float(np.mean(self.score_samples(X)))
+
+    def _model(self) -> tuple[np.ndarray, float]:
+        """λ and σ² of the probabilistic PCA model of the release."""
+        check_is_fitted(self)
+        return self.explained_variance_, self.noise_variance_
 
     def plot_explained_variance(self, ax: Any = None) -> Any:
         """Scree plot of the released explained-variance ratio (published values: no budget);
@@ -808,6 +870,21 @@ def _left_out_message(name: str, left_out: dict[str, str]) -> str:
         f"{name} left out the columns {listed}: pass columns= to choose the feature columns "
         "(columns_left_out_ lists them)"
     )
+
+
+def _noise_variance(
+    variance: np.ndarray | None, ratio: np.ndarray | None, dim: int
+) -> float | None:
+    """``noise_variance_`` as scikit-learn's PCA has it, the mean variance along the D − k
+    directions the basis leaves out: (total − Σλ)/(D − k), the total being Σλ/Σratio (each
+    ratio is λ over the released total). Released values and the public D only: free. None
+    where the run released no variance or no total."""
+    if variance is None or ratio is None or not ratio.sum() > 0:
+        return None
+    rest = dim - len(variance)
+    if rest <= 0:
+        return 0.0
+    return float(max(variance.sum() / ratio.sum() - variance.sum(), 0.0) / rest)
 
 
 def _array_or_none(values: Any) -> np.ndarray | None:

@@ -45,15 +45,19 @@ COMPONENT_PREFIX = "pc"
 """Output columns: ``pc1`` … ``pck``, the projections on the basis's columns in order."""
 
 
-def project(rows: Any, basis: Any, centre: Any | None, scale: Any | None) -> Any:
-    """``((rows − centre) / scale) @ basis``, each step only where the run took it (NumPy or
-    Dask arrays alike): the map a run applied to its rows before estimating, then the
-    projection on its released basis."""
+def prepared(rows: Any, centre: Any | None, scale: Any | None) -> Any:
+    """``(rows − centre) / scale``, each step only where the run took it (NumPy or Dask
+    arrays alike): the map a run applied to its rows before estimating."""
     if centre is not None:
         rows = rows - centre
     if scale is not None:
         rows = rows / scale
-    return rows @ basis
+    return rows
+
+
+def project(rows: Any, basis: Any, centre: Any | None, scale: Any | None) -> Any:
+    """:func:`prepared` rows projected on the released basis: the run's scores."""
+    return prepared(rows, centre, scale) @ basis
 
 
 def unproject(scores: Any, components: Any, centre: Any | None, scale: Any | None) -> Any:

@@ -432,3 +432,31 @@ def test_scale_is_a_deprecated_alias_of_radius_and_cell_side(method, name):
     with pytest.warns(FutureWarning, match=f"scale= is deprecated.*pass {name}="):
         config = PrivateSubspace(method=method, scale=0.25)._config()
     assert config.scale == PrivateSubspace(method=method, **{name: 0.25})._config().scale == 0.25
+
+
+def test_probabilistic_pca_from_released_values_only() -> None:
+    """noise_variance_, get_covariance, get_precision, score_samples and score are
+    scikit-learn PCA's, computed from the released explained variance, its ratio (which
+    gives the released total) and the basis: scikit-learn's own PCA methods on a PCA whose
+    attributes are ours give the same numbers. Where the run released no ratio (power), the
+    methods are absent and say why."""
+    from sklearn.decomposition import PCA
+
+    X, _ = planted(rows=4_000)
+    est = gauss(n_components=2).fit(X)
+    variance, ratio = est.explained_variance_, est.explained_variance_ratio_
+    total = variance.sum() / ratio.sum()
+    assert est.noise_variance_ == pytest.approx((total - variance.sum()) / (8 - 2), rel=1e-12)
+    twin = PCA(n_components=2)
+    for name in ("components_", "explained_variance_", "noise_variance_", "mean_"):
+        setattr(twin, name, getattr(est, name))
+    twin.n_components_, twin.n_features_in_ = 2, 8
+    np.testing.assert_allclose(est.get_covariance(), twin.get_covariance(), rtol=1e-12)
+    np.testing.assert_allclose(est.get_precision(), twin.get_precision(), rtol=1e-9)
+    np.testing.assert_allclose(est.score_samples(X), twin.score_samples(X), rtol=1e-9)
+    assert est.score(X) == pytest.approx(twin.score(X), rel=1e-9)
+    power = PrivateSubspace(n_components=2, method="power", row_norm=20.0, epsilon=5.0).fit(X)
+    assert power.noise_variance_ is None and not hasattr(power, "score")
+    with pytest.raises(AttributeError, match="has no attribute 'score'") as err:
+        power.score(X)
+    assert "did not release" in str(err.value.__cause__)
