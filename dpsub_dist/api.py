@@ -381,8 +381,9 @@ class PrivateSubspace(_PrivateEstimator):
 
     Parameters are those of ``dpsub estimate``, by the same names (one table,
     :mod:`dpsub_dist.params` and :mod:`dpsub_dist.methods`): ``n_components`` (K, default 2;
-    ``rank`` is an alias), ``epsilon``/``delta`` or ``rho`` (+ ``delta``; default ε = 1,
-    δ = 10⁻⁶), ``method``, ``subsets``, ``ref_points``, ``assign``, ``unit_column``,
+    None is refused, not read as PCA's "all"; ``rank`` is an alias), ``epsilon``/``delta``
+    or ``rho`` (+ ``delta``; default ε = 1, δ = 10⁻⁶), ``method``, ``subsets``,
+    ``ref_points``, ``assign``, ``unit_column``,
     ``columns``, ``exclude_columns`` (named tables), ``standardize`` (private per-column
     location and scale first: the correlation matrix's PCA; row level), ``seed`` (public
     randomness only: DP noise always comes from OS entropy), ``radius`` (friendly, auto) /
@@ -412,9 +413,13 @@ class PrivateSubspace(_PrivateEstimator):
     - ``n_features_in_``; ``feature_names_in_`` when fitted on a DataFrame or Parquet;
       ``columns_left_out_``: the columns the default rule left out, and why (identifier,
       index, not numeric; from the schema);
+    - ``noise_variance_``, ``get_covariance``, ``get_precision``, ``score_samples``,
+      ``score``: PCA's probabilistic model from the released variance and its total (absent
+      where the run released none);
     - ``manifest_`` (what was spent and released).
 
-    ``fit`` raises :class:`NoStableSubspace` when the aggregator returns ⊥: the budget is
+    :meth:`from_run` gives the fitted estimator of a published run (``dpsub estimate
+    --out``). ``fit`` raises :class:`NoStableSubspace` when the aggregator returns ⊥: the budget is
     spent (``manifest_`` says so) and the estimator stays unfitted.
     """
 
