@@ -300,3 +300,32 @@ def test_transform_charges_nothing_under_a_ledger(tables, tmp_path):
         assert "no budget spent" in done.stdout
         assert json.loads((out / "_transform.json").read_text())["run_id"] == "day-1"
     assert state() == before
+
+
+def test_a_vector_column_is_matched_as_the_run_saw_it(tmp_path):
+    """A run over a fixed_size_list column: transform flattens it as the run did, and a list
+    of another width is one line, exit 2, before any row is read."""
+    width = 6
+    values = rows(3_000, 2)[:, [0, 1, 2, 3, 4, 0]] + np.arange(width)
+    column = pa.FixedSizeListArray.from_arrays(pa.array(values.ravel()), width)
+    data = tmp_path / "vec"
+    data.mkdir()
+    pq.write_table(pa.table({"emb": column}), data / "part-0.parquet", row_group_size=1_000)
+    run = tmp_path / "run"
+    made = dpsub("estimate", str(data), "--rank", "2", "--epsilon", "2", "--delta", "1e-6",
+                 "--method", "gauss", "--out", str(run), "--quiet")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    basis, manifest = published(run)
+    assert manifest["vector_columns"] == {"emb": width}
+    done = dpsub("transform", str(run), str(data), "--out", str(tmp_path / "o"), "--quiet")
+    assert done.returncode == 0, done.stderr
+    expected = (values - manifest["release"]["mean"]) @ basis
+    got = pd.read_parquet(tmp_path / "o").to_numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-9)
+    narrow = pa.FixedSizeListArray.from_arrays(pa.array(values[:, :5].ravel()), 5)
+    pq.write_table(pa.table({"emb": narrow}), tmp_path / "narrow.parquet")
+    done = dpsub("transform", str(run), str(tmp_path / "narrow.parquet"), "--out",
+                 str(tmp_path / "never"), "--quiet")  # fmt: skip
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert "has 5 values per row but the run's had 6" in done.stderr
+    assert not (tmp_path / "never").exists()
