@@ -374,7 +374,7 @@ def add_transform_command(sub) -> None:
         "transform",
         help="project Parquet rows onto a run's basis (no budget)",
         description="Project every row of INPUT onto the basis RUN published, centred or "
-        "standardised with the run's released values exactly as the run was, and write "
+        "standardised with the run's released values exactly as the run did, and write "
         "Parquet with columns pc1…pcK (one row per input row, in input order) and "
         "_transform.json to --out. Post-processing of the release: no budget is spent. The "
         "output holds your rows, projected without noise: it is your data, not a release.",
