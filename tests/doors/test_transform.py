@@ -213,20 +213,26 @@ def test_overwrite_replaces_a_previous_transform_only_when_asked(tables, tmp_pat
 
 def test_data_that_fails_validation_writes_nothing(tables, tmp_path):
     """A NaN in the new rows: the operator's detail goes to the diagnostics file (stderr may
-    be forwarded), exit 6, no output."""
+    be forwarded), exit 6, no output; with --overwrite the previous output stays as it was,
+    byte for byte, and no temporary folder is left."""
     run = estimate(tables, "run-mean")
     table = pq.read_table(tables["new"] / "part-1.parquet")
     values = table.column("f2").to_numpy().copy()
     values[7] = np.nan
-    pq.write_table(table.set_column(5, "f2", pa.array(values)), tmp_path / "nan.parquet")
+    nan = tmp_path / "nan.parquet"
+    pq.write_table(table.set_column(5, "f2", pa.array(values)), nan)
     out = tmp_path / "o"
-    done = dpsub("transform", str(run), str(tmp_path / "nan.parquet"), "--out", str(out), "--quiet")
-    assert (
-        done.returncode == 6
-        and "f2" not in done.stderr
-        and "details for the operator" in done.stderr
-    )
-    assert not out.exists() and not list(tmp_path.glob(".o.tmp*"))
+    done = dpsub("transform", str(run), str(nan), "--out", str(out), "--quiet")
+    assert done.returncode == 6 and "details for the operator" in done.stderr
+    assert "f2" not in done.stderr
+    assert not out.exists() and not list(tmp_path.glob(".o.*"))
+    good = dpsub("transform", str(run), str(tables["new"]), "--out", str(out), "--quiet")
+    assert good.returncode == 0, good.stderr
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    done = dpsub("transform", str(run), str(nan), "--out", str(out), "--quiet", "--overwrite")
+    assert done.returncode == 6
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+    assert not list(tmp_path.glob(".o.*"))
 
 
 def test_from_run_in_a_fresh_interpreter_matches_the_cli(tables, tmp_path):
