@@ -6,9 +6,11 @@
 #   IMAGE=localhost/dpsub:test deploy/build-image.sh
 #   BASE=python:3.11.7-slim-bookworm deploy/build-image.sh   # the Dockerfile's own base
 #
-# Needs: apt-get install podman runc mmdebstrap (run as root). The runc runtime and the
-# ulimits suit sandboxes where crun and podman's default limits are refused; pip in the
-# build reaches the index over the host's network with the host's CA bundle.
+# Needs: apt-get update && apt-get install -y podman runc mmdebstrap (run as root). The runc
+# runtime and the ulimits suit sandboxes where crun and podman's default limits are refused;
+# pip in the build reaches the index over the host's network with the host's CA bundle.
+# --format docker keeps the Dockerfile's HEALTHCHECK (the OCI format has none). The image's
+# Python is the base's: Debian bookworm's python3 (3.11.2) on the default base.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -30,7 +32,9 @@ fi
 
 start=$(date +%s)
 "${PODMAN[@]}" build "${LIMITS[@]}" --network host --volume "$CA:$CA:ro" \
-  --from "$BASE" --file "$ROOT/deploy/Dockerfile" \
+  --format docker --from "$BASE" --file "$ROOT/deploy/Dockerfile" \
   --ignorefile "$ROOT/deploy/Dockerfile.dockerignore" --tag "$IMAGE" "$ROOT"
-echo "built $IMAGE from $BASE in $(($(date +%s) - start)) s;" \
-  "size $("${PODMAN[@]}" image inspect --format '{{.Size}}' "$IMAGE") bytes" >&2
+took=$(($(date +%s) - start))
+python=$("${PODMAN[@]}" run --rm "${LIMITS[@]}" --entrypoint python "$IMAGE" --version)
+echo "built $IMAGE from $BASE in $took s;" \
+  "size $("${PODMAN[@]}" image inspect --format '{{.Size}}' "$IMAGE") bytes; $python" >&2

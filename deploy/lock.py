@@ -5,7 +5,9 @@ extras), following extras such as ``dask[distributed,dataframe]`` and environmen
 markers for Linux / this Python, and prints ``name==version`` for each, sorted:
 
     .venv/bin/python deploy/lock.py > deploy/requirements.lock
-    .venv/bin/python deploy/lock.py postgres > deploy/requirements.lock   # with the extra
+    .venv/bin/python deploy/lock.py postgres dashboard > deploy/requirements.lock   # the image's
+
+(the extras must be installed in the virtualenv: ``pip install -e '.[dev,dashboard]'``).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin, clone
+from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from dpsub_dist.engine.sources import Dataset, array_dataset, frame_choice, parquet_dataset
@@ -40,8 +41,11 @@ from dpsub_dist.params import (
     EstimateConfig,
     RunConfig,
 )
+from dpsub_dist.transform import prepared, project, released_centring, unproject
 
 DEFAULT_EPSILON = 1.0
+DEFAULT_COMPONENTS = 2
+"""``n_components`` of ``PrivateSubspace()``: K = 2, shown in ``get_params`` (never None)."""
 """ε of a fit given neither ``epsilon`` nor ``rho`` (with ``delta``'s default, 10⁻⁶)."""
 
 EXPECTED_FAILED_CHECKS = {
@@ -51,8 +55,80 @@ EXPECTED_FAILED_CHECKS = {
         "themselves on the non_deterministic tag"
     ),
 }
-"""scikit-learn checks that no randomised private estimator can pass, with the reason: pass
-``check_estimator(est, expected_failed_checks=EXPECTED_FAILED_CHECKS)``."""
+"""scikit-learn checks that no randomised private estimator can pass, with the reason."""
+
+FEW_ROWS = (
+    "fits on 1 to 100 rows, fewer than this configuration needs at its budget (PrivateSubspace "
+    "without row_norm: ≥ 1106 at ε = 1 for the private row-norm bound; friendly, histogram "
+    "and sample-aggregate clustering: enough rows for their subsets): fit refuses with a "
+    "ValueError before spending (n is public at row level), as PCA refuses too few samples"
+)
+FEW_ROWS_CHECKS = (
+    "check_array_api_input",
+    "check_fit_score_takes_y",
+    "check_dont_overwrite_parameters",
+    "check_n_features_in_after_fitting",
+    "check_positive_only_tag_during_fit",
+    "check_estimators_dtypes",
+    "check_dtype_object",
+    "check_estimators_nan_inf",
+    "check_estimators_pickle",
+    "check_f_contiguous_array_estimator",
+    "check_transformer_data_not_an_array",
+    "check_transformer_general",
+    "check_transformer_preserve_dtypes",
+    "check_fit2d_1sample",
+    "check_dict_unchanged",
+    "check_fit2d_predict1d",
+)
+"""The checks that fit on so few rows (scikit-learn 1.9)."""
+FEW_FEATURES = (
+    "fits on 2 features: n_components (clustering: n_clusters × n_components) must be "
+    "smaller than the number of features, and fit refuses before spending"
+)
+FEW_FEATURES_CHECKS = (
+    "check_estimators_overwrite_params",
+    "check_estimators_fit_returns_self",
+    "check_readonly_memmap_input",
+    "check_fit_idempotent",
+    "check_fit_check_is_fitted",
+    "check_n_features_in",
+)
+"""The checks that fit on 2 features (make_blobs' default) and 21 rows."""
+SMALL_DATA_METHODS = {
+    "PrivateSubspace": ("auto", "gauss", "power"),
+    "PrivateSubspaceClustering": ("sulq",),
+}
+"""Methods that fit a handful of rows given a public ``row_norm`` (no subsets, no private
+bound); any other configuration is declared to need more rows than the checks give."""
+
+
+def expected_failed_checks(estimator: BaseEstimator) -> dict[str, str]:
+    """The scikit-learn checks ``estimator``'s configuration cannot pass, each with the reason,
+    in scikit-learn's own form: ``check_estimator(est,
+    expected_failed_checks=expected_failed_checks(est))`` runs every check and reports these
+    as expected failures (``parametrize_with_checks(…, expected_failed_checks=
+    expected_failed_checks)`` likewise). Always :data:`EXPECTED_FAILED_CHECKS`; the
+    :data:`FEW_ROWS` checks unless the configuration fits a handful of rows (a public
+    ``row_norm`` and a method of :data:`SMALL_DATA_METHODS`, no ``standardize`` or
+    ``boost``); the :data:`FEW_FEATURES` checks where it releases 2 or more dimensions."""
+    params = estimator.get_params(deep=False)
+    checks = {}
+    small = (
+        params.get("row_norm") is not None
+        and params.get("method") in SMALL_DATA_METHODS.get(type(estimator).__name__, ())
+        and not params.get("standardize")
+        and params.get("boost") is None
+    )
+    if not small:
+        checks |= dict.fromkeys(FEW_ROWS_CHECKS, FEW_ROWS)
+    size = (params.get("rank") or params.get("n_components") or 1) * (
+        params.get("clusters") or params.get("n_clusters") or 1
+    )
+    if size >= 2:
+        checks |= dict.fromkeys(FEW_FEATURES_CHECKS, FEW_FEATURES)
+    return EXPECTED_FAILED_CHECKS | checks
+
 
 REFIT_WARNING = (
     "{name} or a clone of it (GridSearchCV and cross_val_score fit clones) was already "
@@ -95,6 +171,17 @@ class _PrivateEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseE
     def _fit_count(self) -> _FitCount:
         """The fits of this estimator and of every clone made from it or cloned into it."""
         return self.__dict__.setdefault("_fits", _FitCount())
+
+    def _refuse_refit(self) -> None:
+        """An estimator loaded from a published run (``from_run``) holds no data: no fit."""
+        loaded = self.__dict__.get("_loaded_from")
+        if loaded is not None:
+            name = type(self).__name__
+            raise _also_value_error(InputError)(
+                f"this {name} was loaded from the run {loaded} ({name}.from_run): it holds the "
+                "released basis, not the data, so it cannot be fitted again; to estimate on new "
+                f"data (spending a new budget) fit sklearn.base.clone(est) or a new {name}"
+            )
 
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, self._fitted_attribute)
@@ -275,13 +362,28 @@ class _PrivateEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseE
         return frame
 
 
+def _released_model(estimator: PrivateSubspace) -> bool:
+    """Whether the probabilistic PCA methods apply: unfitted (they then say so), or fitted
+    from a run that released the explained variance and its total; else AttributeError
+    saying why (scikit-learn's ``available_if``: ``hasattr`` is then False)."""
+    if not hasattr(estimator, "components_") or estimator.noise_variance_ is not None:
+        return True
+    why = chosen_view(estimator.manifest_)["release"].get("explained_variance_note")
+    raise AttributeError(
+        "the probabilistic PCA model needs the released explained variance and its total, "
+        f"which this run did not release ({why or 'see manifest_'}); a private estimate of "
+        "them would need its own budget"
+    )
+
+
 class PrivateSubspace(_PrivateEstimator):
     """Differentially private top-k principal subspace (``method="auto"`` by default).
 
     Parameters are those of ``dpsub estimate``, by the same names (one table,
     :mod:`dpsub_dist.params` and :mod:`dpsub_dist.methods`): ``n_components`` (K, default 2;
-    ``rank`` is an alias), ``epsilon``/``delta`` or ``rho`` (+ ``delta``; default ε = 1,
-    δ = 10⁻⁶), ``method``, ``subsets``, ``ref_points``, ``assign``, ``unit_column``,
+    None is refused, not read as PCA's "all"; ``rank`` is an alias), ``epsilon``/``delta``
+    or ``rho`` (+ ``delta``; default ε = 1, δ = 10⁻⁶), ``method``, ``subsets``,
+    ``ref_points``, ``assign``, ``unit_column``,
     ``columns``, ``exclude_columns`` (named tables), ``standardize`` (private per-column
     location and scale first: the correlation matrix's PCA; row level), ``seed`` (public
     randomness only: DP noise always comes from OS entropy), ``radius`` (friendly, auto) /
@@ -311,15 +413,19 @@ class PrivateSubspace(_PrivateEstimator):
     - ``n_features_in_``; ``feature_names_in_`` when fitted on a DataFrame or Parquet;
       ``columns_left_out_``: the columns the default rule left out, and why (identifier,
       index, not numeric; from the schema);
+    - ``noise_variance_``, ``get_covariance``, ``get_precision``, ``score_samples``,
+      ``score``: PCA's probabilistic model from the released variance and its total (absent
+      where the run released none);
     - ``manifest_`` (what was spent and released).
 
-    ``fit`` raises :class:`NoStableSubspace` when the aggregator returns ⊥: the budget is
+    :meth:`from_run` gives the fitted estimator of a published run (``dpsub estimate
+    --out``). ``fit`` raises :class:`NoStableSubspace` when the aggregator returns ⊥: the budget is
     spent (``manifest_`` says so) and the estimator stays unfitted.
     """
 
     def __init__(
         self,
-        n_components: int | None = None,
+        n_components: int | None = DEFAULT_COMPONENTS,
         *,
         rank: int | None = None,
         epsilon: float | None = None,
@@ -351,7 +457,7 @@ class PrivateSubspace(_PrivateEstimator):
         self._store(locals())
 
     def _config(self) -> EstimateConfig:
-        rank = _alias("n_components", self.n_components, "rank", self.rank, default=2)
+        rank = _alias("n_components", self.n_components, "rank", self.rank, DEFAULT_COMPONENTS)
         return _config_from(self, EstimateConfig, self._scale_alias(), rank=rank)
 
     def _scale_alias(self) -> dict[str, float]:
@@ -375,6 +481,7 @@ class PrivateSubspace(_PrivateEstimator):
     def fit(self, X: Any, y: None = None) -> PrivateSubspace:
         """Estimate from a NumPy/Dask array, a pandas/Dask DataFrame, or a Parquet path/URI
         (``str`` or ``pathlib.Path``). Spends the budget; Dask input is read on the cluster."""
+        self._refuse_refit()
         with _api_errors(self):
             result = self._fit_run(X, self._config(), run_estimate)
         if result.basis is None:
@@ -385,38 +492,78 @@ class PrivateSubspace(_PrivateEstimator):
                 f"no stable subspace: {api_wording(reason, self.get_params(deep=False))}; try "
                 "method='gauss', more data or a larger budget"
             )
-        self.basis_ = result.basis
-        self.components_ = result.basis.T
-        self.n_components_ = result.basis.shape[1]
+        self._set_release(result.basis, result.manifest)
+        return self
+
+    def _set_release(self, basis: np.ndarray, manifest: dict[str, Any]) -> None:
+        """The fitted attributes from a release: its basis and its manifest's values."""
+        self.manifest_ = manifest
+        self.basis_ = basis
+        self.components_ = basis.T
+        self.n_components_ = basis.shape[1]
         self._n_features_out = self.n_components_
-        release = chosen_view(result.manifest)["release"]
-        centre = release.get("location", release.get("mean"))
-        self.mean_ = None if centre is None else np.asarray(centre)
-        self.scale_ = None if release.get("scale") is None else np.asarray(release["scale"])
+        self.mean_, self.scale_ = released_centring(manifest)
+        release = chosen_view(manifest)["release"]
         self.explained_variance_ = _array_or_none(release.get("explained_variance"))
         self.explained_variance_ratio_ = _array_or_none(release.get("explained_variance_ratio"))
-        n_rows = result.manifest.get("n_rows")
+        n_rows = manifest.get("n_rows")
         self.singular_values_ = (
             None
             if self.explained_variance_ is None or n_rows is None
             else np.sqrt(n_rows * self.explained_variance_)
         )
-        return self
+        self.noise_variance_ = _noise_variance(
+            self.explained_variance_, self.explained_variance_ratio_, basis.shape[0]
+        )
+
+    @classmethod
+    def from_run(
+        cls, run: str | os.PathLike, storage_options: dict[str, Any] | None = None
+    ) -> PrivateSubspace:
+        """The estimator a published run defines (``dpsub estimate --out RUN``, ``dpsub run``,
+        a stream release written with ``--out``; a local folder or ``s3://`` prefix), fitted:
+        its ``transform``/``inverse_transform`` are the run's, as ``dpsub transform`` applies
+        them. Reading a release is post-processing: no budget. It holds no data, so ``fit``
+        refuses (``clone`` gives an unfitted estimator to fit anew, at a new budget)."""
+        from dpsub_dist.transform import run_projection
+
+        uri = os.fspath(run)
+        with _api_errors(cls()):
+            projection, manifest = run_projection(uri, storage_options)
+        view = chosen_view(manifest)
+        params = {
+            "n_components": projection.rank,
+            "columns": list(projection.columns),
+            "method": manifest.get("method", DEFAULTS["estimate"]),
+            "unit_column": view.get("parameters", {}).get("unit_column"),
+            "standardize": projection.scale is not None,
+            "storage_options": storage_options,
+        }
+        estimator = cls(**{name: value for name, value in params.items() if value is not None})
+        estimator._set_release(projection.basis, manifest)
+        estimator.n_features_in_ = projection.basis.shape[0]
+        estimator.feature_names_in_ = np.asarray(
+            [
+                feature_name(projection.columns, projection.widths, j)
+                for j in range(estimator.n_features_in_)
+            ],
+            dtype=object,
+        )
+        estimator.columns_left_out_ = dict(manifest.get("columns_left_out") or {})
+        estimator._loaded_from = uri
+        return estimator
 
     def transform(self, X: Any) -> Any:
         """Project rows onto the private basis (post-processing: no extra privacy cost).
 
         Subtracts ``mean_`` first when the fit centred, and divides by ``scale_`` when it
-        standardised. NumPy and pandas input give a NumPy array; Dask arrays/DataFrames and
+        standardised (:func:`dpsub_dist.transform.project`, the map ``dpsub transform``
+        applies). NumPy and pandas input give a NumPy array; Dask arrays/DataFrames and
         Parquet paths give a lazy Dask array.
         """
         with _api_errors(self):
             rows = self._rows(X)
-        if self.mean_ is not None:
-            rows = rows - self.mean_
-        if self.scale_ is not None:
-            rows = rows / self.scale_
-        return rows @ self.basis_
+        return project(rows, self.basis_, self.mean_, self.scale_)
 
     def inverse_transform(self, X: Any) -> Any:
         """Map projected rows back to feature space: ``X @ components_ (· scale_) (+ mean_)``."""
@@ -426,10 +573,51 @@ class PrivateSubspace(_PrivateEstimator):
         k = self.n_components_
         if X.ndim != 2 or X.shape[1] != k:
             raise ValueError(f"expected n_components_ = {k} columns per row, got shape {X.shape}")
-        out = X @ self.components_
-        if self.scale_ is not None:
-            out = out * self.scale_
-        return out if self.mean_ is None else out + self.mean_
+        return unproject(X, self.components_, self.mean_, self.scale_)
+
+    @available_if(_released_model)
+    def get_covariance(self) -> np.ndarray:
+        """The covariance of the probabilistic PCA model of the release, as scikit-learn's
+        ``PCA.get_covariance``: ``Vᵀ diag(max(λ − σ², 0)) V + σ² I`` with V = ``components_``,
+        λ = ``explained_variance_`` and σ² = ``noise_variance_``, in the units the run
+        estimated in (standardised with ``standardize``). Released values only: free."""
+        variance, noise = self._model()
+        excess = np.maximum(variance - noise, 0.0)
+        covariance = (self.components_.T * excess) @ self.components_
+        covariance.flat[:: len(covariance) + 1] += noise
+        return covariance
+
+    @available_if(_released_model)
+    def get_precision(self) -> np.ndarray:
+        """The inverse of :meth:`get_covariance` (released values only: free)."""
+        return np.linalg.inv(self.get_covariance())
+
+    @available_if(_released_model)
+    def score_samples(self, X: Any) -> np.ndarray:
+        """Log-likelihood of each row of ``X`` under the released model (as
+        ``PCA.score_samples``: Gaussian with mean ``mean_`` and :meth:`get_covariance`, on
+        the rows centred and scaled as ``transform`` does). The model is released values;
+        the numbers are about the rows you pass, read without privacy as ``transform``
+        reads them: yours, not a release (a score used to choose between fits makes the
+        choice non-private)."""
+        self._model()
+        with _api_errors(self):
+            rows = np.asarray(self._rows(X), dtype=np.float64)
+        rows = prepared(rows, self.mean_, self.scale_)
+        precision = self.get_precision()
+        _, logdet = np.linalg.slogdet(precision)
+        log_like = -0.5 * np.einsum("ij,ij->i", rows, rows @ precision)
+        return log_like - 0.5 * (rows.shape[1] * np.log(2 * np.pi) - logdet)
+
+    @available_if(_released_model)
+    def score(self, X: Any, y: None = None) -> float:
+        """The mean of :meth:`score_samples` (as ``PCA.score``)."""
+        return float(np.mean(self.score_samples(X)))
+
+    def _model(self) -> tuple[np.ndarray, float]:
+        """λ and σ² of the probabilistic PCA model of the release."""
+        check_is_fitted(self)
+        return self.explained_variance_, self.noise_variance_
 
     def plot_explained_variance(self, ax: Any = None) -> Any:
         """Scree plot of the released explained-variance ratio (published values: no budget);
@@ -464,8 +652,8 @@ class PrivateSubspaceClustering(_PrivateEstimator):
 
     def __init__(
         self,
-        n_clusters: int | None = None,
-        n_components: int | None = None,
+        n_clusters: int | None = 2,
+        n_components: int | None = 1,
         *,
         clusters: int | None = None,
         rank: int | None = None,
@@ -496,8 +684,8 @@ class PrivateSubspaceClustering(_PrivateEstimator):
             self,
             ClusterConfig,
             {},
-            clusters=_alias("n_clusters", self.n_clusters, "clusters", self.clusters, default=2),
-            rank=_alias("n_components", self.n_components, "rank", self.rank, default=1),
+            clusters=_alias("n_clusters", self.n_clusters, "clusters", self.clusters, 2),
+            rank=_alias("n_components", self.n_components, "rank", self.rank, 1),
         )
 
     def fit(self, X: Any, y: None = None) -> PrivateSubspaceClustering:
@@ -580,14 +768,26 @@ def api_parameters(command: str) -> list[str]:
     return [*names, *declared(command), "client"]
 
 
+NONE_REFUSED = {
+    "n_components": "scikit-learn's PCA reads None as all D components, but a private basis "
+    "has fewer than D (all D span the whole space, and the directions past the signal would "
+    "be drawn by the noise): pass the dimension to release, n_components=K < D",
+    "n_clusters": "pass the number of subspaces, n_clusters=K",
+}
+"""Why ``None`` is refused for a size parameter (no size is chosen for the caller)."""
+
+
 def _alias(name: str, value: Any, alias: str, alias_value: Any, default: int) -> Any:
-    """The value of a parameter given under its scikit-learn name or its dpsub alias, else
-    its default."""
-    if value is not None and alias_value is not None and value != alias_value:
-        raise InputError(f"{name}={value} and {alias}={alias_value} differ: pass only {name}")
-    if value is not None:
-        return value
-    return default if alias_value is None else alias_value
+    """The value of a parameter given under its scikit-learn name or its dpsub alias:
+    the alias when given (the name at its ``default`` gives way; another value that differs
+    is refused), else the name's value; ``None`` is refused with its reason."""
+    if alias_value is not None:
+        if value not in (None, default, alias_value):
+            raise InputError(f"{name}={value} and {alias}={alias_value} differ: pass only {name}")
+        return alias_value
+    if value is None:
+        raise InputError(f"{name}=None is not accepted: {NONE_REFUSED[name]} (default {default})")
+    return value
 
 
 @functools.cache
@@ -675,6 +875,21 @@ def _left_out_message(name: str, left_out: dict[str, str]) -> str:
         f"{name} left out the columns {listed}: pass columns= to choose the feature columns "
         "(columns_left_out_ lists them)"
     )
+
+
+def _noise_variance(
+    variance: np.ndarray | None, ratio: np.ndarray | None, dim: int
+) -> float | None:
+    """``noise_variance_`` as scikit-learn's PCA has it, the mean variance along the D − k
+    directions the basis leaves out: (total − Σλ)/(D − k), the total being Σλ/Σratio (each
+    ratio is λ over the released total). Released values and the public D only: free. None
+    where the run released no variance or no total."""
+    if variance is None or ratio is None or not ratio.sum() > 0:
+        return None
+    rest = dim - len(variance)
+    if rest <= 0:
+        return 0.0
+    return float(max(variance.sum() / ratio.sum() - variance.sum(), 0.0) / rest)
 
 
 def _array_or_none(values: Any) -> np.ndarray | None:

@@ -348,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_storage_arguments(ev)
 
     add_inspect_command(sub)
+    add_transform_command(sub)
 
     demo = sub.add_parser(
         "demo",
@@ -404,6 +405,46 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     print(inspect_table(args))
     return 0
+
+
+def add_transform_command(sub) -> None:
+    """``dpsub transform``: its body is :mod:`dpsub_dist.transform`."""
+    tr = sub.add_parser(
+        "transform",
+        help="project Parquet rows onto a run's basis (no budget)",
+        description="Project every row of INPUT onto the basis RUN published, centred or "
+        "standardised with the run's released values exactly as the run did, and write "
+        "Parquet with columns pc1…pcK (one row per input row, in input order) and "
+        "_transform.json to --out. Post-processing of the release: no budget is spent. The "
+        "output holds your rows, projected without noise: it is your data, not a release.",
+        epilog=examples(
+            "dpsub transform runs/k4 new-events/ --out projected/",
+            "dpsub transform runs/k4 s3://bucket/events/ --out s3://bucket/pcs/ "
+            "--keep-columns user_id,ts",
+        ),
+    )
+    tr.add_argument("run", help="the --out folder of an estimate run (local or s3://)")
+    tr.add_argument("input", help="Parquet file, folder or glob with the run's columns")
+    tr.add_argument(
+        "--out", required=True, help="output folder (must not exist; missing parents are created)"
+    )
+    tr.add_argument(
+        "--keep-columns",
+        metavar="A,B",
+        help="input columns copied through untouched beside the components (e.g. user_id,ts)",
+    )
+    tr.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    add_scheduler_argument(tr)
+    tr.add_argument("--workers", type=_workers, help=LOCAL_WORKERS_HELP)
+    tr.add_argument("--memory-limit", help="memory limit of each local-cluster worker, e.g. 1GiB")
+    tr.add_argument("--quiet", action="store_true", help="no progress bar or cluster banner")
+    add_storage_arguments(tr)
+
+
+def cmd_transform(args: argparse.Namespace) -> int:
+    from dpsub_dist.transform import cmd_transform as run_transform
+
+    return run_transform(args)
 
 
 def _version() -> str:
@@ -1004,6 +1045,7 @@ COMMANDS = {
     "cluster": cmd_cluster,
     "evaluate": cmd_evaluate,
     "inspect": cmd_inspect,
+    "transform": cmd_transform,
     "demo": cmd_demo,
     "run": cmd_run,
     "budget": cmd_budget,

@@ -6,8 +6,11 @@ itself runs as a separate program, so the scheduler's Python environment does no
 dpsub's dependencies.
 
 The command is ``$DPSUB run $DPSUB_JOB --run-id events-basis-<YYYY-MM-DD> --quiet``:
-``DPSUB`` is the dpsub executable (default: ``dpsub`` on ``PATH``), ``DPSUB_JOB`` the job
-file (default ``/etc/dpsub/events-basis.yaml``), both read when the task runs. The run id
+``DPSUB`` is the dpsub command (default: ``dpsub`` on ``PATH``; split as the shell splits
+words, so ``DPSUB="/opt/dpsub/deploy/cluster.sh submit"`` runs dpsub in the image, on the
+cluster that ``deploy/cluster.sh up`` started), ``DPSUB_JOB`` the job file (default
+``/etc/dpsub/events-basis.yaml``; in the image, the path its container sees), both read
+when the task runs. The run id
 comes from the logical date, so a retry or a backfill of a date is the same run: it
 resumes the same release or returns the published one, and never charges twice.
 
@@ -20,6 +23,7 @@ cannot be written the task keeps its state and the summary says why.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 from dataclasses import dataclass
 from datetime import date
@@ -75,18 +79,21 @@ def run_id(logical_date: date) -> str:
     return f"{RUN_ID_PREFIX}-{logical_date.isoformat()}"
 
 
+def dpsub() -> list[str]:
+    """The dpsub command from ``$DPSUB``: an executable, or a command and its arguments."""
+    return shlex.split(os.environ.get("DPSUB", "dpsub"))
+
+
 def dpsub_command(logical_date: date, job: str | None = None) -> list[str]:
     """The ``dpsub run`` command line for the run of ``logical_date``."""
-    executable = os.environ.get("DPSUB", "dpsub")
     job = job or os.environ.get("DPSUB_JOB", JOB)
-    return [executable, "run", job, "--run-id", run_id(logical_date), "--quiet"]
+    return [*dpsub(), "run", job, "--run-id", run_id(logical_date), "--quiet"]
 
 
 def report_command(logical_date: date, job: str | None = None) -> list[str]:
     """The ``dpsub report`` command line writing the page beside that run's output."""
-    executable = os.environ.get("DPSUB", "dpsub")
     job = job or os.environ.get("DPSUB_JOB", JOB)
-    return [executable, "report", "--job", job, "--run-id", run_id(logical_date)]
+    return [*dpsub(), "report", "--job", job, "--run-id", run_id(logical_date)]
 
 
 def action_for(code: int) -> tuple[str, str]:

@@ -14,6 +14,10 @@ its manifest is refused.
   the run prefix must be empty (or ``--overwrite``, which first deletes the old
   ``manifest.json`` and then the rest of the prefix), then the basis is written, then
   the manifest, last.
+
+``dpsub transform`` writes its folder by the same rules (:func:`staged_output`): the workers
+fill it with Parquet parts, and ``_transform.json``, its manifest, is written last (Parquet
+readers skip names that start with ``_``, so the folder reads as one table).
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +49,8 @@ from dpsub_dist.io.storage import (
 
 MANIFEST = "manifest.json"
 BASIS = "basis.npy"
+TRANSFORM_MANIFEST = "_transform.json"
+"""The manifest of a ``dpsub transform`` output (its Parquet parts beside it), written last."""
 
 
 def _local_path(out: str) -> Path:
@@ -234,12 +242,7 @@ def _write_remote(
         existing = _objects_under(fs, path)
         if existing and not overwrite:
             raise InputError(f"output prefix filled while running: {out}: choose a new --out")
-        manifest = f"{path}/{MANIFEST}"
-        if manifest in existing:  # untrust the old run before touching its other files
-            fs.rm_file(manifest)
-        for old in existing:
-            if old != manifest:
-                fs.rm_file(old)
+        _clear_prefix(fs, path, existing, MANIFEST)
         for name, data in files.items():
             fs.pipe_file(f"{path}/{name}", data)
             written.append(f"{path}/{name}")
@@ -256,11 +259,122 @@ def _write_remote(
     return out
 
 
+def _clear_prefix(fs: Any, path: str, existing: list[str], marker: str) -> None:
+    """Delete a previous output's ``existing`` objects under ``path``: its ``marker`` (the
+    manifest readers trust it by) first, so that it is never seen half deleted."""
+    manifest = f"{path}/{marker}"
+    if manifest in existing:  # untrust the old output before touching its other files
+        fs.rm_file(manifest)
+    for old in existing:
+        if old != manifest:
+            fs.rm_file(old)
+
+
 def _write_synced(path: Path, data: bytes) -> None:
     with open(path, "wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
+
+
+@dataclass(frozen=True)
+class Staging:
+    """An output being filled (:func:`staged_output`): ``uri`` is where its files go (the
+    workers' too), ``final`` where it will be read."""
+
+    uri: str
+    final: str
+    storage_options: Mapping[str, Any] | None = None
+
+    def write(self, name: str, data: bytes) -> None:
+        """Write one file of the output from this process (synced where local)."""
+        if is_local(self.uri):
+            _write_synced(Path(self.uri) / name, data)
+            return
+        fs, path = filesystem(self.uri, self.storage_options)
+        fs.pipe_file(f"{path.rstrip('/')}/{name}", data)
+
+    def sizes(self) -> dict[str, int]:
+        """The files written so far, by name, with their sizes in bytes."""
+        fs, path = filesystem(self.uri, self.storage_options)
+        path = path.rstrip("/")
+        fs.invalidate_cache()
+        found = fs.find(path + "/", detail=True)
+        return {key[len(path) + 1 :]: int(info["size"]) for key, info in found.items()}
+
+
+@contextmanager
+def staged_output(
+    out: str,
+    overwrite: bool,
+    storage_options: Mapping[str, Any] | None,
+    marker: str,
+) -> Iterator[Staging]:
+    """An output filled in the block and moved into place when it ends, as :func:`write_run`
+    writes a run; the block writes ``marker`` (the manifest readers trust it by) last.
+
+    Local: a hidden temporary sibling folder (missing parents created), renamed into place at
+    the end (``overwrite``: the previous output renamed aside, back if the rename fails,
+    deleted once the new one is in place); on any error it is removed with the parents it
+    created and the previous output is left as it was. Object storage: the prefix itself
+    (emptied first with ``overwrite``, its marker deleted before the rest), and everything
+    under it deleted again on an error.
+    """
+    if not is_local(out):
+        with _staged_remote(out, overwrite, storage_options, marker) as staging:
+            yield staging
+        return
+    final = _local_path(out)
+    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+    created: list[Path] = []
+    try:
+        try:
+            created = _make_parents(final.absolute().parent)
+            tmp.mkdir(parents=False)
+        except OSError as err:
+            raise _unwritable(out, err) from None
+        yield Staging(str(tmp.absolute()), str(final))
+        if final.exists() and not overwrite:
+            raise InputError(f"output folder appeared while running: {out}: choose a new --out")
+        try:
+            if final.exists():
+                _replace_folder(tmp, final)
+            else:
+                tmp.rename(final)
+        except OSError as err:
+            raise _unwritable(out, err) from None
+    except BaseException:
+        _remove_partial(tmp, created)
+        raise
+
+
+@contextmanager
+def _staged_remote(
+    out: str, overwrite: bool, storage_options: Mapping[str, Any] | None, marker: str
+) -> Iterator[Staging]:
+    fs, path = _remote_prefix(out, storage_options)
+    try:
+        existing = _objects_under(fs, path)
+        if existing and not overwrite:
+            raise InputError(f"output prefix filled meanwhile: {out}: choose a new --out")
+        _clear_prefix(fs, path, existing, marker)
+    except STORAGE_ERRORS as err:
+        raise storage_error(err, out, "clearing the output") from None
+    try:
+        yield Staging(out, out, storage_options)
+    except BaseException:
+        try:
+            _clear_prefix(fs, path, _objects_under(fs, path), marker)
+        except STORAGE_ERRORS:
+            pass
+        raise
+
+
+def _unwritable(out: str, err: OSError) -> RunAborted:
+    return RunAborted(
+        f"cannot write to {out} ({err.strerror or short_error(err)}): nothing was written; "
+        "free space or fix the folder's permissions, then re-run"
+    )
 
 
 def read_run(

@@ -549,7 +549,21 @@ class PartReader:
         return feature_count(self.columns, self.widths)
 
     def __call__(self, part: Part) -> tuple[np.ndarray, np.ndarray | None]:
-        wanted = list(self.columns) + ([self.unit_column] if self.unit_column else [])
+        unit = [self.unit_column] if self.unit_column else []
+        table, file_row = self.read_table(part, unit)
+        units = None
+        if self.unit_column:  # canonical ids; rows without one belong to no user: dropped
+            from dpsub_dist.engine.assign import canonical_unit_ids
+
+            keep, units = canonical_unit_ids(table.column(self.unit_column))
+            if keep is not None:
+                table = table.filter(pa.array(keep))
+        return self.table_rows(table, part.path, file_row), units
+
+    def read_table(self, part: Part, extra: Sequence[str] = ()) -> tuple[pa.Table, int]:
+        """The part's rows of the feature columns and of ``extra`` (one read), and the
+        position in its file of its first row."""
+        wanted = list(dict.fromkeys([*self.columns, *extra]))
         with reading_rows(part.path):
             fs, local = filesystem(part.path, self.storage_options)
             with fs.open(local, "rb") as handle:
@@ -562,13 +576,11 @@ class PartReader:
                 f"{part.path}: footer declares {part.rows} rows but {table.num_rows} were read: "
                 "the file is corrupt; rewrite it"
             )
-        units = None
-        if self.unit_column:  # canonical ids; rows without one belong to no user: dropped
-            from dpsub_dist.engine.assign import canonical_unit_ids
+        return table, file_row
 
-            keep, units = canonical_unit_ids(table.column(self.unit_column))
-            if keep is not None:
-                table = table.filter(pa.array(keep))
+    def table_rows(self, table: pa.Table, path: str, file_row: int) -> np.ndarray:
+        """The feature columns of ``table`` (rows of ``path`` from ``file_row`` on) as one
+        float64 array, validated: nulls, ragged lists and NaN/inf raise :class:`DataError`."""
         rows = np.empty((table.num_rows, self.dim), dtype=np.float64)
         widths = self.widths or (None,) * len(self.columns)
         scalars: dict[int, np.ndarray] = {}  # feature position → a numeric scalar column
@@ -592,13 +604,13 @@ class PartReader:
                 continue
             if not column.null_count:  # its null elements are named with the other columns
                 out = rows[:, j : j + width]
-                missing += _read_vector(column, width, out, name, part.path, file_row)
+                missing += _read_vector(column, width, out, name, path, file_row)
             j += width
         if missing:
-            raise DataError(bad_columns_message(part.path, missing, MISSING_FIX))
+            raise DataError(bad_columns_message(path, missing, MISSING_FIX))
         write_scalar_columns(scalars, rows)
-        check_finite(rows, self.columns, part.path, self.widths)
-        return rows, units
+        check_finite(rows, self.columns, path, self.widths)
+        return rows
 
 
 SCALAR_BLOCK_BYTES = 64 * 2**20

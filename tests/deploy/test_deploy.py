@@ -1,8 +1,11 @@
 """deploy/: the manifests and the image recipe, checked without a Kubernetes cluster.
 
-The manifests validate against the Dask operator's CRD schemas (from the dask-kubernetes
-package, as the Helm chart installs them) and their pod and service specs against the
-Kubernetes core schemas (kubernetes-validate, offline); every pod runs the one image; the
+The manifests validate against the Dask operator's CRD schemas of the pinned dask-kubernetes
+(as the Helm chart of the same version, which deploy/README.md installs, installs them),
+their pod, service, ConfigMap and CronJob specs against the Kubernetes core schemas of a
+pinned Kubernetes version (kubernetes-validate, offline), and their values against the
+rules the API server applies and those schemas do not carry (quantities, enums, ports,
+probe ports and paths); every pod runs the one image; the
 image's entrypoint is the package's ``dpsub`` console script; the DaskJob's job-runner
 arguments are accepted by ``dpsub``'s own parser and parameter checks; the scheduler and
 worker arguments are accepted by ``dask scheduler`` / ``dask worker``; the image pins every
@@ -36,13 +39,20 @@ OPERATOR_API = "kubernetes.dask.org/v1"
 OPERATOR_CRDS = (
     Path(dask_kubernetes.__file__).parent / "operator/deployment/helm/dask-kubernetes-operator/crds"
 )
-KUBERNETES_VERSION = kubernetes_validate.utils.latest_version()
+KUBERNETES_VERSION = "1.33.0"
+"""The Kubernetes API the manifests are checked against (its schemas ship with the pinned
+kubernetes-validate): an API server of 1.33 or later accepts them (CronJob timeZone and
+Job podFailurePolicy are GA since 1.27 and 1.31)."""
+README = (DEPLOY / "README.md").read_text()
 
 
 def manifest(name: str) -> dict:
-    docs = list(yaml.safe_load_all((DEPLOY / "k8s" / name).read_text()))
-    assert len(docs) == 1
-    return docs[0]
+    (doc,) = manifests(name)
+    return doc
+
+
+def manifests(name: str) -> list[dict]:
+    return list(yaml.safe_load_all((DEPLOY / "k8s" / name).read_text()))
 
 
 def pod_specs(resource: dict) -> dict[str, dict]:
@@ -127,9 +137,74 @@ def core_errors(resource: dict) -> list[str]:
     return errors
 
 
+QUANTITY = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?")
+"""A resource quantity as the API server parses it (k8s.io/apimachinery resource.Quantity)."""
+PORT_NAME = re.compile(r"(?=.*[a-z])[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?")
+"""A named port (IANA_SVC_NAME): at most 15 characters, lower case, digits, inner '-'."""
+ENUMS = {
+    "imagePullPolicy": {"Always", "IfNotPresent", "Never"},
+    "restartPolicy": {"Always", "OnFailure", "Never"},
+    "protocol": {"TCP", "UDP", "SCTP"},
+    "concurrencyPolicy": {"Allow", "Forbid", "Replace"},
+    "action": {"FailJob", "FailIndex", "Ignore", "Count"},
+    "operator": {"In", "NotIn"},
+}
+"""Fields whose values the API server restricts to a set (k8s.io/api core and batch v1)."""
+PROBES = ("readinessProbe", "livenessProbe", "startupProbe")
+
+
+def port_errors(where: str, port) -> list[str]:
+    if isinstance(port, int) and not isinstance(port, bool):
+        return [] if 1 <= port <= 65535 else [f"{where}: port {port} is not in 1..65535"]
+    if isinstance(port, str) and PORT_NAME.fullmatch(port):
+        return []
+    return [f"{where}: {port!r} is not a port number or an IANA port name"]
+
+
+def value_errors(node, where: str = "") -> list[str]:
+    """Every value in ``node`` (a manifest or part of one) the API server would refuse
+    although the schemas accept it: quantities, enums, port numbers and names, probe
+    ports that name no port of their container, probe paths that are not absolute."""
+    errors = []
+    if isinstance(node, list):
+        for i, item in enumerate(node):
+            errors += value_errors(item, f"{where}[{i}]")
+        return errors
+    if not isinstance(node, dict):
+        return errors
+    for key, value in node.items():
+        at = f"{where}.{key}"
+        if key in ("requests", "limits") and isinstance(value, dict):
+            errors += [
+                f"{at}.{name}: {amount!r} is not a quantity (e.g. 8Gi, 500m)"
+                for name, amount in value.items()
+                if not (isinstance(amount, int) or QUANTITY.fullmatch(str(amount)))
+            ]
+        elif key in ENUMS and isinstance(value, str) and value not in ENUMS[key]:
+            errors.append(f"{at}: {value!r} is not one of {sorted(ENUMS[key])}")
+        elif key in ("containerPort", "port", "targetPort") and not isinstance(value, dict):
+            errors += port_errors(at, value)
+        elif key == "ports" and isinstance(value, list):
+            for i, port in enumerate(value):
+                if isinstance(port, dict) and "name" in port:
+                    errors += port_errors(f"{at}[{i}].name", port["name"])
+        errors += value_errors(value, at)
+    if "image" in node and "name" in node:  # a container: its probes' ports and paths
+        names = {p.get("name") for p in node.get("ports", [])}
+        for probe in PROBES:
+            get = node.get(probe, {}).get("httpGet")
+            if get is None:
+                continue
+            if isinstance(get.get("port"), str) and get["port"] not in names:
+                errors.append(f"{where}.{probe}: port {get['port']!r} names no port of it")
+            if not str(get.get("path", "/")).startswith("/"):
+                errors.append(f"{where}.{probe}: path {get['path']!r} does not start with /")
+    return errors
+
+
 def validation_errors(resource: dict) -> list[str]:
     """The operator's schema first (the core check walks the shape it guarantees)."""
-    return crd_errors(resource) or core_errors(resource)
+    return crd_errors(resource) or core_errors(resource) + value_errors(resource)
 
 
 def dockerfile() -> str:
@@ -221,6 +296,110 @@ def test_broken_manifest_fails_validation(breakage, expected):
     assert any(expected in e for e in errors), errors
 
 
+SCHEDULER = "spec.cluster.spec.scheduler.spec.containers.0"
+
+
+@pytest.mark.parametrize(
+    "path, value, expected",
+    [
+        (f"{WORKER}.spec.containers.0.resources.limits.memory", "8 GB", "is not a quantity"),
+        (f"{JOB_CONTAINER}.resources.requests.cpu", "one", "is not a quantity"),
+        (f"{JOB_CONTAINER}.imagePullPolicy", "Sometimes", "'Sometimes' is not one of"),
+        ("spec.job.spec.restartPolicy", "OnError", "'OnError' is not one of"),
+        (f"{WORKER}.spec.containers.0.ports.0.protocol", "HTTP", "'HTTP' is not one of"),
+        (f"{WORKER}.spec.containers.0.ports.0.containerPort", 70000, "not in 1..65535"),
+        ("spec.cluster.spec.scheduler.service.ports.0.port", 0, "not in 1..65535"),
+        (f"{SCHEDULER}.ports.1.name", "Dashboard_HTTP", "not a port number or an IANA"),
+        (f"{SCHEDULER}.readinessProbe.httpGet.port", "dashboard", "names no port of it"),
+        (f"{SCHEDULER}.livenessProbe.httpGet.path", "health", "does not start with /"),
+    ],
+    ids=[
+        "memory-8-GB",
+        "cpu-one",
+        "pull-sometimes",
+        "restart-onerror",
+        "protocol-http",
+        "port-70000",
+        "service-port-0",
+        "port-name",
+        "probe-port-name",
+        "probe-path",
+    ],
+)
+def test_manifest_with_a_bad_value_fails_validation(path, value, expected):
+    """Values the schemas of kubernetes-validate accept but an API server refuses."""
+    resource = manifest("daskjob.yaml")
+    assert validation_errors(resource) == []
+    _set(resource, path, value)
+    errors = validation_errors(resource)
+    assert any(expected in e for e in errors), errors
+
+
+def daily() -> tuple[dict, dict]:
+    config, cron = manifests("dpsub-daily.yaml")
+    assert (config["kind"], cron["kind"]) == ("ConfigMap", "CronJob")
+    return config, cron
+
+
+def test_daily_job_manifests_validate_and_mount_the_job_file_from_the_configmap():
+    config, cron = daily()
+    for resource in (config, cron):
+        kubernetes_validate.validate(resource, KUBERNETES_VERSION, strict=True)
+        assert value_errors(resource) == []
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (runner,) = pod["containers"]
+    (mount,) = runner["volumeMounts"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"]["name"] == config["metadata"]["name"]
+    (job_file,) = config["data"]
+    assert mount["mountPath"] == "/etc/dpsub" and job_file == "events-basis.yaml"
+    assert pod["securityContext"]["runAsUser"] == 1000  # the image's user
+    assert runner["image"] == container(pod_specs(manifest("daskjob.yaml"))["job"], "job")["image"]
+
+
+def test_daily_job_runs_an_accepted_dpsub_run_on_the_interactive_cluster(tmp_path):
+    """The CronJob's shell line is ``dpsub run`` of the mounted job file with a dated run id;
+    the job file in the ConfigMap is valid and names the DaskCluster's scheduler service."""
+    import shlex
+
+    from dpsub_dist.jobfile import load_job
+
+    config, cron = daily()
+    (runner,) = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert runner["command"] == ["/bin/sh", "-c"]
+    (line,) = runner["args"]
+    assert '"events-basis-$(date -u +%F)"' in line
+    argv = shlex.split(line.replace("$(date -u +%F)", "2024-06-01"))
+    assert argv[:2] == ["exec", "dpsub"]
+    args = build_parser().parse_args(argv[2:])
+    assert args.command == "run" and args.run_id == "events-basis-2024-06-01"
+    assert args.job == "/etc/dpsub/events-basis.yaml"
+    (tmp_path / "events-basis.yaml").write_text(config["data"]["events-basis.yaml"])
+    job = load_job(tmp_path / "events-basis.yaml")
+    cluster = manifest("daskcluster.yaml")["metadata"]["name"]
+    assert job.scheduler == f"tcp://{cluster}-scheduler:8786"
+    assert job.ledger.startswith("postgresql://")  # outside the pods, as the README says
+    rules = cron["spec"]["jobTemplate"]["spec"]["podFailurePolicy"]["rules"]
+    (final,) = [r for r in rules if r["action"] == "FailJob"]
+    assert final["onExitCodes"]["operator"] == "NotIn"
+    assert sorted(final["onExitCodes"]["values"]) == [0, 1, 5]  # only 1 and 5 are retried
+
+
+def test_validation_uses_the_pinned_versions_the_readme_names():
+    """pyproject pins dask-kubernetes and kubernetes-validate; the installed ones are those,
+    and the README installs the operator chart of that dask-kubernetes release (the chart's
+    CRDs are the package's)."""
+    extra = PYPROJECT["project"]["optional-dependencies"]["dev"]
+    dev = {canonicalize_name(Requirement(r).name): r for r in extra}
+    for name in ("dask-kubernetes", "kubernetes-validate"):
+        (pinned,) = re.findall(r"==(\S+)", dev[name])
+        assert metadata.version(name) == pinned, f"{name}: installed {metadata.version(name)}"
+    operator = metadata.version("dask-kubernetes")
+    assert f"OPERATOR_VERSION={operator}" in README
+    assert f"Kubernetes {KUBERNETES_VERSION.rsplit('.', 1)[0]}" in README
+    assert KUBERNETES_VERSION in kubernetes_validate.utils.all_versions()
+
+
 def test_core_schema_alone_catches_a_typo_in_a_pod_spec():
     resource = manifest("daskcluster.yaml")
     _rename(resource, "spec.scheduler.spec.containers.0.readinessProbe", "readinesProbe")
@@ -282,10 +461,10 @@ def test_scheduler_and_worker_arguments_are_accepted_by_dask():
 
 def test_image_pins_every_runtime_dependency_of_pyproject():
     pins = lock()
-    # The image runs the ledgered runner (dpsub run --ledger postgresql://): the postgres
-    # extra is part of its runtime.
-    postgres = PYPROJECT["project"]["optional-dependencies"]["postgres"]
-    for text in [*PYPROJECT["project"]["dependencies"], *postgres]:
+    # The image runs the ledgered runner (dpsub run --ledger postgresql://) and serves the
+    # Dask dashboard: the postgres and dashboard extras are part of its runtime.
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    for text in [*PYPROJECT["project"]["dependencies"], *extras["postgres"], *extras["dashboard"]]:
         requirement = Requirement(text)
         name = canonicalize_name(requirement.name)
         assert name in pins, f"{name} is not pinned: run deploy/lock.py (see its docstring)"
@@ -318,6 +497,29 @@ def test_dockerfile_pins_base_image_and_build_tools():
     assert "COPY deploy/requirements.lock" in text
     ignored = (DEPLOY / "Dockerfile.dockerignore").read_text()
     assert "!dpsub_dist/**" in ignored and "!deploy/requirements.lock" in ignored
+
+
+def test_image_runs_as_uid_1000_with_a_health_check_the_readme_describes():
+    text = dockerfile()
+    assert re.search(r"^RUN useradd --create-home --uid 1000 --user-group dpsub$", text, re.M)
+    (user,) = re.findall(r"^USER (\S+)$", text, re.M)
+    assert user == "1000:1000" and text.rindex("USER ") > text.rindex("RUN ")  # root steps first
+    (health,) = re.findall(r"^HEALTHCHECK .*\n.*$", text, re.M)
+    assert "/health" in health and "DPSUB_HEALTH_PORT" in health
+    assert "--format docker" in (DEPLOY / "build-image.sh").read_text()  # OCI drops HEALTHCHECK
+    cluster = (DEPLOY / "cluster.sh").read_text()
+    assert cluster.count("DPSUB_HEALTH_PORT=") == 2  # the scheduler's and each worker's port
+    assert "--no-healthcheck" in cluster  # dpsub's own containers serve no HTTP
+    assert "uid 1000, gid 1000" in README and "`dpsub` (uid 1000, gid 1000)" in README
+
+
+def test_readme_states_the_python_of_each_base():
+    """docker build runs the FROM line's Python; build-image.sh runs Debian bookworm's."""
+    (base,) = re.findall(r"^FROM python:(\d+\.\d+\.\d+)-slim-bookworm$", dockerfile(), re.M)
+    assert f"(Python {base})" in README
+    script = (DEPLOY / "build-image.sh").read_text()
+    assert "BASE=${BASE:-localhost/debian-python:bookworm}" in script
+    assert "(`python3`, **3.11.2**)" in README  # bookworm's python3 package: 3.11.2-1+b1
 
 
 def other_version_environment(tmp: Path) -> tuple[Path, str]:

@@ -22,7 +22,8 @@ from dpsub_shim import write_dpsub, write_job
 from dpsub_dist.cli import build_parser, main
 from dpsub_dist.jobfile import load_job
 
-PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
+ROOT = Path(__file__).resolve().parents[2]
+PIPELINES = ROOT / "pipelines"
 
 
 def runner():
@@ -40,15 +41,17 @@ def parse_run(argv: list[str]):
     return args
 
 
-def cron_command() -> str:
-    """The crontab's one command, as cron hands it to /bin/sh (``\\%`` becomes ``%``)."""
-    lines = [
-        line
-        for line in (PIPELINES / "crontab").read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
-    assert len(lines) == 1
-    fields = lines[0].split(maxsplit=5)
+def crontab_lines(name: str = "crontab") -> list[str]:
+    """The entries of ``pipelines/<name>`` (comments and blank lines left out)."""
+    text = (PIPELINES / name).read_text()
+    return [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def cron_command(name: str = "crontab") -> str:
+    """The crontab's daily command, as cron hands it to /bin/sh (``\\%`` becomes ``%``)."""
+    daily = [line for line in crontab_lines(name) if not line.startswith("@reboot")]
+    assert len(daily) == 1
+    fields = daily[0].split(maxsplit=5)
     assert fields[:5] == ["15", "2", "*", "*", "*"]
     assert "$(date -u +\\%F)" in fields[5]  # cron needs % escaped
     return fields[5].replace("\\%", "%")
@@ -60,6 +63,46 @@ def test_cron_line_builds_an_accepted_command():
     assert command[2] == "dpsub"
     args = parse_run(command[3:])
     assert args.run_id == "events-basis-2024-06-01" and args.quiet
+
+
+def test_podman_cron_runs_the_same_job_in_the_image():
+    """pipelines/crontab-podman: at boot, deploy/cluster.sh up with the folders that
+    pipelines/events-basis.yaml names inside the containers; daily, the line of
+    pipelines/crontab with ``dpsub`` replaced by ``deploy/cluster.sh submit`` (the image)."""
+    assert len(crontab_lines("crontab-podman")) == 2
+    (boot,) = [line for line in crontab_lines("crontab-podman") if line.startswith("@reboot")]
+    up = shlex.split(boot.split(">>")[0])[1:]
+    assert up[:2] == ["/opt/dpsub/deploy/cluster.sh", "up"]
+    folders = dict(zip(up[2::2], up[3::2], strict=True))
+    assert folders == {
+        "--workers": "2",
+        "--data": "/srv/dpsub/data",
+        "--out": "/srv/dpsub/results",
+        "--state": "/srv/dpsub/state",
+        "--jobs": "/etc/dpsub",
+    }
+    host = cron_command().replace(" dpsub run ", " /opt/dpsub/deploy/cluster.sh submit run ")
+    assert cron_command("crontab-podman") == host
+    # The job file's paths are those cluster.sh mounts the folders at.
+    mounts = (ROOT / "deploy" / "cluster.sh").read_text()
+    job = load_job(PIPELINES / "events-basis.yaml")
+    for path, mount in ((job.dataset, "/data"), (job.output, "/results"), (job.ledger, "/state")):
+        assert path.startswith(mount + "/") and f':{mount}"' in mounts, (path, mount)
+    assert ':/etc/dpsub:ro"' in mounts and shlex.split(host)[5].startswith("/etc/dpsub/")
+
+
+def test_runner_splits_dpsub_into_a_command_and_its_arguments(monkeypatch):
+    """``DPSUB="/opt/dpsub/deploy/cluster.sh submit"`` (the DAG and the flow in the image)."""
+    module = runner()
+    monkeypatch.setenv("DPSUB", "/opt/dpsub/deploy/cluster.sh submit")
+    monkeypatch.setenv("DPSUB_JOB", "/etc/dpsub/events-basis.yaml")
+    argv = module.dpsub_command(date(2024, 6, 1))
+    assert argv[:2] == ["/opt/dpsub/deploy/cluster.sh", "submit"]
+    assert parse_run(argv[2:]).run_id == "events-basis-2024-06-01"
+    report = module.report_command(date(2024, 6, 1))
+    assert report[:3] == ["/opt/dpsub/deploy/cluster.sh", "submit", "report"]
+    monkeypatch.setenv("DPSUB", "'/opt/my tools/dpsub'")  # a path with a space, quoted
+    assert module.dpsub_command(date(2024, 6, 1))[0] == "/opt/my tools/dpsub"
 
 
 def test_cron_overlapping_days_run_one_at_a_time(small_dataset, tmp_path, capsys):

@@ -38,7 +38,15 @@ def imported_by(*argv: str) -> set[str]:
 
 @pytest.mark.parametrize(
     "argv",
-    [("--version",), ("--help",), ("estimate", "--help"), ("cluster", "--help"), ("stream",)],
+    [
+        ("--version",),
+        ("--help",),
+        ("estimate", "--help"),
+        ("cluster", "--help"),
+        ("inspect", "--help"),
+        ("transform", "--help"),
+        ("stream",),
+    ],
 )
 def test_the_parser_imports_nothing_heavy(argv) -> None:
     modules = imported_by(*argv)

@@ -20,63 +20,18 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import check_estimator
 
 from dpsub_dist import PrivateSubspace, PrivateSubspaceClustering
-from dpsub_dist.api import EXPECTED_FAILED_CHECKS
+from dpsub_dist.api import FEW_FEATURES, FEW_ROWS, expected_failed_checks
 from dpsub_dist.cli import build_parser
 from dpsub_dist.errors import NoStableSubspace
 from dpsub_dist.linalg import subspace_error
 
 BUDGET = {"epsilon": 1.0, "delta": 1e-6}
 
-FEW_ROWS = (
-    "fits on 1 to 100 rows, fewer than the default needs at ε = 1 (PrivateSubspace: ≥ 1106 "
-    "for the private row-norm bound; PrivateSubspaceClustering: 676 subsets): fit refuses "
-    "with a ValueError before spending (n is public at row level), as PCA refuses too few "
-    "samples; the check passes on the estimators configured for small data"
-)
-FEW_FEATURES = (
-    "fits on 2 features: the default n_components=2 (clustering: n_clusters × n_components "
-    "= 2) must be smaller than the number of features, and fit refuses before spending"
-)
 _REFUSALS = {
     FEW_ROWS: r"rows are too few for a private norm bound|too few rows: \d+ rows cannot fill",
     FEW_FEATURES: r"must be smaller than the number of (features|columns) \(2\)",
 }
-DEFAULT_ESTIMATORS_NOT_APPLICABLE = {
-    **dict.fromkeys(
-        [
-            "check_array_api_input",
-            "check_fit_score_takes_y",
-            "check_dont_overwrite_parameters",
-            "check_n_features_in_after_fitting",
-            "check_positive_only_tag_during_fit",
-            "check_estimators_dtypes",
-            "check_dtype_object",
-            "check_estimators_nan_inf",
-            "check_estimators_pickle",
-            "check_f_contiguous_array_estimator",
-            "check_transformer_data_not_an_array",
-            "check_transformer_general",
-            "check_transformer_preserve_dtypes",
-            "check_fit2d_1sample",
-            "check_dict_unchanged",
-            "check_fit2d_predict1d",
-        ],
-        FEW_ROWS,
-    ),
-    **dict.fromkeys(
-        [
-            "check_estimators_overwrite_params",
-            "check_estimators_fit_returns_self",
-            "check_readonly_memmap_input",
-            "check_fit_idempotent",
-            "check_fit_check_is_fitted",
-            "check_n_features_in",
-        ],
-        FEW_FEATURES,
-    ),
-}
-"""Checks that do not apply to the default estimators at check_estimator's data sizes (each
-is asserted to fail for its stated refusal, so a reason that stops holding fails the test)."""
+"""What fit says for each declared reason: a check declared for it must fail with it."""
 
 
 def _messages(error: BaseException | None) -> str:
@@ -88,19 +43,16 @@ def _messages(error: BaseException | None) -> str:
     return " | ".join(texts)
 
 
-def _conformance(estimator, not_applicable: dict[str, str]) -> Counter:
-    """scikit-learn's check_estimator on ``estimator``: nothing fails, each declared check
+def _conformance(estimator) -> Counter:
+    """scikit-learn's check_estimator on ``estimator`` with the checks the package declares
+    for it (:func:`expected_failed_checks`): nothing fails, each declared check
     fails for its declared reason (none passes unexpectedly), skips are the checks the
     non_deterministic tag skips. Returns the counts by status."""
+    not_applicable = expected_failed_checks(estimator)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the refit warnings of the checks' repeated fits
-        results = check_estimator(
-            estimator, expected_failed_checks=not_applicable, on_fail=None, on_skip=None
-        )
-    failed = [
-        (r["check_name"], _messages(r["exception"])) for r in results if r["status"] == "failed"
-    ]
-    assert not failed, failed
+        # as a user calls it: on_fail="raise" (the default) stops at an undeclared failure
+        results = check_estimator(estimator, expected_failed_checks=not_applicable, on_skip=None)
     for result in results:
         if result["check_name"] in not_applicable:
             reason = not_applicable[result["check_name"]]
@@ -115,12 +67,15 @@ def _conformance(estimator, not_applicable: dict[str, str]) -> Counter:
 @pytest.mark.parametrize("estimator", [PrivateSubspace(), PrivateSubspaceClustering()], ids=str)
 def test_default_estimators_pass_scikit_learn_checks_or_say_why_not(estimator, monkeypatch):
     """The default constructor (n_components=2, ε = 1, δ = 10⁻⁶) passes scikit-learn's suite
-    but for the checks that fit fewer rows or features than the defaults need, each declared
-    with its reason. (scikit-learn 1.9.1: 20 passed, 24 not applicable, 1 skipped by the
-    non_deterministic tag, for each estimator; about 1 s each, in-process.)"""
+    but for the checks that fit fewer rows or features than the defaults need, which
+    expected_failed_checks declares with the reason. (scikit-learn 1.9.1: 20 passed, 24
+    expected failures, 1 skipped by the non_deterministic tag, for each estimator; about 1 s
+    each, in-process.)"""
     monkeypatch.setenv("SCIPY_ARRAY_API", "1")  # else check_array_api_input skips itself
-    counts = _conformance(estimator, DEFAULT_ESTIMATORS_NOT_APPLICABLE)
-    assert counts["passed"] >= 20, counts
+    declared = expected_failed_checks(estimator)
+    assert set(declared.values()) == {FEW_ROWS, FEW_FEATURES}, declared
+    counts = _conformance(estimator)
+    assert counts["passed"] >= 20 and counts["xfail"] == 24, counts
 
 
 @pytest.mark.parametrize(
@@ -136,10 +91,11 @@ def test_default_estimators_pass_scikit_learn_checks_or_say_why_not(estimator, m
 def test_estimators_for_small_data_pass_every_check_but_idempotence(estimator, monkeypatch):
     """Set for small data (a public row-norm bound, sulq, one component) the estimators pass
     every check but check_fit_idempotent, which no randomised private estimator can pass
-    (EXPECTED_FAILED_CHECKS); the checks that compare two fits skip themselves on the
+    (api.EXPECTED_FAILED_CHECKS); the checks that compare two fits skip themselves on the
     non_deterministic tag. Fresh DP noise in every fit: no patched noise seed."""
     monkeypatch.setenv("SCIPY_ARRAY_API", "1")
-    counts = _conformance(estimator, EXPECTED_FAILED_CHECKS)
+    assert list(expected_failed_checks(estimator)) == ["check_fit_idempotent"]
+    counts = _conformance(estimator)
     assert counts["xfail"] == 1 and counts["passed"] >= 40, counts
 
 
@@ -199,11 +155,29 @@ def test_parameters_clone_and_the_names_users_know() -> None:
 
 
 def test_n_components_and_rank_given_and_different_are_refused() -> None:
+    """``rank`` (dpsub's name) replaces ``n_components`` at its default; another value of
+    ``n_components`` that differs is refused; ``None`` (PCA's "all") is refused with why."""
     X, _ = planted()
-    with pytest.raises(ValueError, match="n_components=2 and rank=3 differ"):
-        gauss(n_components=2, rank=3).fit(X)
+    with pytest.raises(ValueError, match="n_components=4 and rank=3 differ"):
+        gauss(n_components=4, rank=3).fit(X)
     assert gauss(n_components=2, rank=2).fit(X).n_components_ == 2
     assert gauss(rank=1).fit(X).n_components_ == 1
+    assert gauss(rank=3).fit(X).n_components_ == 3
+    assert PrivateSubspace().get_params()["n_components"] == 2
+
+
+@pytest.mark.parametrize("cls", [PrivateSubspace, PrivateSubspaceClustering])
+def test_n_components_none_is_refused_with_the_reason_not_fitted_as_two(cls) -> None:
+    """scikit-learn's PCA reads n_components=None as all D components: a private basis of
+    all D directions is not a subspace estimate (the last ones are drawn by the noise), so
+    None is refused before anything is spent, never silently replaced by a default."""
+    X, _ = planted(rows=500)
+    method = "gauss" if cls is PrivateSubspace else "sulq"
+    est = cls(n_components=None, row_norm=20.0, method=method)
+    with pytest.raises(ValueError, match=r"n_components=None is not accepted: .*all D") as err:
+        est.fit(X)
+    assert "noise" in str(err.value) and "--" not in str(err.value)
+    assert not hasattr(est, "manifest_")  # refused before the run
 
 
 def _granted(estimator) -> dict:
@@ -458,3 +432,31 @@ def test_scale_is_a_deprecated_alias_of_radius_and_cell_side(method, name):
     with pytest.warns(FutureWarning, match=f"scale= is deprecated.*pass {name}="):
         config = PrivateSubspace(method=method, scale=0.25)._config()
     assert config.scale == PrivateSubspace(method=method, **{name: 0.25})._config().scale == 0.25
+
+
+def test_probabilistic_pca_from_released_values_only() -> None:
+    """noise_variance_, get_covariance, get_precision, score_samples and score are
+    scikit-learn PCA's, computed from the released explained variance, its ratio (which
+    gives the released total) and the basis: scikit-learn's own PCA methods on a PCA whose
+    attributes are ours give the same numbers. Where the run released no ratio (power), the
+    methods are absent and say why."""
+    from sklearn.decomposition import PCA
+
+    X, _ = planted(rows=4_000)
+    est = gauss(n_components=2).fit(X)
+    variance, ratio = est.explained_variance_, est.explained_variance_ratio_
+    total = variance.sum() / ratio.sum()
+    assert est.noise_variance_ == pytest.approx((total - variance.sum()) / (8 - 2), rel=1e-12)
+    twin = PCA(n_components=2)
+    for name in ("components_", "explained_variance_", "noise_variance_", "mean_"):
+        setattr(twin, name, getattr(est, name))
+    twin.n_components_, twin.n_features_in_ = 2, 8
+    np.testing.assert_allclose(est.get_covariance(), twin.get_covariance(), rtol=1e-12)
+    np.testing.assert_allclose(est.get_precision(), twin.get_precision(), rtol=1e-9)
+    np.testing.assert_allclose(est.score_samples(X), twin.score_samples(X), rtol=1e-9)
+    assert est.score(X) == pytest.approx(twin.score(X), rel=1e-9)
+    power = PrivateSubspace(n_components=2, method="power", row_norm=20.0, epsilon=5.0).fit(X)
+    assert power.noise_variance_ is None and not hasattr(power, "score")
+    with pytest.raises(AttributeError, match="has no attribute 'score'") as err:
+        power.score(X)
+    assert "did not release" in str(err.value.__cause__)

@@ -381,3 +381,33 @@ def test_report_of_a_run_on_s3_is_written_beside_it(s3, dataset, scheduler_addre
     page = s3.fs().cat_file("data/runs/reported/report.html").decode()
     assert "Left out: none (every column of the input is a feature)." in page
     assert_no_secret(s3, done.stdout, done.stderr, page)
+
+
+def test_transform_reads_and_writes_object_storage(s3, dataset, tmp_path):
+    """``dpsub transform`` from an s3:// run and input to an s3:// output: the parts and
+    ``_transform.json`` under the prefix, the scores equal to NumPy on the published values,
+    and ``--overwrite`` replacing a previous transform there (its marker deleted first)."""
+    import pandas as pd
+
+    run = "s3://data/runs/transform-basis"
+    made = estimate("s3://data/gauss/", run, "--method", "gauss", *s3.storage_args())
+    assert made.returncode == 0, made.stderr
+    out = "s3://data/runs/projected"
+    args = ["transform", run, "s3://data/gauss/", "--out", out, "--quiet", *s3.storage_args()]
+    done = dpsub(*args)
+    assert done.returncode == 0, done.stderr
+    assert_no_secret(s3, done.stdout, done.stderr)
+    names = sorted(path.rsplit("/", 1)[1] for path in objects(s3, "data/runs/projected"))
+    assert names == ["_transform.json", *(f"part-0000{i}.parquet" for i in range(4))]
+    options = s3.storage_options()
+    got = pd.read_parquet(out, storage_options=options).to_numpy()
+    basis, manifest = read_run(run, options)
+    x = pd.read_parquet("s3://data/gauss/", storage_options=options).to_numpy(np.float64)
+    expected = (x - manifest["release"]["mean"]) @ basis
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-9)
+    assert dpsub(*args).returncode == 2  # exists: --overwrite needed
+    s3.fs().pipe_file("data/runs/projected/part-00009.parquet", b"stale")
+    assert dpsub(*args, "--overwrite").returncode == 0
+    assert "part-00009.parquet" not in {
+        p.rsplit("/", 1)[1] for p in objects(s3, "data/runs/projected")
+    }
