@@ -17,7 +17,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dpsub_dist.errors import DataError, DpsubError, InputError, did_you_mean
-from dpsub_dist.params import BUDGET, COLUMNS, RANK, REQUIRED, RUN_PARAMS, STORAGE_OPTIONS, Param
+from dpsub_dist.params import (
+    BUDGET,
+    COLUMNS,
+    EXCLUDE_COLUMNS,
+    RANK,
+    REQUIRED,
+    RUN_PARAMS,
+    STORAGE_OPTIONS,
+    UNIT_COLUMN,
+    Param,
+)
 
 
 class Parser(argparse.ArgumentParser):
@@ -337,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--quiet", action="store_true", help="no progress bar or cluster banner")
     add_storage_arguments(ev)
 
+    add_inspect_command(sub)
     add_transform_command(sub)
 
     demo = sub.add_parser(
@@ -366,6 +377,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_storage_arguments(report)
     return parser
+
+
+def add_inspect_command(sub) -> None:
+    """``dpsub inspect INPUT``: the operator's look at a table before a run (reads rows)."""
+    inspect = sub.add_parser(
+        "inspect",
+        help="per column: what a run would do with it, its type, nulls and values (operator "
+        "only: reads the data, not a private release)",
+        description="Read a Parquet table (as estimate does: file, folder or glob, local or "
+        "s3://) and print, per column, what the run's default does with it (feature, or left "
+        "out and why), its type, null and non-finite counts, range and quantiles, then the "
+        "options that would change the outcome. It reads the data without privacy, for the "
+        "operator: never forward or publish its output as a run's.",
+        epilog=examples(
+            "dpsub inspect events.parquet",
+            "dpsub inspect data/ --exclude-columns 'label,*_score' --unit-column user_id",
+        ),
+    )
+    inspect.add_argument("input", help="Parquet file, folder or glob (local or s3://)")
+    for param in (COLUMNS, EXCLUDE_COLUMNS, UNIT_COLUMN, STORAGE_OPTIONS):
+        add_param(inspect, param)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from dpsub_dist.inspection import inspect_table
+
+    print(inspect_table(args))
+    return 0
 
 
 def add_transform_command(sub) -> None:
@@ -972,6 +1011,10 @@ def cmd_stream(args: argparse.Namespace) -> int:
     return 0
 
 
+INSPECT_NEXT = "next: dpsub inspect INPUT shows each column's missing and non-finite values"
+"""The exit-6 line's next step: the same words whatever the data (the line is published)."""
+
+
 def data_error_report(args: argparse.Namespace, err: DataError) -> str:
     """The published line for data that failed validation; the detail goes to the operator.
 
@@ -981,12 +1024,13 @@ def data_error_report(args: argparse.Namespace, err: DataError) -> str:
     """
     from dpsub_dist.diagnostics import DIAGNOSTICS_ENV, write_diagnostics
 
+    failed = f"{err.public_message} ({INSPECT_NEXT})"
     try:
         path = write_diagnostics(args.command, str(err), getattr(args, "run_id", None))
     except OSError as problem:
         where = f"could not write the diagnostics file ({type(problem).__name__}): set "
-        return f"{err.public_message}; {where}{DIAGNOSTICS_ENV} to a writable folder"
-    return f"{err.public_message}; details for the operator in {path}"
+        return f"{failed}; {where}{DIAGNOSTICS_ENV} to a writable folder"
+    return f"{failed}; details for the operator in {path}"
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -1000,6 +1044,7 @@ COMMANDS = {
     "estimate": cmd_estimate,
     "cluster": cmd_cluster,
     "evaluate": cmd_evaluate,
+    "inspect": cmd_inspect,
     "transform": cmd_transform,
     "demo": cmd_demo,
     "run": cmd_run,

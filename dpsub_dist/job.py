@@ -26,7 +26,6 @@ from dpsub_dist.engine.compute import Executor
 from dpsub_dist.engine.sources import Dataset
 from dpsub_dist.methods import MODIFIERS, REGISTRY, boost, check_config, method_named
 from dpsub_dist.methods._centring import resolve_center
-from dpsub_dist.methods._clustering import run_clustering
 from dpsub_dist.methods._standardize import check as standardize_check
 from dpsub_dist.methods.spec import Method
 from dpsub_dist.params import ClusterConfig, EstimateConfig, RunConfig, StreamConfig
@@ -150,6 +149,8 @@ def run_cluster(
     method = method_named("cluster", config.method)
     config = replace(config, **method.defaults(config))
     shares = method.plan(config, None)
+    from dpsub_dist.methods._clustering import run_clustering  # SciPy's optimizer: cluster only
+
     return run_clustering(config, method.run, shares, open_dataset, client, progress, noise_seed)
 
 

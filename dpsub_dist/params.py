@@ -11,6 +11,9 @@ The configs (:class:`EstimateConfig`, :class:`ClusterConfig`, :class:`StreamConf
 here too, so every driver imports them without pointing back up. Checks against the method
 tables need the registry and run in :func:`dpsub_dist.job.validate`; this module checks the
 run-level table only (:meth:`RunConfig.check_run`). All checks need no data.
+
+Light on purpose: the CLI builds its parser from these tables at every call, so this module
+imports neither NumPy nor the accountant (SciPy) until a value is checked or a budget parsed.
 """
 
 from __future__ import annotations
@@ -18,12 +21,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field, replace
-from typing import Any, ClassVar, Literal
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from dpsub_dist.errors import InputError
-from dpsub_dist.privacy.accountant import ApproxDP, Budget, parse_budget
+
+if TYPE_CHECKING:
+    from dpsub_dist.privacy.accountant import Budget
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,13 +89,23 @@ class Param:
 
 
 def _is_number(value: Any) -> bool:
+    import numpy as np
+
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
         return False
     return math.isfinite(float(value))
 
 
 def _is_int(value: Any) -> bool:
+    import numpy as np
+
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def _is_bool(value: Any) -> bool:
+    import numpy as np
+
+    return isinstance(value, bool | np.bool_)
 
 
 def _is_names(value: Any) -> bool:
@@ -100,7 +113,7 @@ def _is_names(value: Any) -> bool:
 
 
 _KINDS: dict[type, Callable[[Any], bool]] = {
-    bool: lambda value: isinstance(value, bool | np.bool_),
+    bool: _is_bool,
     int: _is_int,
     float: _is_number,
     str: lambda value: isinstance(value, str) and bool(value.strip()),
@@ -219,10 +232,25 @@ RUN_PARAMS: dict[str, tuple[Param, ...]] = {
 
 def _budget_describes(budget: Budget, epsilon: Any, delta: Any, rho: Any) -> bool:
     """Whether ``budget`` is what :func:`parse_budget` makes of these values."""
+    from dpsub_dist.privacy.accountant import ApproxDP
+
     if isinstance(budget, ApproxDP):
         return rho is None and epsilon == budget.epsilon and delta == budget.delta
     return epsilon is None and rho == budget.rho and delta == 2 * budget.delta0
 
+
+DEFAULT_ITERATIONS = 6
+"""T of ``--method power``: iterations (passes over the rows) when --iterations is not given
+(docs/power.md); here, below the privacy layer (:mod:`dpsub_dist.privacy.noisy_power`) and
+the method tables (:mod:`dpsub_dist.methods.tables`) that both use it."""
+
+DEFAULT_OVERSAMPLE = 8
+"""k' − k of ``--method power``: extra columns of the iterate when --oversample is not given."""
+
+DEFAULT_TOLERANCE = 1e-12
+"""Relative membership tolerance τ of ``--method exact``: x ∈ s iff ‖x − Π_s x‖ ≤ τ‖x‖
+(covers float64 rounding; the release grid :func:`dpsub_dist.privacy.gap_max.snap_side` grows
+with τ, so a larger τ costs accuracy)."""
 
 DEFAULT_METHODS = {"estimate": "auto", "cluster": "sample-aggregate", "stream": "online"}
 """Each command's method when none is given (estimate: chosen from public facts, docs/auto.md)."""
@@ -250,6 +278,8 @@ class RunConfig:
 
     def budget(self) -> Budget:
         """The run's total budget: ``parsed_budget``, parsed here if not yet."""
+        from dpsub_dist.privacy.accountant import parse_budget
+
         given = (self.epsilon, self.delta, self.rho)
         if self.parsed_budget is None or not _budget_describes(self.parsed_budget, *given):
             self.parsed_budget = parse_budget(*given)

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask
 import numpy as np
-import pandas as pd
 from dask.sizeof import sizeof
 from scipy.linalg.blas import dsyrk
 
@@ -33,6 +32,9 @@ from dpsub_dist.engine.compute import IN_PROCESS, Executor, fold_per_thread, tre
 from dpsub_dist.engine.sources import Loader, owns_rows
 from dpsub_dist.errors import InputError
 from dpsub_dist.linalg import row_norms
+
+if TYPE_CHECKING:
+    import pandas as pd  # user level only: imported there, not by every run
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,8 @@ def user_squared_norms(loader: Loader, bound: float | None, part: Any) -> pd.Ser
     squared = np.bincount(
         units.inverse, weights=np.einsum("ij,ij->i", rows, rows), minlength=len(units.keys)
     )
+    import pandas as pd
+
     return pd.Series(squared, index=pd.Index(units.keys, dtype=object))
 
 

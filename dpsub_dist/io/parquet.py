@@ -43,6 +43,10 @@ from dpsub_dist.io.storage import (
 TARGET_PART_ROWS = 1_000_000
 """Consecutive row groups are merged into partitions of about this many rows."""
 
+PROGRESS_PARTS = 16
+"""At least this many partitions where the row groups allow: a pass's progress counts finished
+tasks, so a single file of many row groups read as one task would jump from 0% to 100%."""
+
 
 @dataclass(frozen=True)
 class ColumnInfo:
@@ -145,6 +149,45 @@ def _column_info(field: pa.Field) -> ColumnInfo:
     numeric = _is_numeric(t.value_type)
     width = t.list_size if pa.types.is_fixed_size_list(t) and numeric else None
     return ColumnInfo(field.name, str(t), numeric, vector=True, width=width)
+
+
+SCALAR_NAMES = {
+    "halffloat": "float16",
+    "float": "float32",
+    "double": "float64",
+    "bool": "boolean",
+    "string": "text",
+    "large_string": "text",
+    "string_view": "text",
+    "binary": "bytes",
+    "large_binary": "bytes",
+    "null": "all null",
+}
+
+
+def human_type(type_name: str) -> str:
+    """A reader's name for an Arrow type string (the schema's ``str(type)``):
+    ``dictionary<values=string, …>`` → ``categorical (dictionary of text)``,
+    ``fixed_size_list<item: float>[8]`` → ``vector of 8 float32``, ``double`` → ``float64``;
+    an unknown type is returned as Arrow spells it."""
+    name = type_name.strip()
+    found = re.fullmatch(r"dictionary<values=([^,]+), indices=.*>", name)
+    if found:
+        return f"categorical (dictionary of {human_type(found[1])})"
+    found = re.fullmatch(r"fixed_size_list<[^:]+: (.+)>\[(\d+)\]", name)
+    if found:
+        return f"vector of {found[2]} {human_type(found[1])}"
+    found = re.fullmatch(r"(?:large_)?list(?:_view)?<[^:]+: (.+)>", name)
+    if found:
+        return f"list of {human_type(found[1])} (variable length)"
+    found = re.fullmatch(r"(timestamp|date|time|duration)\d*\[(.*)\]", name)
+    if found:
+        kind = {"date": "date", "time": "time of day"}.get(found[1], found[1])
+        return f"{kind} ({found[2]})" if kind != "date" else kind
+    found = re.fullmatch(r"decimal\d+\((\d+), (\d+)\)", name)
+    if found:
+        return f"decimal({found[1]}, {found[2]})"
+    return SCALAR_NAMES.get(name, name)
 
 
 def in_rows(column: ColumnInfo) -> bool:
@@ -459,7 +502,12 @@ def feature_name(columns: Sequence[str], widths: Sequence[int | None] | None, j:
 
 
 def plan_parts(infos: Sequence[FileInfo], target_rows: int = TARGET_PART_ROWS) -> list[Part]:
-    """Group consecutive row groups of each file into partitions of about ``target_rows``."""
+    """Group consecutive row groups of each file into partitions of about ``target_rows``,
+    smaller where that leaves fewer than :data:`PROGRESS_PARTS` (a row group is never split):
+    a single file of many row groups is then read by several tasks, and its progress moves
+    with them. From the footers only."""
+    total = sum(info.num_rows for info in infos)
+    target_rows = max(1, min(target_rows, -(-total // PROGRESS_PARTS)))
     parts: list[Part] = []
     for info in infos:
         groups: list[int] = []

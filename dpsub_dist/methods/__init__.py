@@ -1,13 +1,15 @@
 """The method registry: every method of ``dpsub estimate``, ``dpsub cluster`` and ``dpsub
 stream``, declared once.
 
-Each method is one module of this package exporting ``METHOD`` (a :class:`~.spec.Method`:
-its parameter table, its runner, its cross-checks); adding a method is one module plus one
-line below. Every method's table extends its command's run-level table
+Each method is declared in :mod:`dpsub_dist.methods.tables` (a :class:`~.spec.Method`: its
+parameter table, its summary, the names of its runner, plan and cross-checks) and its code
+lives in its own module, imported on first use; adding a method is its module, its
+declaration and one line below. Every method's table extends its command's run-level table
 (:data:`dpsub_dist.params.RUN_PARAMS`). The CLI flags (:func:`add_arguments`), the job file's
 ``parameters:`` (:func:`check_given`), the estimators' parameters and the configs' checks
 (:func:`check_config`) are generated from the tables, so an option is refused for a method it
-does not apply to the same way everywhere.
+does not apply to the same way everywhere. Nothing here imports NumPy, SciPy or Dask: the
+CLI builds its parser from these tables at every call.
 """
 
 from __future__ import annotations
@@ -18,20 +20,7 @@ from dataclasses import fields
 from typing import Any
 
 from dpsub_dist.errors import InputError, did_you_mean
-from dpsub_dist.methods import (
-    auto,
-    boost,
-    cluster_sample_aggregate,
-    exact,
-    friendly,
-    gap_perturb,
-    gauss,
-    gibbs,
-    histogram,
-    power,
-    stream,
-    sulq,
-)
+from dpsub_dist.methods import tables
 from dpsub_dist.methods.spec import Method, Modifier, Param, not_applicable
 from dpsub_dist.params import DEFAULT_METHODS, RUN_PARAMS
 
@@ -39,17 +28,17 @@ REGISTRY: dict[str, dict[str, Method]] = {
     "estimate": {
         m.name: m
         for m in (
-            friendly.METHOD,
-            histogram.METHOD,
-            gauss.METHOD,
-            gap_perturb.METHOD,
-            exact.METHOD,
-            power.METHOD,
-            auto.METHOD,
+            tables.FRIENDLY,
+            tables.HISTOGRAM,
+            tables.GAUSS_METHOD,
+            tables.GAP_PERTURB,
+            tables.EXACT,
+            tables.POWER,
+            tables.AUTO,
         )
     },
-    "cluster": {m.name: m for m in (cluster_sample_aggregate.METHOD, sulq.METHOD, gibbs.METHOD)},
-    "stream": {m.name: m for m in (stream.METHOD,)},
+    "cluster": {m.name: m for m in (tables.CLUSTER_SAMPLE_AGGREGATE, tables.SULQ, tables.GIBBS)},
+    "stream": {m.name: m for m in (tables.ONLINE,)},
 }
 """Methods by command and name: the one list a new method is added to."""
 
@@ -57,7 +46,7 @@ DEFAULTS = DEFAULT_METHODS
 """Each command's method when none is given (estimate: chosen from public facts, docs/auto.md)."""
 
 MODIFIERS: dict[str, tuple[Modifier, ...]] = {
-    "estimate": (boost.MODIFIER,),
+    "estimate": (tables.BOOSTING,),
     "cluster": (),
     "stream": (),
 }
@@ -88,8 +77,8 @@ def own_params(command: str, method: str) -> tuple[Param, ...]:
 def declared(command: str) -> dict[str, Param]:
     """Every parameter of a command's methods by name (one Param per name), modifiers last."""
     params: dict[str, Param] = {}
-    tables = [m.params for m in REGISTRY[command].values()]
-    for table in [*tables, *(m.params for m in MODIFIERS[command])]:
+    own = [m.params for m in REGISTRY[command].values()]
+    for table in [*own, *(m.params for m in MODIFIERS[command])]:
         for param in table:
             if params.setdefault(param.name, param) is not param:
                 raise AssertionError(f"two declarations of {command} parameter {param.name}")

@@ -92,7 +92,6 @@ if TYPE_CHECKING:
     from dpsub_dist.context import RunContext
     from dpsub_dist.engine.sources import Dataset
     from dpsub_dist.params import EstimateConfig
-from dpsub_dist.methods.spec import Param, positive
 
 SAMPLE_AGGREGATE = ("friendly", "histogram")
 
@@ -657,25 +656,3 @@ def _clipped_moments(
     loader: Any, centre: np.ndarray, spread: np.ndarray, clip: float, part: Any
 ) -> np.ndarray:
     return column_scales.clipped_moments(loader(part)[0], centre, spread, clip)
-
-
-ROW_NORM = Param(
-    "row_norm",
-    float,
-    "public bound B, longer rows are scaled down to B (gauss/gap-perturb, and the private "
-    "mean when centring; default: chosen privately with a small share of the budget)",
-    need="a positive finite number",
-    fix="e.g. 10",
-    valid=positive,
-    example=10.0,
-)
-CENTER = Param(
-    "center",
-    bool,
-    "subtract a private mean first (default: on at row level for friendly, histogram, gauss, "
-    "gap-perturb, auto and streams, whose mean is the first batch's; --no-center estimates "
-    "the uncentred subspace)",
-    need="true or false",
-    example=True,
-)
-CENTRING_PARAMS = (ROW_NORM, CENTER)

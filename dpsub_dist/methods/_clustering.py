@@ -93,10 +93,6 @@ GIBBS_MAX_ROWS = 100_000
 GIBBS_MAX_DIM = 100
 """Each sweep eigen-decomposes K·q matrices of size up to d×d."""
 
-DEFAULT_ITERATIONS = 6
-"""SuLQ iterations T: fewer than 4 often merges too early; each extra one adds noise."""
-DEFAULT_SWEEPS = 50
-"""Gibbs sweeps over (assignments, subspaces)."""
 LOCAL_RESTARTS = 2
 """Seedings per subset in the local k-plane step; the lowest-cost result is kept."""
 LOCAL_ITERATIONS = 30
@@ -574,3 +570,11 @@ def run_gibbs(ctx: RunContext) -> MethodOutcome:
         "a finite chain is not covered by it, so no budget is charged",
     }
     return bases, parameters, {}, int(rows.nbytes)
+
+
+def check_sulq(config: Any) -> None:
+    """One bound: a public --row-norm or a private one, not both."""
+    if config.private_norm and config.row_norm is not None:
+        raise InputError(
+            "--private-norm chooses the row-norm bound privately: drop it or --row-norm"
+        )

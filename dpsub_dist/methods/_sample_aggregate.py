@@ -34,7 +34,6 @@ from dpsub_dist.linalg import (
 )
 from dpsub_dist.methods import _centring as centring
 from dpsub_dist.methods._standardize import with_standardize
-from dpsub_dist.methods.spec import Param, positive
 from dpsub_dist.methods.steps import Step
 from dpsub_dist.privacy import friendly_core as friendly
 from dpsub_dist.privacy import histogram_cells as histogram
@@ -144,9 +143,6 @@ def minimum_subsets(method: Aggregator, grants: dict[str, Budget]) -> int:
 DEFAULT_MAX_SUBSETS = 4000
 """The default t stops growing here: the driver holds a t×t distance matrix and more
 subsets gained little in the README's sweep (t = 2000 → 4000: error 0.023 → 0.019)."""
-
-MAX_SUBSETS = 20_000
-"""Largest t accepted at all (the t×t float64 distance matrix is 3.2 GB at this size)."""
 
 
 ROBUST_SUBSETS_FACTOR = 2
@@ -377,36 +373,6 @@ def is_spread_release(agg: Aggregate) -> bool:
 def basis_from_aggregate(point: np.ndarray, dim: int, ref_points: int, rank: int) -> np.ndarray:
     """Finish (§1 step 5): top-k left singular vectors of P̂ = reshape(ŷ, d×q)."""
     return top_left_singular_vectors(point.reshape(dim, ref_points), rank)
-
-
-SUBSETS = Param(
-    "subsets",
-    int,
-    "t, the number of disjoint subsets the rows are split into (default: from the budget "
-    "and, at row level, n)",
-    need=f"between 2 and {MAX_SUBSETS}",
-    fix="the driver holds a t×t matrix",
-    valid=lambda t: 2 <= t <= MAX_SUBSETS,
-    example=50,
-)
-REF_POINTS = Param(
-    "ref_points",
-    int,
-    "Q, number of public reference points (≥ rank)",
-    need="a positive integer ≥ rank",
-    valid=positive,
-    example=8,
-)
-ASSIGN = Param(
-    "assign",
-    str,
-    "rows to subsets: keyed hash of position (random, the default; any row order), or "
-    "blocks of consecutive rows (contiguous: rows stored in random order; no shuffle)",
-    default="random",
-    choices=("random", "contiguous"),
-    example="contiguous",
-)
-PLAN_PARAMS = (SUBSETS, REF_POINTS, ASSIGN)
 
 
 def budget_plan(config: Any) -> dict[str, tuple[float, float]]:

@@ -26,16 +26,13 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from dpsub_dist.params import EstimateConfig
-from dpsub_dist.engine.sources import Dataset
-from dpsub_dist.methods._centring import CENTRING_PARAMS
-from dpsub_dist.methods._sample_aggregate import PLAN_PARAMS
-from dpsub_dist.methods.friendly import METHOD as FRIENDLY
-from dpsub_dist.methods.friendly import RADIUS
-from dpsub_dist.methods.gauss import METHOD as GAUSS
-from dpsub_dist.methods.power import METHOD as POWER
 from dpsub_dist.methods.spec import Choice, Method, not_applicable
+from dpsub_dist.methods.tables import AUTO as METHOD
+from dpsub_dist.methods.tables import FRIENDLY, GAUSS_METHOD, POWER
+
+if TYPE_CHECKING:
+    from dpsub_dist.engine.sources import Dataset
+    from dpsub_dist.params import EstimateConfig
 
 DRIVER_BYTES = 2 * 2**30
 """Public memory budget for gauss on the driver: the D×D Gram, its noisy copy and the eigen
@@ -84,7 +81,7 @@ def choose(config: EstimateConfig, dim: int) -> tuple[str, str]:
     )
 
 
-CHOICES = {method.name: method for method in (FRIENDLY, GAUSS, POWER)}
+CHOICES = {method.name: method for method in (FRIENDLY, GAUSS_METHOD, POWER)}
 """The methods the rule chooses between."""
 
 
@@ -122,14 +119,3 @@ def chosen_config(config: Any, method: Method) -> Any:
     if method.check is not None:
         method.check(chosen)
     return dataclasses.replace(chosen, **method.defaults(chosen))
-
-
-METHOD = Method(
-    name="auto",
-    command="estimate",
-    summary="the default: gauss, power or friendly, chosen from public facts (docs/auto.md)",
-    params=(*PLAN_PARAMS, RADIUS, *CENTRING_PARAMS),
-    run=None,
-    plan=plan_shares,
-    choose=resolve,
-)

@@ -47,10 +47,6 @@ from dpsub_dist.privacy.mechanism import Mechanism, Parallel
 if TYPE_CHECKING:
     from dpsub_dist.params import EstimateConfig
 from dpsub_dist.errors import InputError
-from dpsub_dist.methods.spec import Modifier, Param
-
-DEFAULT_BOOST_ALPHA = 0.1
-"""Accuracy α each group's estimate is expected to reach: two agree within 2α = 0.2."""
 
 _GROUP_TAG = 0xB0057
 _POSITION_CHUNK = 1 << 22
@@ -278,31 +274,6 @@ def chosen_view(manifest: dict[str, Any]) -> dict[str, Any]:
     return {**manifest, **{k: group[k] for k in ("release", "parameters", "n_rows")}}
 
 
-BOOST = Param(
-    "boost",
-    int,
-    "run on B disjoint groups, keep an agreed estimate",
-    need="an integer ≥ 2",
-    fix="e.g. 3",
-    valid=lambda value: value >= 2,
-    metavar="B",
-    example=3,
-)
-BOOST_ALPHA = Param(
-    "boost_alpha",
-    float,
-    "with --boost: groups agree within 2α",
-    need="in (0, 0.5)",
-    fix="estimates agree within 2α in operator norm, and any two are within 1",
-    valid=lambda value: 0 < value < 0.5,
-    default=DEFAULT_BOOST_ALPHA,
-    example=0.2,
-)
-
-
 def check_boost(config: Any) -> None:
     if config.boost is None and config.boost_alpha is not None:
         raise InputError("--boost-alpha applies with --boost B: add --boost or drop it")
-
-
-MODIFIER = Modifier("boost", "estimate", (BOOST, BOOST_ALPHA), check_boost)

@@ -35,7 +35,6 @@ from dpsub_dist.context import EstimateResult, RunContext
 from dpsub_dist.errors import InputError
 from dpsub_dist.methods.steps import Step
 from dpsub_dist.privacy.gap_max import (
-    DEFAULT_TOLERANCE,
     SNAP_DELTA_SHARE,
     GapMaxRelease,
     SpanScores,
@@ -49,7 +48,7 @@ from dpsub_dist.privacy.gap_max import (
 if TYPE_CHECKING:
     from dpsub_dist.engine.sources import Dataset
     from dpsub_dist.params import EstimateConfig
-from dpsub_dist.methods.spec import Method, Param
+from dpsub_dist.methods.tables import SCALE_ROUTE
 
 MAX_ROWS = 200
 """Largest n the exact method accepts (all rows are scored in one task)."""
@@ -65,8 +64,6 @@ FAILURE_REASONS = {
     "(or the best one's rows determine it too loosely)",
     "null": "no span of the data holds clearly more points than the NULL score",
 }
-
-SCALE_ROUTE = "--method histogram with a small --cell-side (e.g. 1e-3) and --no-center"
 
 
 def check_size(n_rows: int, rank: int) -> int:
@@ -161,33 +158,6 @@ def run_exact(
     return ctx.result(release.basis, parameters, details, gathered)
 
 
-OUTLIERS = Param(
-    "outliers",
-    int,
-    "ℓ, outliers the NULL score tolerates",
-    need="an integer ≥ 0",
-    fix="e.g. 2",
-    valid=lambda value: value >= 0,
-    default=0,
-    example=2,
-)
-TOLERANCE = Param(
-    "tolerance",
-    float,
-    "relative membership tolerance",
-    need="a relative distance in [1e-12, 0.1]",
-    fix=f"the default is {DEFAULT_TOLERANCE}",
-    valid=lambda value: 1e-12 <= value <= 0.1,
-    default=DEFAULT_TOLERANCE,
-    example=1e-6,
-)
-
-METHOD = Method(
-    name="exact",
-    command="estimate",
-    summary="SS21 GAP-MAX, small inputs only",
-    params=(OUTLIERS, TOLERANCE),
-    run=run_exact,
-    plan=lambda config, dataset: BUDGET_SHARES,
-    row_level_only=f"it needs a public row count; at scale use {SCALE_ROUTE}",
-)
+def budget_shares(config: Any) -> dict[str, tuple[float, float]]:
+    """The plan: the whole budget to the one GAP-MAX release."""
+    return BUDGET_SHARES

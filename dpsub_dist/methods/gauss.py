@@ -76,8 +76,6 @@ from dpsub_dist.privacy.variance import EXPLAINED_VARIANCE_NOTE, psd_total, rele
 if TYPE_CHECKING:
     from dpsub_dist.engine.sources import Dataset
     from dpsub_dist.params import EstimateConfig
-from dpsub_dist.methods._centring import CENTRING_PARAMS
-from dpsub_dist.methods.spec import Method
 
 COVARIANCE_METHODS = ("gauss", "gap-perturb")
 
@@ -678,9 +676,6 @@ def run_covariance(
     return without_assignment(ctx.result(basis, parameters, {**mean_release, **release}, gathered))
 
 
-COVARIANCE_PARAMS = CENTRING_PARAMS
-
-
 def check_covariance(config: Any) -> None:
     """Centring needs the public row count (user level has none)."""
     if config.center and config.unit_column:
@@ -688,14 +683,3 @@ def check_covariance(config: Any) -> None:
             "--center is row level only: the private mean needs the public row count, which "
             "user level does not have; drop --center or --unit-column"
         )
-
-
-METHOD = Method(
-    name="gauss",
-    command="estimate",
-    summary="covariance perturbation (Analyze Gauss)",
-    params=COVARIANCE_PARAMS,
-    run=run_covariance,
-    plan=plan_shares,
-    check=check_covariance,
-)

@@ -49,7 +49,6 @@ from typing import TYPE_CHECKING, Any
 
 import dask
 import numpy as np
-import pandas as pd
 
 from dpsub_dist.context import EstimateResult, RunContext, public_seed
 from dpsub_dist.engine.compute import Executor, tree_sum
@@ -75,6 +74,7 @@ from dpsub_dist.methods._norm_pass import (
     level_products,
 )
 from dpsub_dist.methods.steps import Step
+from dpsub_dist.params import DEFAULT_OVERSAMPLE
 from dpsub_dist.privacy import noisy_power as power
 from dpsub_dist.privacy.accountant import laplace_epsilon
 from dpsub_dist.privacy.norm_bound import (
@@ -84,13 +84,11 @@ from dpsub_dist.privacy.norm_bound import (
 )
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from dpsub_dist.engine.sources import Dataset
     from dpsub_dist.params import EstimateConfig
-from dpsub_dist.methods._centring import CENTRING_PARAMS
 from dpsub_dist.methods._standardize import with_standardize
-from dpsub_dist.methods.gauss import check_covariance
-from dpsub_dist.methods.spec import Method, Param, from_options
-from dpsub_dist.privacy.noisy_power import DEFAULT_ITERATIONS, DEFAULT_OVERSAMPLE
 
 MAX_CLIPPED = 0.95
 """The most rows the private bound may clip: the bound targets gauss's noise-matched quantile
@@ -162,13 +160,13 @@ USER_VARIANCE_NOTE = (
 
 
 def iterations(config: EstimateConfig) -> int:
-    """T, public: --iterations or :data:`power.DEFAULT_ITERATIONS`."""
+    """T, public: --iterations or :data:`~dpsub_dist.params.DEFAULT_ITERATIONS`."""
     return int(config.iterations)
 
 
 def width(config: EstimateConfig, dim: int) -> int:
     """k' = k + oversample (public), at most D."""
-    extra = power.DEFAULT_OVERSAMPLE if config.oversample is None else int(config.oversample)
+    extra = DEFAULT_OVERSAMPLE if config.oversample is None else int(config.oversample)
     return min(dim, config.rank + extra)
 
 
@@ -483,34 +481,3 @@ def run_power(
     }
     gathered = dataset.dim * k_prime * steps.iterations * 8
     return cov.without_assignment(ctx.result(release.basis, parameters, details, gathered))
-
-
-ITERATIONS = Param(
-    "iterations",
-    int,
-    "power-iteration passes over the rows, one noisy release each",
-    need="an integer ≥ 1",
-    valid=lambda t: t >= 1,
-    default=DEFAULT_ITERATIONS,
-    example=3,
-    metavar="PASSES",
-)
-OVERSAMPLE = Param(
-    "oversample",
-    int,
-    "k′ − k, extra columns of the iterate",
-    need="an integer ≥ 0",
-    valid=lambda extra: extra >= 0,
-    default=DEFAULT_OVERSAMPLE,
-    example=4,
-)
-
-METHOD = Method(
-    name="power",
-    command="estimate",
-    summary="noisy power method on the workers (wide data without a gap, nothing D×D)",
-    params=(ITERATIONS, OVERSAMPLE, *CENTRING_PARAMS),
-    run=run_power,
-    plan=from_options(plan_shares),
-    check=check_covariance,
-)

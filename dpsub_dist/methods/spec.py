@@ -11,6 +11,7 @@ spent.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,13 +19,29 @@ from typing import TYPE_CHECKING, Any
 from dpsub_dist.errors import InputError
 from dpsub_dist.params import Param, positive
 
-__all__ = ["Choice", "Method", "Modifier", "Param", "not_applicable", "positive"]
+__all__ = ["Choice", "Later", "Method", "Modifier", "Param", "not_applicable", "positive"]
 
 if TYPE_CHECKING:
     from dpsub_dist.engine.sources import Dataset
 
 Shares = dict[str, tuple[float, float]]
 """A budget plan: each step's (share of ε or ρ, share of δ)."""
+
+
+@dataclass(frozen=True)
+class Later:
+    """``module.name``, imported at its first call: a declaration names its code without
+    importing it (:mod:`dpsub_dist.methods.tables`), so building the CLI's parser imports no
+    NumPy, SciPy or Dask. Looked up at each call: a patched ``module.name`` is the one called."""
+
+    module: str
+    name: str
+
+    def resolve(self) -> Callable[..., Any]:
+        return getattr(importlib.import_module(self.module), self.name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)
 
 
 def not_applicable(method: str, names: list[str], takers: list[str]) -> InputError:
@@ -92,8 +109,14 @@ class Choice:
 
 
 def from_options(plan: Callable[[Any], Shares]) -> Callable[[Any, Dataset | None], Shares]:
-    """A :attr:`Method.plan` fixed by the options alone: the dataset's footers change nothing."""
-    return lambda config, dataset: plan(config)
+    """A :attr:`Method.plan` fixed by the options alone: the dataset's footers change nothing
+    (``__wrapped__``: ``plan``)."""
+
+    def fixed(config: Any, dataset: Dataset | None) -> Shares:
+        return plan(config)
+
+    fixed.__wrapped__ = plan  # type: ignore[attr-defined]
+    return fixed
 
 
 @dataclass(frozen=True)

@@ -118,11 +118,11 @@ from dpsub_dist.ledger.core import (
 from dpsub_dist.ledger.sqlite import connect_sqlite, sqlite_transaction
 from dpsub_dist.linalg import top_eigenvectors
 from dpsub_dist.methods import _centring as centring
-from dpsub_dist.methods._centring import CENTER, MEAN_SHARE
+from dpsub_dist.methods._centring import MEAN_SHARE
 from dpsub_dist.methods._norm_pass import NORM_SOURCE
 from dpsub_dist.methods.gauss import NORM_SHARE
-from dpsub_dist.methods.spec import Method, Param, from_options, positive
 from dpsub_dist.methods.steps import Step
+from dpsub_dist.methods.tables import HORIZON
 from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import ZCDP, Accountant, ApproxDP, Budget, laplace_epsilon
 from dpsub_dist.privacy.covariance_noise import SENSITIVITY
@@ -148,7 +148,6 @@ from dpsub_dist.privacy.tree_aggregation import (
 APPLICATION = "dpsub_dist online PCA stream"
 SCHEMA_VERSION = 3  # 2: closed nodes only in the stream file; 3: the budget plan in the settings
 READABLE_SCHEMAS = ("2", "3")  # a version-2 stream opens and appends as before
-MAX_HORIZON = 2**20
 PRIVATE_SUFFIX = ".private"
 UNTRACKED = "not tracked by a ledger: this stream's budget is charged to no grant"
 CHUNK_BYTES = 1 << 22
@@ -1107,27 +1106,6 @@ def open_stream(path: str) -> Stream:
     return Stream(path)
 
 
-HORIZON = Param(
-    "horizon",
-    int,
-    "T, the number of batches the stream takes (its budget covers all T together)",
-    need=f"an integer in 1..{MAX_HORIZON}",
-    fix="pass --horizon T, the number of batches the stream will take",
-    valid=lambda value: 1 <= value <= MAX_HORIZON,
-    example=4,
-)
-CLIP_NORM = Param(
-    "clip_norm",
-    float,
-    "public row-norm bound B, longer rows are scaled down to B (default: chosen privately "
-    "from the first batch with a share of the stream's budget, then fixed)",
-    need="a positive finite number",
-    fix="pass --clip-norm B, a public bound on row norms, or drop it for a private bound",
-    valid=positive,
-    example=3.0,
-)
-
-
 def check_stream(config: Any) -> None:
     """A horizon is required; the ledger and its dataset go together."""
     if config.horizon is None:
@@ -1162,16 +1140,3 @@ def init(path: str, config: Any) -> StreamSettings:
     """Create the stream at ``path`` with the plan declared here
     (:func:`init_stream`)."""
     return init_stream(path, config, plan_shares(config))
-
-
-METHOD = Method(
-    name="online",
-    command="stream",
-    summary="online PCA by tree aggregation of Σ aaᵀ (DTTZ14 §4)",
-    params=(HORIZON, CLIP_NORM, CENTER),
-    run=init,
-    plan=from_options(plan_shares),
-    check=check_stream,
-    row_level_only="a user's rows in different batches could not be scaled jointly without "
-    "per-user state",
-)

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.optimize import minimize_scalar
 
 from dpsub_dist.errors import BudgetRefused, InputError
 from dpsub_dist.privacy import calibration
@@ -159,6 +158,8 @@ def _minimise_over_alpha(f: Callable[[Any], Any]) -> float:
     best = float(values[i])
     lo = _U_GRID[max(i - 1, 0)]
     hi = _U_GRID[min(i + 1, len(_U_GRID) - 1)]
+    from scipy.optimize import minimize_scalar  # imported when a conversion needs it
+
     res = minimize_scalar(
         lambda u: float(f(u)), bounds=(lo, hi), method="bounded", options={"xatol": 1e-10}
     )

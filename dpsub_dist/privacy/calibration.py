@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 
-from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
 __all__ = [
@@ -131,6 +130,8 @@ def analytic_gaussian_sigma(sensitivity: float, epsilon: float, delta: float) ->
         hi += 2.0
     else:  # pragma: no cover - δ(σ) → 0 as σ → ∞
         raise RuntimeError("could not bracket the analytic Gaussian sigma from above")
+
+    from scipy.optimize import brentq  # 0.3 CPU s to import: only where a σ is calibrated
 
     log_sigma = brentq(excess, lo, hi, xtol=1e-15, rtol=4 * 2.0**-52, maxiter=500)
     sigma = math.exp(log_sigma)

@@ -55,7 +55,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import Budget
@@ -140,6 +139,8 @@ class Ranges:
 
 def threshold(sigma: float, tail: float = TAIL_PER_COLUMN) -> float:
     """Counts below this are zeroed: the noise's ``tail`` over BINS bins (per column)."""
+    from scipy import stats  # --standardize only: not imported by every run (1 CPU s)
+
     return float(sigma * stats.norm.isf(tail / BINS))
 
 

@@ -79,15 +79,13 @@ from typing import Literal
 import numpy as np
 
 from dpsub_dist.linalg import top_eigenvectors
+from dpsub_dist.params import DEFAULT_TOLERANCE
 from dpsub_dist.privacy import mechanism
 from dpsub_dist.privacy.accountant import ApproxDP, Budget, laplace_epsilon, split_step_delta
 
 GAP_SENSITIVITY = 2.0
 """Sensitivity of the gap statistic f_s (each score moves by ≤ 1 under replace-one)."""
 
-DEFAULT_TOLERANCE = 1e-12
-"""Relative membership tolerance τ: x ∈ s iff ‖x − Π_s x‖ ≤ τ‖x‖ (covers float64 rounding;
-the release grid :func:`snap_side` grows with τ, so a larger τ costs accuracy)."""
 
 SNAP_DELTA_SHARE = 0.5
 """Share of the grant's δ spent on the snapped release (step 6); the rest goes to TLap."""

@@ -106,12 +106,6 @@ from dpsub_dist.privacy import mechanism, noise
 from dpsub_dist.privacy.accountant import ZCDP, ApproxDP, Budget, gaussian_sigma, zcdp_epsilon
 from dpsub_dist.privacy.covariance_noise import SENSITIVITY, Neighbours
 
-DEFAULT_ITERATIONS = 6
-"""T: iterations (passes over the rows) when --iterations is not given (docs/power.md)."""
-
-DEFAULT_OVERSAMPLE = 8
-"""k' − k: extra columns of the iterate when --oversample is not given (docs/power.md)."""
-
 SPLIT_GROWTH = 1.3
 """g: iteration t (1 … T) gets ρ·g^(t−1)/Σ_s g^(s−1) of the power step's ρ (module doc).
 Simulated (power_sim, docs/history.md: λᵢ = i⁻², D = n = 10⁵, ε = 1, k = 3, T = 6, 5 runs,

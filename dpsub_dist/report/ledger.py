@@ -138,7 +138,7 @@ def ledger_page(book: Ledger, dataset: str | None = None) -> str:
     histories = {s.grant.dataset: book.history(s.grant.dataset) for s in statuses}
     series = {s.grant.dataset: remaining_over_time(s, histories[s.grant.dataset]) for s in statuses}
     times = [t for points in series.values() for t, _ in points]
-    span = (_day(min(times)), _day(max(times))) if times else ("", "")
+    span = time_labels(min(times), max(times)) if times else ("", "")
     counts = {o: 0 for o in OUTCOMES}
     per_dataset = []
     for name, runs in histories.items():
@@ -189,6 +189,7 @@ def _drift_section(found: list[Drift]) -> str:
     for d in found:
         by_job.setdefault(d.job, []).append(d)
     series = {job: [(float(i), d.degrees) for i, d in enumerate(ds)] for job, ds in by_job.items()}
+    top = angle_axis(max(d.degrees for d in found))
     flags = {job: [d.flagged for d in ds] for job, ds in by_job.items()}
     rows = [
         [
@@ -207,8 +208,8 @@ def _drift_section(found: list[Drift]) -> str:
             "Largest principal angle to the job's previous basis (degrees)",
             series,
             ("first pair", "latest pair"),
-            (0.0, 90.0),
-            ("0°", "90°"),
+            (0.0, top),
+            ("0°", f"{top:g}°"),
             flags,
         ),
         table(["job", "from run", "to run", "largest angle (°)", ""], rows, "drift-table"),
@@ -216,5 +217,27 @@ def _drift_section(found: list[Drift]) -> str:
     )
 
 
-def _day(stamp: float) -> str:
-    return datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%d %H:%M")
+AXIS_STEPS = (1.0, 2.0, 5.0)
+
+
+def angle_axis(largest: float) -> float:
+    """The drift axis's top: the first of 1, 2, 5 × 10ᵏ degrees at or above the largest
+    drift (a 0.3–0.7° series fills the chart instead of lying flat on 0–90°), at most 90."""
+    if not largest > 0:
+        return 1.0
+    scale = 10.0 ** math.floor(math.log10(largest))
+    top = next((m * scale for m in (*AXIS_STEPS, 10.0) if m * scale >= largest), 10 * scale)
+    return min(float(f"{top:.3g}"), 90.0)
+
+
+TIME_FORMATS = ("%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S")
+
+
+def time_labels(first: float, last: float) -> tuple[str, str]:
+    """The time axis's two end labels (UTC): to the minute, or to the second (the ledger's
+    precision) where the minute would print the same label twice."""
+    for form in TIME_FORMATS:
+        labels = tuple(datetime.fromtimestamp(t, UTC).strftime(form) for t in (first, last))
+        if labels[0] != labels[1]:
+            break
+    return labels[0], labels[1]

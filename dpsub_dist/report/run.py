@@ -1,7 +1,7 @@
-"""``dpsub report RUN_DIR``: one run's page, drawn from its published manifest alone.
+"""``dpsub report RUN_DIR``: one run's page, drawn from its published manifest and basis.
 
-Every value shown is a released value or a public fact: the manifest (which the privacy
-contract already covers), the input's schema (public: names and types only) and numbers
+Every value shown is a released value or a public fact: the manifest and the basis (which
+the privacy contract already covers), the input's schema (public: names and types only) and numbers
 computed from those. Drawing them is post-processing and costs no budget. Step timings
 are not published (they depend on the data); they appear only on the operator's page,
 written to the owner-only diagnostics folder, never beside the run.
@@ -22,8 +22,9 @@ from dpsub_dist.report.page import document, para, section, table
 REPORT = "report.html"
 
 FREE = (
-    "Everything on this page is read from the run's published manifest.json (and the input's "
-    "schema: column names and types), or computed from those values alone. Showing it is "
+    "Everything on this page is read from the run's published manifest.json and basis.npy "
+    "(and the input's schema: column names and types), or computed from those values alone. "
+    "Showing it is "
     "post-processing of released values: it costs no privacy budget."
 )
 BUDGET_KEYS = {"epsilon": "ε", "delta": "δ", "rho": "ρ", "delta0": "δ₀"}
@@ -87,6 +88,65 @@ def left_out_columns(
             why = "not in --columns, or removed by --exclude-columns"
         out.append((column.name, column.type, why))
     return out
+
+
+LOADING_ROWS = 30
+"""At most this many features are drawn in the loadings view: those with the largest."""
+
+
+def loadings(
+    manifest: Mapping[str, Any], basis: Any
+) -> tuple[list[str], list[list[float]], int] | None:
+    """The loadings view of a one-basis run: each drawn feature's name and its entries in
+    the published basis (D×k), the :data:`LOADING_ROWS` features with the largest
+    ``max |entry|`` first when D is larger, and D; None without a D×k basis."""
+    import numpy as np
+
+    from dpsub_dist.io.parquet import feature_name
+
+    if basis is None or np.ndim(basis) != 2:
+        return None
+    columns = list(manifest.get("columns") or [])
+    vectors = manifest.get("vector_columns") or {}
+    widths = [vectors.get(c) for c in columns] if vectors else None
+    dim = basis.shape[0]
+    order = np.argsort(-np.abs(basis).max(axis=1), kind="stable")
+    drawn = order[:LOADING_ROWS] if dim > LOADING_ROWS else np.arange(dim)
+    try:
+        names = [feature_name(columns, widths, int(j)) for j in drawn]
+    except (IndexError, ValueError):  # a manifest without its columns: positions then
+        names = [f"feature {int(j) + 1}" for j in drawn]
+    return names, [[float(v) for v in basis[j]] for j in drawn], dim
+
+
+def _loadings_section(manifest: Mapping[str, Any], basis: Any) -> str:
+    shown = loadings(manifest, basis)
+    if shown is None:
+        why = (
+            "a cluster run's K bases are not drawn here"
+            if basis is not None
+            else "this run published no basis"
+        )
+        return section("loadings", "Loadings", para(f"No loadings view: {why}.", "muted"))
+    names, values, dim = shown
+    rank = len(values[0]) if values else 0
+    which = (
+        f"the {len(names)} of {dim} features with the largest entries"
+        if len(names) < dim
+        else f"all {dim} features"
+    )
+    chart = svg.heatmap(
+        "Published basis: each feature's entry in each component",
+        names,
+        [f"PC{i + 1}" for i in range(rank)],
+        values,
+    )
+    note = (
+        f"Rows: {which}. A column is one released component (basis.npy); a large entry, of "
+        "either sign, means the feature drives that component (blue positive, orange "
+        "negative). A component's sign is arbitrary: flipping a whole column changes nothing."
+    )
+    return section("loadings", "Loadings: which columns drive each component", chart, para(note))
 
 
 def _budget_section(manifest: Mapping[str, Any]) -> str:
@@ -154,7 +214,9 @@ def _columns_section(manifest: Mapping[str, Any], left_out: list | None) -> str:
     elif not left_out:
         parts.append(para("Left out: none (every column of the input is a feature)."))
     else:
-        rows = [[escape(n), escape(t), escape(w)] for n, t, w in left_out]
+        from dpsub_dist.io.parquet import human_type
+
+        rows = [[escape(n), escape(human_type(t)), escape(w)] for n, t, w in left_out]
         parts.append(table(["left out", "type", "why"], rows, "left-out"))
     return section("columns", "Columns", *parts)
 
@@ -228,8 +290,10 @@ def run_page(
     *,
     operator: bool = False,
     timings: Mapping[str, Any] | None = None,
+    basis: Any = None,
 ) -> str:
-    """The run's report page; the operator section only with ``operator=True``."""
+    """The run's report page; the loadings view with the published ``basis``; the operator
+    section only with ``operator=True``."""
     title = f"dpsub run report: {manifest.get('method')} on {manifest.get('input')}"
     from dpsub_dist.methods.boost import chosen_view
 
@@ -238,6 +302,7 @@ def run_page(
         _outcome_section(manifest),
         _budget_section(manifest),
         _scree_section(chosen_view(manifest)),
+        _loadings_section(manifest, basis),
         _columns_section(manifest, left_out),
         _versions_section(manifest),
     ]
@@ -260,12 +325,11 @@ def write_run_report(
     from dpsub_dist.io.output import read_run
     from dpsub_dist.io.storage import join
 
-    _, manifest = read_run(run, storage_options)
+    basis, manifest = read_run(run, storage_options)
     if operator and timings is None:
         timings = read_run_diagnostics(run, manifest)
-    html = run_page(
-        manifest, left_out_columns(manifest, storage_options), operator=operator, timings=timings
-    )
+    left_out = left_out_columns(manifest, storage_options)
+    html = run_page(manifest, left_out, operator=operator, timings=timings, basis=basis)
     if operator:
         from dpsub_dist.diagnostics import write_diagnostics_file
 

@@ -142,3 +142,33 @@ def lines(
             f'<text x="{left + 20}" y="{ly + 12}">{escape(name)}</text>'
         )
     return _svg(height, title, "".join(parts), "lines")
+
+
+def heatmap(
+    title: str,
+    row_labels: Sequence[str],
+    column_labels: Sequence[str],
+    values: Sequence[Sequence[float]],
+) -> str:
+    """A labelled grid, one cell per (row, column): blue for positive values, orange for
+    negative ones, the deeper the larger ``|value|`` (relative to the largest); each cell
+    carries its value, written in it."""
+    top, left, cell_w = 48, 190, min(110, (WIDTH - 190 - 20) // max(len(column_labels), 1))
+    largest = max([abs(v) for row in values for v in row], default=1.0) or 1.0
+    parts = [f'<text x="0" y="16" class="ctitle">{escape(title)}</text>']
+    for j, label in enumerate(column_labels):
+        x = left + j * cell_w + cell_w / 2
+        parts.append(f'<text x="{x:.1f}" y="{top - 8}" text-anchor="middle">{escape(label)}</text>')
+    for i, (label, row) in enumerate(zip(row_labels, values, strict=True)):
+        y = top + i * ROW
+        parts.append(f'<text x="{left - 8}" y="{y + 16}" text-anchor="end">{escape(label)}</text>')
+        for j, value in enumerate(row):
+            color = PALETTE[0] if value >= 0 else PALETTE[1]
+            x = left + j * cell_w
+            parts.append(
+                f'<rect class="cell" x="{x}" y="{y + 1}" width="{cell_w - 2}" height="{ROW - 2}" '
+                f'fill="{color}" fill-opacity="{abs(value) / largest:.3f}"/>'
+                f'<text x="{x + cell_w / 2:.1f}" y="{y + 16}" text-anchor="middle">'
+                f"{number(value)}</text>"
+            )
+    return _svg(top + ROW * len(values) + 8, title, "".join(parts), "heatmap")

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dpsub_dist.cli import main
+from dpsub_dist.cli import INSPECT_NEXT, main
 from dpsub_dist.io.output import read_run
 from dpsub_dist.linalg import subspace_error
 from dpsub_dist.synth import generate
@@ -627,7 +627,7 @@ def test_bad_input(
 def assert_data_failure(stderr: str, command: str, detail: str) -> None:
     """One generic published line; the detail only in the owner-only file it names."""
     lines = stderr.strip().splitlines()
-    prefix = f"dpsub {command}: error: the run failed after reading its data; details for the "
+    prefix = f"dpsub {command}: error: the run failed after reading its data ({INSPECT_NEXT}); "
     assert len(lines) == 1 and lines[0].startswith(prefix), stderr
     assert not re.search(detail, lines[0]) and "NaN" not in lines[0], lines[0]
     report = Path(lines[0].rsplit(" ", 1)[1])

@@ -353,5 +353,6 @@ def test_a_rank_checked_against_a_row_width_fails_as_data_and_charges(
     code, out, line, states = published["valid"]
     assert code == 6 and states == ["failed"], published
     assert line == (
-        "dpsub run: error: the run failed after reading its data; details for the operator in"
+        "dpsub run: error: the run failed after reading its data (next: dpsub inspect INPUT "
+        "shows each column's missing and non-finite values); details for the operator in"
     )

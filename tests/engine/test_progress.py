@@ -104,3 +104,32 @@ def test_first_rate_line_of_synth_counts_from_the_start(tmp_path):
     rates = [int(r.replace(",", "")) for r in re.findall(r"≈([\d,]+) rows/s", text)]
     assert len(rates) == 4, text
     assert rates[0] <= 5 * rates[-1], text  # the last one is rows / the whole time
+
+
+def test_a_single_file_of_many_row_groups_moves_in_steps(tmp_path):
+    """Issue 38: one file read as one task jumped from 0 % to 100 % per pass. A file of 40 row
+    groups is now read by at least PROGRESS_PARTS tasks (a row group never split), so each
+    reading pass writes several lines between its start and its end."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dpsub_dist.io.parquet import PROGRESS_PARTS
+
+    rows = np.random.default_rng(4).standard_normal((40_000, 5))
+    data = tmp_path / "one.parquet"
+    table = pa.table({f"x{j}": rows[:, j] for j in range(5)})
+    pq.write_table(table, data, row_group_size=1_000)
+    assert pq.ParquetFile(data).num_row_groups == 40
+    code = "import sys; from dpsub_dist.cli import main; sys.exit(main(sys.argv[1:]))"
+    argv = ["estimate", str(data), "--rank", "2", "--epsilon", "1", "--delta", "1e-6"]
+    argv += ["--method", "gauss", "--row-norm", "5", "--out", str(tmp_path / "out")]
+    with (tmp_path / "log").open("w") as stderr:  # in process: the table is small
+        done = subprocess.run([sys.executable, "-c", code, *argv], stderr=stderr, timeout=300)
+    text = (tmp_path / "log").read_text()
+    assert done.returncode == 0, text
+    lines = [m for line in text.splitlines() if (m := LINE.match(line))]
+    totals = [int(m["total"]) for m in lines]
+    assert totals and max(totals) >= PROGRESS_PARTS, text
+    biggest = [int(m["done"]) for m in lines if int(m["total"]) == max(totals)]
+    assert len(set(biggest)) >= 5, text  # 0 %, several steps, 100 %

@@ -19,7 +19,7 @@ import pytest
 from pg import postgres_server, postgres_url  # noqa: F401  (fixtures)
 
 from dpsub_dist import jobfile
-from dpsub_dist.cli import main
+from dpsub_dist.cli import INSPECT_NEXT, main
 from dpsub_dist.errors import BudgetRefused, InputError, RunAborted
 from dpsub_dist.io.output import read_run
 from dpsub_dist.jobfile import load_job, run_job
@@ -424,7 +424,9 @@ def test_data_failure_charges_and_publishes_only_that_it_failed(
     capsys.readouterr()
     assert main(run) == 6
     err = capsys.readouterr().err.strip()
-    assert err.startswith("dpsub run: error: the run failed after reading its data; details ")
+    assert err.startswith(
+        f"dpsub run: error: the run failed after reading its data ({INSPECT_NEXT}); "
+    )
     path = Path(err.rsplit(" ", 1)[1])
     assert path.parent == tmp_path / "diag"
     assert path.stat().st_mode & 0o777 == 0o600
@@ -469,7 +471,8 @@ def test_crash_after_reservation_charges_and_publishes_only_failed(
     err = capsys.readouterr().err.strip()
     # the same words as a data error's: which of the two it was may depend on the data
     assert err.startswith(
-        "dpsub run: error: the run failed after reading its data; details for the operator in "
+        "dpsub run: error: the run failed after reading its data (next: dpsub inspect INPUT "
+        "shows each column's missing and non-finite values); details for the operator in "
     )
     assert "0.123456789" in Path(err.rsplit(" ", 1)[1]).read_text()  # the traceback
     assert "0.123456789" not in err and "RuntimeError" not in err
@@ -482,7 +485,7 @@ def test_crash_after_reservation_charges_and_publishes_only_failed(
     monkeypatch.undo()  # fixed: the same id still reports the failure and charges nothing
     monkeypatch.setenv("DPSUB_DIAGNOSTICS_DIR", str(tmp_path / "diag"))
     assert main(run) == 6
-    assert "error: the run failed after reading its data;" in capsys.readouterr().err
+    assert "error: the run failed after reading its data (" in capsys.readouterr().err
     assert spent(ledger, str(small_dataset.path)) == pytest.approx((1.0, 1.0))
     assert main(["budget", "history", "--ledger", ledger]) == 0
     shown = capsys.readouterr().out

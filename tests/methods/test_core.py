@@ -297,6 +297,7 @@ def test_default_subsets_are_capped_and_large_t_refused():
     from dpsub_dist.errors import InputError
     from dpsub_dist.job import plan_budget
     from dpsub_dist.methods import _sample_aggregate as sa
+    from dpsub_dist.methods.tables import MAX_SUBSETS
 
     config = EstimateConfig(rank=4, epsilon=1.0, delta=1e-6, method="friendly")
     _, grants = plan_budget(config)
@@ -305,7 +306,7 @@ def test_default_subsets_are_capped_and_large_t_refused():
         "friendly", grants
     )
     with pytest.raises(InputError, match="subsets must be between"):
-        validate(EstimateConfig(rank=4, epsilon=1.0, delta=1e-6, subsets=sa.MAX_SUBSETS + 1))
+        validate(EstimateConfig(rank=4, epsilon=1.0, delta=1e-6, subsets=MAX_SUBSETS + 1))
 
 
 def test_friendly_default_subsets_stay_clear_of_the_minimum_when_rows_allow():

@@ -32,6 +32,7 @@ from dpsub_dist.methods._norm_pass import (
     fuse_level_products,
     level_products,
 )
+from dpsub_dist.params import DEFAULT_ITERATIONS, DEFAULT_OVERSAMPLE
 from dpsub_dist.privacy import noisy_power as power
 from dpsub_dist.privacy.norm_bound import GRID, norm_counts
 
@@ -193,7 +194,7 @@ def test_fused_run_releases_what_the_separate_passes_do_with_one_read_fewer(
     assert fused.manifest["privacy"] == apart.manifest["privacy"]
     assert fused.manifest["release"] == apart.manifest["release"]
     assert np.abs(fused.basis - apart.basis).max() <= 1e-10
-    steps = options.get("iterations", power.DEFAULT_ITERATIONS)
+    steps = options.get("iterations", DEFAULT_ITERATIONS)
     assert fused.manifest["parameters"]["passes"] == steps  # C·V products, as before
     parts = len(data.parts)
     before = reads[False] - (steps + 1) * parts  # the mean's reads when centred, else 0
@@ -220,7 +221,7 @@ def test_only_counts_and_one_product_per_pass_reach_the_driver(monkeypatch, dask
     monkeypatch.setattr(row_cache, "CACHE_FRACTION", 0.0)
     rows = _rows()
     data = array_dataset(rows)
-    width = 2 + power.DEFAULT_OVERSAMPLE
+    width = 2 + DEFAULT_OVERSAMPLE
     received: list[Any] = []
     real = Executor.run
 

@@ -988,7 +988,8 @@ def _published(state: str, code: int, captured, capsys) -> tuple:
 
 
 FAILED_LINE = (
-    "dpsub stream: error: the run failed after reading its data; details for the operator in"
+    "dpsub stream: error: the run failed after reading its data (next: dpsub inspect INPUT "
+    "shows each column's missing and non-finite values); details for the operator in"
 )
 
 

@@ -139,7 +139,7 @@ def test_run_page_renders_budget_scree_and_fetches_nothing(row_run, shown):
     page, manifest = report_of(row_run)
     dom, requests, png = shown(page)
     assert_self_contained(dom, requests)
-    assert dom.sections == ["route", "budget", "scree", "columns", "versions"]  # no operator
+    assert dom.sections == ["route", "budget", "scree", "loadings", "columns", "versions"]
     assert "costs no privacy budget" in dom.text_by_id["free"]
     assert dom.text_by_id["outcome"] == "published a basis"
 
@@ -219,12 +219,14 @@ def gram_noise_level(manifest: dict) -> str:
 @pytest.mark.parametrize("level", ["row", "user"])
 def test_every_number_on_the_page_is_published(level, row_run, user_run, shown):
     """Each number the browser shows is one of the manifest's (a released value or a public
-    fact, which the manifest's own tests hold to the privacy contract), the Gram noise
+    fact, which the manifest's own tests hold to the privacy contract) or the published
+    basis's (the loadings view), the Gram noise
     level computed from them, or the constant 2 of its formula 2σ√D."""
     run = row_run if level == "row" else user_run[0]
     page, manifest = report_of(run)
     numbers = set(NUMBER.findall(" ".join(shown(page)[0].visible)))
     allowed = published_numbers(manifest, set()) | {"2"}
+    allowed |= {number(v) for v in np.load(run / "basis.npy").ravel()}  # the loadings view
     if level == "row":
         allowed.add(gram_noise_level(manifest))
     assert numbers - allowed == set()
@@ -570,16 +572,16 @@ def ledger_numbers(statuses: list[dict], history: list[dict]) -> set[str]:
     reservation and grant times to the minute, numbers in dataset names and run ids,
     counts of runs by outcome, drift angles, and the page's constants."""
     from dpsub_dist.ledger.core import budget_from_pair, describe_budget
-    from dpsub_dist.report.ledger import JUMP_FACTOR, JUMP_FLOOR_DEG
+    from dpsub_dist.report.ledger import JUMP_FACTOR, JUMP_FLOOR_DEG, angle_axis
 
     def budget(fields: dict) -> list[str]:
         mode = "approx_dp" if "epsilon" in fields else "zcdp"
         return NUMBER.findall(describe_budget(budget_from_pair(mode, *fields.values())))
 
-    def minute(stamp: str) -> list[str]:
-        return NUMBER.findall(datetime.fromisoformat(stamp).astimezone(UTC).strftime("%F %R"))
+    def minute(stamp: str) -> list[str]:  # to the second where two labels share a minute
+        return NUMBER.findall(datetime.fromisoformat(stamp).astimezone(UTC).strftime("%F %T"))
 
-    allowed = {f"{JUMP_FACTOR:g}", f"{JUMP_FLOOR_DEG:g}", "0", "90", "100"}  # rule, axes
+    allowed = {f"{JUMP_FACTOR:g}", f"{JUMP_FLOOR_DEG:g}", "0", "100"}  # rule, axes
     for status in statuses:
         allowed |= set(NUMBER.findall(status["dataset"])) | set(minute(status["granted_at"]))
         for key in ("granted", "published", "reserved", "failed", "remaining"):
@@ -592,7 +594,9 @@ def ledger_numbers(statuses: list[dict], history: list[dict]) -> set[str]:
         outcome = "unfinished" if unfinished else (run["state"], run["outcome"])
         counts.update([(run["dataset"], outcome), ("all", outcome)])
     allowed |= {str(c) for c in counts.values()}
-    return allowed | drift_angles(history)
+    angles = drift_angles(history)
+    top = angle_axis(max((float(a) for a in angles), default=0.0))  # the drift axis's top
+    return allowed | angles | {f"{top:g}"}
 
 
 def test_every_number_on_the_ledger_page_is_published(ledger, ledger_report):
