@@ -14,6 +14,13 @@ its manifest is refused.
   the run prefix must be empty (or ``--overwrite``, which first deletes the old
   ``manifest.json`` and then the rest of the prefix), then the basis is written, then
   the manifest, last.
+
+Nothing of the user's is ever replaced (:func:`check_apart`, :func:`check_replaceable`, the
+one rule of every command that writes): an output that is, holds or lies inside an input is
+refused, and ``--overwrite`` replaces only what the command itself wrote before (a run
+folder whose ``manifest.json`` is a dpsub manifest, a ``dpsub synth`` folder, a report
+page), never the input or another folder. Both checks run before any work, so a refused
+output reserves and charges nothing.
 """
 
 from __future__ import annotations
@@ -24,11 +31,14 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from fnmatch import fnmatch
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
+from fsspec.utils import get_protocol
 
 from dpsub_dist.errors import InputError, RunAborted
 from dpsub_dist.io.storage import (
@@ -51,13 +61,51 @@ def _local_path(out: str) -> Path:
     return path.expanduser()
 
 
+def is_run_manifest(data: bytes | None) -> bool:
+    """Whether ``data`` is a manifest dpsub wrote, which makes its folder a previous run's
+    output: a JSON object with an ``outcome`` and the ``outputs`` :func:`write_run` lists
+    (or, in manifests older than that list, the ``dpsub_dist`` version)."""
+    try:
+        manifest = json.loads(data or b"")
+    except ValueError:
+        return False
+    if not isinstance(manifest, dict) or "outcome" not in manifest:
+        return False
+    versions = manifest.get("versions")
+    listed = isinstance(manifest.get("outputs"), dict)
+    return listed or (isinstance(versions, dict) and "dpsub_dist" in versions)
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a command writes in every output, by which ``--overwrite`` knows its own."""
+
+    what: str
+    """the output, in the refusal: ``dpsub run output``."""
+    marker: str
+    """the file it always writes, relative to the output (``""``: the output is that file)."""
+    recognise: Callable[[bytes | None], bool]
+    """whether the marker's bytes (None: missing) are the command's own."""
+
+
+RUN_OUTPUT = Written("dpsub run output", MANIFEST, is_run_manifest)
+
+
 def check_output_dir(
-    out: str, overwrite: bool, storage_options: Mapping[str, Any] | None = None
+    out: str,
+    overwrite: bool,
+    storage_options: Mapping[str, Any] | None = None,
+    inputs: Iterable[str | None] = (),
 ) -> None:
-    """Refuse an unusable or existing output (before any work) unless overwriting is asked for."""
+    """Refuse an unusable output before any work: one that is, holds or lies inside one of
+    ``inputs`` (:func:`check_apart`), an existing one unless ``overwrite``, and one that
+    ``overwrite`` may not replace (:func:`check_replaceable`)."""
     if not is_local(out):
+        _remote_prefix(out, storage_options)  # a bucket root is refused as such, first
+        check_apart(out, inputs)
         _check_remote_output(out, overwrite, storage_options)
         return
+    check_apart(out, inputs)
     path = _local_path(out)
     if path.exists() and not overwrite:
         raise InputError(
@@ -65,7 +113,92 @@ def check_output_dir(
         )
     if path.exists() and not path.is_dir():
         raise InputError(f"output path is a file, not a folder: {out}: choose another --out")
+    check_replaceable(out, RUN_OUTPUT)
     _check_parent_can_hold(path.resolve().parent, out)
+
+
+def check_apart(out: str, inputs: Iterable[str | None]) -> None:
+    """Refuse an output that is, holds or lies inside an input (data, ledger, stream file):
+    writing there would mix the run into the data, and replacing it would delete the data."""
+    where = _place(out)
+    for given in inputs:
+        if not given:
+            continue
+        there = _place(str(given))
+        if where[0] != there[0]:
+            continue
+        if where[1] == there[1]:
+            relation = "is"
+        elif where[1] in there[1].parents:
+            relation = "holds"
+        elif there[1] in where[1].parents and _listed(where[1], there[1], _glob_tail(given)):
+            relation = "lies inside"
+        else:
+            continue
+        raise InputError(
+            f"--out {out} {relation} the input {given}: write the output to a folder "
+            "outside the input"
+        )
+
+
+def _place(uri: str) -> tuple[str, PurePosixPath]:
+    """Where ``uri`` points: its protocol and absolute path (a glob: the folder it lists)."""
+    base = _glob_base(str(uri))
+    if is_local(uri):
+        return "file", PurePosixPath(_local_path(base).resolve())
+    return get_protocol(uri), PurePosixPath("/" + base.split("://", 1)[-1].rstrip("/"))
+
+
+def _glob_base(uri: str) -> str:
+    """A path up to the ``/`` before its first glob character (the whole path if none)."""
+    cut = min((uri.index(c) for c in "*?[" if c in uri), default=None)
+    return uri if cut is None else uri[: uri.rfind("/", 0, cut) + 1] or "."
+
+
+def _glob_tail(uri: str) -> str | None:
+    """A glob's pattern below its base folder; None for a plain path."""
+    base = _glob_base(uri)
+    return None if base == uri else uri[len(base) if base != "." else 0 :]
+
+
+def _listed(out: PurePosixPath, base: PurePosixPath, tail: str | None) -> bool:
+    """Whether an output below an input's folder is in the input: always for a folder, and
+    for a glob when the output or a folder above it (below the base) matches the glob."""
+    if tail is None or "**" in tail:
+        return True
+    parts = out.relative_to(base).parts
+    return any(fnmatch("/".join(parts[: i + 1]), tail) for i in range(len(parts)))
+
+
+def check_replaceable(
+    out: str, written: Written, storage_options: Mapping[str, Any] | None = None
+) -> None:
+    """The rule of every ``--overwrite``: an existing output is replaced only if the command
+    wrote it (its ``written.marker`` is recognised) or it is empty (nothing is lost)."""
+    if is_local(out):
+        path = _local_path(out)
+        if not path.exists() or (written.marker and path.is_dir() and not any(path.iterdir())):
+            return
+        marker = path / written.marker if written.marker else path
+        try:
+            data = marker.read_bytes() if marker.is_file() else None
+        except OSError:
+            data = None
+    else:
+        fs, prefix = _remote_prefix(out, storage_options)
+        try:
+            objects = _objects_under(fs, prefix)
+            marker_key = f"{prefix}/{written.marker}"
+            data = fs.cat_file(marker_key) if marker_key in objects else None
+        except STORAGE_ERRORS as err:
+            raise storage_error(err, out, "checking the output") from None
+        if not objects:
+            return
+    if not written.recognise(data):
+        raise InputError(
+            f"{out} exists and is not a previous {written.what}, the only thing dpsub "
+            "replaces: choose another output path, or move it away first"
+        )
 
 
 def _check_parent_can_hold(parent: Path, out: str) -> None:
@@ -118,6 +251,7 @@ def _check_remote_output(
             raise InputError(
                 f"output prefix is not empty: {out}: choose a new --out or pass --overwrite"
             )
+        check_replaceable(out, RUN_OUTPUT, storage_options)
         probe = f"{path}/.dpsub-write-check-{uuid.uuid4().hex[:8]}"
         fs.pipe_file(probe, b"")
         fs.rm_file(probe)
@@ -183,6 +317,7 @@ def write_run(
         if final.exists():
             if not overwrite:
                 raise InputError(f"output folder appeared while running: {out}: choose a new --out")
+            check_replaceable(out, RUN_OUTPUT)  # it may have changed while the run ran
             _replace_folder(tmp, final)
         else:
             tmp.rename(final)
@@ -234,6 +369,8 @@ def _write_remote(
         existing = _objects_under(fs, path)
         if existing and not overwrite:
             raise InputError(f"output prefix filled while running: {out}: choose a new --out")
+        if existing:
+            check_replaceable(out, RUN_OUTPUT, storage_options)
         manifest = f"{path}/{MANIFEST}"
         if manifest in existing:  # untrust the old run before touching its other files
             fs.rm_file(manifest)
