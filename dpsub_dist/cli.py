@@ -649,7 +649,7 @@ def add_scheduled_commands(sub) -> None:
 
     budget = sub.add_parser(
         "budget",
-        help="the privacy-budget ledger: grant, show, history",
+        help="the privacy-budget ledger: init, show, history",
         epilog=examples(
             BUDGET_INIT_EXAMPLE,
             "dpsub budget show --ledger ledger.db",
