@@ -53,6 +53,8 @@ from dpsub_dist.io.storage import (
 
 MANIFEST = "manifest.json"
 BASIS = "basis.npy"
+REPORT = "report.html"
+"""A run's page, written into its folder by ``dpsub report RUN`` and the job runner."""
 
 
 def _local_path(out: str) -> Path:
@@ -86,9 +88,13 @@ class Written:
     """the file it always writes, relative to the output (``""``: the output is that file)."""
     recognise: Callable[[bytes | None], bool]
     """whether the marker's bytes (None: missing) are the command's own."""
+    names: frozenset[str] | None = None
+    """the only names it writes at the output's top level (None: any)."""
 
 
-RUN_OUTPUT = Written("dpsub run output", MANIFEST, is_run_manifest)
+RUN_OUTPUT = Written(
+    "dpsub run output", MANIFEST, is_run_manifest, frozenset({BASIS, MANIFEST, REPORT})
+)
 
 
 def check_output_dir(
@@ -174,11 +180,13 @@ def check_replaceable(
     out: str, written: Written, storage_options: Mapping[str, Any] | None = None
 ) -> None:
     """The rule of every ``--overwrite``: an existing output is replaced only if the command
-    wrote it (its ``written.marker`` is recognised) or it is empty (nothing is lost)."""
+    wrote it (its ``written.marker`` is recognised, and it holds no other names than the
+    command writes) or it is empty (nothing is lost)."""
     if is_local(out):
         path = _local_path(out)
         if not path.exists() or (written.marker and path.is_dir() and not any(path.iterdir())):
             return
+        names = {p.name for p in path.iterdir()} if path.is_dir() else set()
         marker = path / written.marker if written.marker else path
         try:
             data = marker.read_bytes() if marker.is_file() else None
@@ -194,10 +202,18 @@ def check_replaceable(
             raise storage_error(err, out, "checking the output") from None
         if not objects:
             return
+        names = {key[len(prefix) + 1 :].split("/")[0] for key in objects}
     if not written.recognise(data):
         raise InputError(
             f"{out} exists and is not a previous {written.what}, the only thing dpsub "
             "replaces: choose another output path, or move it away first"
+        )
+    others = sorted(n for n in names - (written.names or names) if not n.startswith(".dpsub-"))
+    if others:
+        listed = ", ".join(others[:3]) + (", …" if len(others) > 3 else "")
+        raise InputError(
+            f"{out} is a previous {written.what} but also holds files dpsub did not write "
+            f"({listed}): move them away first, or choose another output path"
         )
 
 

@@ -91,6 +91,22 @@ def test_estimate_and_cluster_never_replace_the_input_or_a_users_folder(
     assert files(tmp_path) == before
 
 
+def test_a_previous_run_holding_the_users_files_is_not_replaced(tmp_path, data):
+    """A run folder the user also kept a file in: ``--overwrite`` would delete that file."""
+    from dpsub_dist.io.output import write_run
+
+    previous = tmp_path / "run"
+    write_run(str(previous), np.eye(3)[:, :1], {"outcome": "ok"}, overwrite=False)
+    (previous / "notes.txt").write_text("what I saw in this run\n")
+    before = files(tmp_path)
+    run = dpsub(
+        "estimate", str(data), "--rank", "1", *BUDGET, "--out", str(previous), "--overwrite"
+    )
+    line = refused(run, "holds files dpsub did not write (notes.txt)")
+    assert "move them away first" in line
+    assert files(tmp_path) == before
+
+
 def test_synth_overwrite_replaces_only_a_synth_folder(tmp_path, data):
     before = files(data)
     run = dpsub("synth", str(data), "--rows", "50", "--dim", "3", "--rank", "1", "--overwrite")
