@@ -138,6 +138,15 @@ REFIT_WARNING = (
 )
 
 
+DASK_INDEX_BUG = (
+    "Dask could not read the partitions of this DataFrame (KeyError {error}: a Dask bug with "
+    "Parquet files that store a pandas index, such as a named RangeIndex, read with "
+    "columns=): pass the Parquet path to fit instead, or read it with "
+    "dd.read_parquet(..., index=False)"
+)
+"""Dask's own ``.compute()`` fails the same way on such a frame; the fit says what to do."""
+
+
 class _FitCount:
     """How many times an estimator and its clones were fitted, shared by reference between
     them (in this process): from the second fit on, each warns that it spends again."""
@@ -234,7 +243,12 @@ class _PrivateEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseE
                 opened.append(dataset)
                 return dataset
 
-        result = runner(config, open_dataset, self._client(X))
+        try:
+            result = runner(config, open_dataset, self._client(X))
+        except KeyError as err:
+            if not (_is_dask(X) and hasattr(X, "columns") and "not in index" in str(err)):
+                raise
+            raise InputError(DASK_INDEX_BUG.format(error=err)) from None
         count = self._fit_count()
         count.fits += 1
         if count.fits > 1:

@@ -178,7 +178,7 @@ def add_input_arguments(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument(
         "--out", required=True, help="output folder (must not exist; missing parents are created)"
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    parser.add_argument("--overwrite", action="store_true", help="replace a previous run's --out")
     add_run_arguments(parser, command)
     add_scheduler_argument(parser)
     parser.add_argument("--workers", type=_workers, help=LOCAL_WORKERS_HELP)
@@ -288,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     synth.add_argument("--clusters", type=int, help="points near a union of K subspaces")
     synth.add_argument("--seed", type=int, default=0, help="seed of the data (default 0)")
-    synth.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
+    synth.add_argument("--overwrite", action="store_true", help="replace an OUT that synth wrote")
     synth.add_argument("--quiet", action="store_true", help="no progress bar")
 
     est = sub.add_parser(
@@ -521,7 +521,7 @@ def run_to_output(args: argparse.Namespace, make_config, runner) -> int:
     )
     validate(config)
     storage_options = config.storage_options
-    check_output_dir(args.out, args.overwrite, storage_options)
+    check_output_dir(args.out, args.overwrite, storage_options, [args.input])
 
     def open_dataset(client):
         dataset = parquet_dataset(
@@ -730,7 +730,7 @@ def add_scheduled_commands(sub) -> None:
 
     budget = sub.add_parser(
         "budget",
-        help="the privacy-budget ledger: grant, show, history",
+        help="the privacy-budget ledger: init, show, history",
         epilog=examples(
             BUDGET_INIT_EXAMPLE,
             "dpsub budget show --ledger ledger.db",
@@ -794,7 +794,7 @@ def add_scheduled_commands(sub) -> None:
     s_append.add_argument("state", help="stream state file")
     s_append.add_argument("batch", help="the batch: Parquet file, folder or glob")
     s_append.add_argument("--out", help="write the release (basis.npy, manifest.json) here")
-    s_append.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    s_append.add_argument("--overwrite", action="store_true", help="replace a previous run's --out")
     s_append.add_argument(
         "--batch-id",
         help="batch id (default: the batch URI); appending an id again re-releases that step "
@@ -811,7 +811,7 @@ def add_scheduled_commands(sub) -> None:
     )
     s_show.add_argument("state", help="stream state file")
     s_show.add_argument("--out", help="write the latest release here")
-    s_show.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    s_show.add_argument("--overwrite", action="store_true", help="replace a previous run's --out")
     add_storage_arguments(s_show)
     s_show.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -958,7 +958,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
             from dpsub_dist.engine.cluster import batch_place
 
             if args.out:
-                check_output_dir(args.out, args.overwrite, options)
+                check_output_dir(args.out, args.overwrite, options, [args.batch, args.state])
             columns = stream.settings.columns
             where = (args.scheduler, args.batch, columns, options, args.quiet, args.workers)
             with batch_place(*where) as (client, footers):
@@ -977,6 +977,8 @@ def cmd_stream(args: argparse.Namespace) -> int:
                 f"rho={release.charged_rho:.6g}; rho={left:.6g} of {total:.6g} remains"
             )
         else:
+            if args.out:  # before anything is printed
+                check_output_dir(args.out, args.overwrite, options, [args.state])
             status = stream.status()
             if args.json:
                 print(json.dumps(status, indent=2))
@@ -999,7 +1001,6 @@ def cmd_stream(args: argparse.Namespace) -> int:
                 )
             if not args.out:
                 return 0
-            check_output_dir(args.out, args.overwrite, options)
             release = stream.latest_release()
             if release is None:
                 raise InputError(

@@ -515,7 +515,7 @@ def run_job(
         resuming = known is not None and known.state in RESUMABLE_STATES
         adopt = resuming and own_unpublished_output(output, dataset, run_id, options)
         if not adopt:
-            check_output_dir(output, job.overwrite, options)
+            check_output_dir(output, job.overwrite, options, [job.dataset, location])
         request = RunRequest(
             dataset=dataset,
             unit=job.unit,

@@ -19,8 +19,9 @@ run time (the data changed, the ledger's budget was spent meanwhile, a storage o
 6. **output**: the run's output folder is usable, by the check the run makes itself: its
    parent (or, when that is missing and the run would create it, the nearest existing
    ancestor) is a writable folder (local) or the bucket accepts a write (object storage),
-   and it does not exist yet unless the job sets ``overwrite`` or the run id is already
-   published.
+   and it does not exist yet unless the job sets ``overwrite`` (and it holds a previous
+   run's output) or the run id is already published; it is not, holds or lies inside the
+   dataset or the ledger.
 
 Nothing is reserved and nothing stays written: the check creates no folder, no ledger
 and no grant (on object storage, as a run does, it writes and deletes one empty probe
@@ -78,7 +79,8 @@ def preflight(job: Job, run_id: str | None = None, ledger: str | None = None) ->
     checks.append(_guarded("dataset", lambda: _dataset(job, footers())))
     if checks[-1].ok:
         checks.append(_guarded("plan", lambda: _plan(job, footers())))
-    checks.append(_guarded("output", lambda: _output(job, run_id, record)))
+    inputs = [job.dataset, ledger or job.ledger]
+    checks.append(_guarded("output", lambda: _output(job, run_id, record, inputs)))
     return checks
 
 
@@ -193,7 +195,7 @@ def _plan(job: Job, footers: Footers) -> str:
     return "; ".join(f"{step}: {describe_budget(grant)}" for step, grant in grants.items())
 
 
-def _output(job: Job, run_id: str, record: RunRecord | None) -> str:
+def _output(job: Job, run_id: str, record: RunRecord | None, inputs: list[str | None]) -> str:
     """The run's output folder: parent present and writable, and free unless re-publishing."""
     output = job.output_for(run_id)
     if record is not None and record.state == "published":
@@ -202,5 +204,5 @@ def _output(job: Job, run_id: str, record: RunRecord | None) -> str:
     if record is not None and record.state == "reserved":
         if own_unpublished_output(output, record.dataset, run_id, options):
             return f"{output}: holds reserved run {run_id}'s release; a re-run publishes it"
-    check_output_dir(output, job.overwrite, options)  # the run's own check
+    check_output_dir(output, job.overwrite, options, inputs)  # the run's own check
     return f"{output}: can be created"

@@ -74,6 +74,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dpsub_dist.errors import InputError
+from dpsub_dist.io.output import Written, check_replaceable
 
 __all__ = [
     "SynthExistsError",
@@ -93,6 +94,21 @@ _TARGET_ROWS_PER_FILE = 1_000_000
 _TARGET_BYTES_PER_FILE = 128 * 2**20
 _MAX_ROW_GROUP_BYTES = 256 * 2**20  # cap on one row group buffer (output dtype)
 _MAX_CHUNK_BYTES = 16 * 2**20  # cap on the generation temporaries
+
+
+GENERATOR = "dpsub_dist.synth"
+"""``_truth/params.json``'s ``generator``: how ``overwrite`` knows a folder synth wrote."""
+
+
+def _is_synth_params(data: bytes | None) -> bool:
+    try:
+        params = json.loads(data or b"")
+    except ValueError:
+        return False
+    return isinstance(params, dict) and params.get("generator") == GENERATOR
+
+
+SYNTH_OUTPUT = Written("dpsub synth folder", "_truth/params.json", _is_synth_params)
 
 
 class SynthParameterError(InputError, ValueError):
@@ -384,7 +400,8 @@ def generate(
     each. ``vector_column=True`` writes the features as one
     ``fixed_size_list`` column ``x`` instead of ``dim`` scalar columns. Raises ``ValueError``
     (``SynthParameterError``) for a bad parameter and ``FileExistsError``
-    (``SynthExistsError``) if ``OUT`` is not empty and ``overwrite`` is false.
+    (``SynthExistsError``) if ``OUT`` is not empty and ``overwrite`` is false, or if it is
+    not a folder ``generate`` wrote (``overwrite`` replaces nothing else).
     """
     rows = _int("rows", rows, 1, None, "an integer >= 1")
     dim = _int("dim", dim, 2, None, "an integer >= 2")
@@ -423,6 +440,7 @@ def generate(
             f"output folder {out} exists and is not empty; choose a new path "
             "(or pass overwrite=True / --overwrite to replace it)"
         )
+    _check_replaceable(out)
 
     k_clusters = clusters or 1
     np_dtype = np.dtype(dtype)
@@ -465,7 +483,7 @@ def generate(
         scales=scales,
     )
     params: dict[str, Any] = {
-        "generator": "dpsub_dist.synth",
+        "generator": GENERATOR,
         "format_version": FORMAT_VERSION,
         "rows": rows,
         "dim": dim,
@@ -569,6 +587,14 @@ def generate(
     )
 
 
+def _check_replaceable(out: Path) -> None:
+    """Refuse an ``out`` that ``generate`` did not write (the rule of every ``--overwrite``)."""
+    try:
+        check_replaceable(str(out), SYNTH_OUTPUT)
+    except InputError as err:
+        raise SynthExistsError(str(err)) from None
+
+
 def _move_into_place(tmp: Path, out: Path) -> None:
     """Rename ``tmp`` to ``out``; an existing ``out`` is set aside first and removed after."""
     if not out.exists():
@@ -578,6 +604,7 @@ def _move_into_place(tmp: Path, out: Path) -> None:
         out.rmdir()
         os.rename(tmp, out)
         return
+    _check_replaceable(out)  # again: it may have changed while the rows were written
     old = Path(tempfile.mkdtemp(prefix=out.name + ".old-", dir=out.parent))
     old.rmdir()
     os.rename(out, old)

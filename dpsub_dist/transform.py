@@ -33,6 +33,7 @@ import numpy as np
 from dpsub_dist.errors import DataError, InputError, RunAborted
 from dpsub_dist.io.output import (
     TRANSFORM_MANIFEST,
+    TRANSFORM_OUTPUT,
     _json_bytes,
     check_output_dir,
     read_run,
@@ -266,8 +267,7 @@ def transform_table(
 
     options = StorageOptions.wrap(storage_options)
     projection, manifest = run_projection(run, options)
-    refuse_overlap(out, (uri, run))
-    check_output_dir(out, overwrite, options)
+    check_output_dir(out, overwrite, options, inputs=(uri, run), written=TRANSFORM_OUTPUT)
     footers = read_footers(uri, options, IN_PROCESS)
     check_columns(footers.infos[0], projection, uri)
     check_keep(footers.infos[0], keep, projection, uri)
@@ -292,7 +292,7 @@ def transform_table(
 
         executor = Executor(client)
         dataset = opened(executor)
-        with staged_output(out, overwrite, options, TRANSFORM_MANIFEST) as staging:
+        with staged_output(out, overwrite, options, TRANSFORM_OUTPUT) as staging:
             writer = PartWriter(dataset.loader, projection, tuple(keep), staging.uri, options)
             names = [part_name(i, len(dataset.parts)) for i in range(len(dataset.parts))]
             task = dask.delayed(writer, pure=False)
@@ -371,27 +371,6 @@ def transform_manifest(
         "privacy": "post-processing of the run's release: no budget spent, nothing charged; "
         "the rows are the input's, projected without noise: the operator's data, not a release",
     }
-
-
-def refuse_overlap(out: str, sources: Sequence[str]) -> None:
-    """Refuse an output that is the input or the run, or lies inside or around either:
-    ``--overwrite`` would replace them."""
-    from pathlib import Path
-
-    from dpsub_dist.io.storage import is_local
-
-    def place(uri: str) -> str:
-        if is_local(uri):
-            return str(Path(filesystem(uri)[1]).expanduser().resolve()).rstrip("/") + "/"
-        return uri.split("*", 1)[0].rstrip("/") + "/"
-
-    target = place(out)
-    for source in sources:
-        there = place(source.split("*", 1)[0])
-        if target.startswith(there) or there.startswith(target):
-            raise InputError(
-                f"--out {out} overlaps {source}: write the transform to a folder of its own"
-            )
 
 
 def cmd_transform(args: Any) -> int:

@@ -40,12 +40,37 @@ class Credentials:
     secret: str = field(repr=False)
 
 
+MOTO_OPERATIONS = {
+    "s3:ListBucket": ["s3:ListObjectsV2", "s3:ListObjects", "s3:HeadBucket"],
+    "s3:ListAllMyBuckets": ["s3:ListBuckets"],
+    "s3:GetObject": ["s3:HeadObject"],
+    "s3:PutObject": [
+        "s3:CreateMultipartUpload",
+        "s3:UploadPart",
+        "s3:CompleteMultipartUpload",
+        "s3:AbortMultipartUpload",
+    ],
+    "s3:DeleteObject": ["s3:DeleteObjects"],
+}
+"""The API operations each IAM action covers, as moto >= 5.2.6 names them. AWS checks a
+request against the IAM action (ListObjectsV2 needs ``s3:ListBucket``); moto 5.2.6 checks it
+against ``s3:`` + the operation's name instead, so a real policy's ``s3:ListBucket`` no
+longer lets a user list. Each policy grants both names of what it allows, and nothing more,
+so the users hold the same rights on every moto 5 (and on real S3)."""
+
+
 def _policy(*statements: tuple[list[str], list[str]]) -> str:
+    """An IAM policy of Allow statements (actions, resources), each action with the
+    operation names moto checks (:data:`MOTO_OPERATIONS`)."""
     return json.dumps(
         {
             "Version": "2012-10-17",
             "Statement": [
-                {"Effect": "Allow", "Action": actions, "Resource": resources}
+                {
+                    "Effect": "Allow",
+                    "Action": [*actions, *(o for a in actions for o in MOTO_OPERATIONS.get(a, []))],
+                    "Resource": resources,
+                }
                 for actions, resources in statements
             ],
         }

@@ -106,6 +106,9 @@ def _workers_lost() -> Iterator[None]:
         ) from None
 
 
+WORKER_SETUP = "dpsub_dist.engine.worker_setup"
+"""The local cluster's worker preload: workers ignore Ctrl-C, which the driver handles."""
+
 WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": 128 * 2**20, "MALLOC_MMAP_THRESHOLD_": 128 * 2**20}
 """glibc settings for the local cluster's worker processes (Dask's pre-spawn environment; an
 operator's own environment variables win). Dask sets ``MALLOC_TRIM_THRESHOLD_=65536``, and
@@ -342,6 +345,8 @@ def dask_client(
             # A failed task's error reaches the user once, as the CLI's one-line message;
             # the workers' own "Compute Failed" log lines (with tracebacks) would repeat it.
             silence_logs=logging.CRITICAL,
+            # Ctrl-C reaches the workers too: they ignore it, the driver handles it.
+            preload=[WORKER_SETUP],
         )
     try:
         with Client(cluster) as client:

@@ -18,6 +18,13 @@ its manifest is refused.
 ``dpsub transform`` writes its folder by the same rules (:func:`staged_output`): the workers
 fill it with Parquet parts, and ``_transform.json``, its manifest, is written last (Parquet
 readers skip names that start with ``_``, so the folder reads as one table).
+
+Nothing of the user's is ever replaced (:func:`check_apart`, :func:`check_replaceable`, the
+one rule of every command that writes): an output that is, holds or lies inside an input is
+refused, and ``--overwrite`` replaces only what the command itself wrote before (a run
+folder whose ``manifest.json`` is a dpsub manifest, a ``dpsub synth`` folder, a report
+page), never the input or another folder. Both checks run before any work, so a refused
+output reserves and charges nothing.
 """
 
 from __future__ import annotations
@@ -26,15 +33,18 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from fnmatch import fnmatch
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
+from fsspec.utils import get_protocol
 
 from dpsub_dist.errors import InputError, RunAborted
 from dpsub_dist.io.storage import (
@@ -49,6 +59,8 @@ from dpsub_dist.io.storage import (
 
 MANIFEST = "manifest.json"
 BASIS = "basis.npy"
+REPORT = "report.html"
+"""A run's page, written into its folder by ``dpsub report RUN`` and the job runner."""
 TRANSFORM_MANIFEST = "_transform.json"
 """The manifest of a ``dpsub transform`` output (its Parquet parts beside it), written last."""
 
@@ -59,13 +71,62 @@ def _local_path(out: str) -> Path:
     return path.expanduser()
 
 
+def is_run_manifest(data: bytes | None) -> bool:
+    """Whether ``data`` is a manifest dpsub wrote, which makes its folder a previous run's
+    output: a JSON object with an ``outcome`` and the ``outputs`` :func:`write_run` lists
+    (or, in manifests older than that list, the ``dpsub_dist`` version)."""
+    try:
+        manifest = json.loads(data or b"")
+    except ValueError:
+        return False
+    if not isinstance(manifest, dict) or "outcome" not in manifest:
+        return False
+    versions = manifest.get("versions")
+    listed = isinstance(manifest.get("outputs"), dict)
+    return listed or (isinstance(versions, dict) and "dpsub_dist" in versions)
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a command writes in every output, by which ``--overwrite`` knows its own."""
+
+    what: str
+    """the output, in the refusal: ``dpsub run output``."""
+    marker: str
+    """the file it always writes, relative to the output (``""``: the output is that file)."""
+    recognise: Callable[[bytes | None], bool]
+    """whether the marker's bytes (None: missing) are the command's own."""
+    writes: Callable[[str], bool] = lambda name: True
+    """whether it writes a file of this name at the output's top level."""
+
+
+RUN_OUTPUT = Written(
+    "dpsub run output", MANIFEST, is_run_manifest, {BASIS, MANIFEST, REPORT}.__contains__
+)
+TRANSFORM_OUTPUT = Written(
+    "dpsub transform output",
+    TRANSFORM_MANIFEST,
+    is_run_manifest,
+    lambda name: name == TRANSFORM_MANIFEST or re.fullmatch(r"part-\d+\.parquet", name) is not None,
+)
+
+
 def check_output_dir(
-    out: str, overwrite: bool, storage_options: Mapping[str, Any] | None = None
+    out: str,
+    overwrite: bool,
+    storage_options: Mapping[str, Any] | None = None,
+    inputs: Iterable[str | None] = (),
+    written: Written = RUN_OUTPUT,
 ) -> None:
-    """Refuse an unusable or existing output (before any work) unless overwriting is asked for."""
+    """Refuse an unusable output before any work: one that is, holds or lies inside one of
+    ``inputs`` (:func:`check_apart`), an existing one unless ``overwrite``, and one that
+    ``overwrite`` may not replace (:func:`check_replaceable`: only a previous ``written``)."""
     if not is_local(out):
-        _check_remote_output(out, overwrite, storage_options)
+        _remote_prefix(out, storage_options)  # a bucket root is refused as such, first
+        check_apart(out, inputs)
+        _check_remote_output(out, overwrite, storage_options, written)
         return
+    check_apart(out, inputs)
     path = _local_path(out)
     if path.exists() and not overwrite:
         raise InputError(
@@ -73,7 +134,102 @@ def check_output_dir(
         )
     if path.exists() and not path.is_dir():
         raise InputError(f"output path is a file, not a folder: {out}: choose another --out")
+    check_replaceable(out, written)
     _check_parent_can_hold(path.resolve().parent, out)
+
+
+def check_apart(out: str, inputs: Iterable[str | None]) -> None:
+    """Refuse an output that is, holds or lies inside an input (data, ledger, stream file):
+    writing there would mix the run into the data, and replacing it would delete the data."""
+    where = _place(out)
+    for given in inputs:
+        if not given:
+            continue
+        there = _place(str(given))
+        if where[0] != there[0]:
+            continue
+        if where[1] == there[1]:
+            relation = "is"
+        elif where[1] in there[1].parents:
+            relation = "holds"
+        elif there[1] in where[1].parents and _listed(where[1], there[1], _glob_tail(given)):
+            relation = "lies inside"
+        else:
+            continue
+        raise InputError(
+            f"--out {out} {relation} the input {given}: write the output to a folder "
+            "outside the input"
+        )
+
+
+def _place(uri: str) -> tuple[str, PurePosixPath]:
+    """Where ``uri`` points: its protocol and absolute path (a glob: the folder it lists)."""
+    base = _glob_base(str(uri))
+    if is_local(uri):
+        return "file", PurePosixPath(_local_path(base).resolve())
+    return get_protocol(uri), PurePosixPath("/" + base.split("://", 1)[-1].rstrip("/"))
+
+
+def _glob_base(uri: str) -> str:
+    """A path up to the ``/`` before its first glob character (the whole path if none)."""
+    cut = min((uri.index(c) for c in "*?[" if c in uri), default=None)
+    return uri if cut is None else uri[: uri.rfind("/", 0, cut) + 1] or "."
+
+
+def _glob_tail(uri: str) -> str | None:
+    """A glob's pattern below its base folder; None for a plain path."""
+    base = _glob_base(uri)
+    return None if base == uri else uri[len(base) if base != "." else 0 :]
+
+
+def _listed(out: PurePosixPath, base: PurePosixPath, tail: str | None) -> bool:
+    """Whether an output below an input's folder is in the input: always for a folder, and
+    for a glob when the output or a folder above it (below the base) matches the glob."""
+    if tail is None or "**" in tail:
+        return True
+    parts = out.relative_to(base).parts
+    return any(fnmatch("/".join(parts[: i + 1]), tail) for i in range(len(parts)))
+
+
+def check_replaceable(
+    out: str, written: Written, storage_options: Mapping[str, Any] | None = None
+) -> None:
+    """The rule of every ``--overwrite``: an existing output is replaced only if the command
+    wrote it (its ``written.marker`` is recognised, and it holds no other names than the
+    command writes) or it is empty (nothing is lost)."""
+    if is_local(out):
+        path = _local_path(out)
+        if not path.exists() or (written.marker and path.is_dir() and not any(path.iterdir())):
+            return
+        names = {p.name for p in path.iterdir()} if path.is_dir() else set()
+        marker = path / written.marker if written.marker else path
+        try:
+            data = marker.read_bytes() if marker.is_file() else None
+        except OSError:
+            data = None
+    else:
+        fs, prefix = _remote_prefix(out, storage_options)
+        try:
+            objects = _objects_under(fs, prefix)
+            marker_key = f"{prefix}/{written.marker}"
+            data = fs.cat_file(marker_key) if marker_key in objects else None
+        except STORAGE_ERRORS as err:
+            raise storage_error(err, out, "checking the output") from None
+        if not objects:
+            return
+        names = {key[len(prefix) + 1 :].split("/")[0] for key in objects}
+    if not written.recognise(data):
+        raise InputError(
+            f"{out} exists and is not a previous {written.what}, the only thing dpsub "
+            "replaces: choose another output path, or move it away first"
+        )
+    others = sorted(n for n in names if not written.writes(n) and not n.startswith(".dpsub-"))
+    if others:
+        listed = ", ".join(others[:3]) + (", …" if len(others) > 3 else "")
+        raise InputError(
+            f"{out} is a previous {written.what} but also holds files dpsub did not write "
+            f"({listed}): move them away first, or choose another output path"
+        )
 
 
 def _check_parent_can_hold(parent: Path, out: str) -> None:
@@ -118,7 +274,7 @@ def _objects_under(fs: Any, path: str) -> list[str]:
 
 
 def _check_remote_output(
-    out: str, overwrite: bool, storage_options: Mapping[str, Any] | None
+    out: str, overwrite: bool, storage_options: Mapping[str, Any] | None, written: Written
 ) -> None:
     fs, path = _remote_prefix(out, storage_options)
     try:
@@ -126,6 +282,7 @@ def _check_remote_output(
             raise InputError(
                 f"output prefix is not empty: {out}: choose a new --out or pass --overwrite"
             )
+        check_replaceable(out, written, storage_options)
         probe = f"{path}/.dpsub-write-check-{uuid.uuid4().hex[:8]}"
         fs.pipe_file(probe, b"")
         fs.rm_file(probe)
@@ -191,6 +348,7 @@ def write_run(
         if final.exists():
             if not overwrite:
                 raise InputError(f"output folder appeared while running: {out}: choose a new --out")
+            check_replaceable(out, RUN_OUTPUT)  # it may have changed while the run ran
             _replace_folder(tmp, final)
         else:
             tmp.rename(final)
@@ -242,6 +400,8 @@ def _write_remote(
         existing = _objects_under(fs, path)
         if existing and not overwrite:
             raise InputError(f"output prefix filled while running: {out}: choose a new --out")
+        if existing:
+            check_replaceable(out, RUN_OUTPUT, storage_options)
         _clear_prefix(fs, path, existing, MANIFEST)
         for name, data in files.items():
             fs.pipe_file(f"{path}/{name}", data)
@@ -275,106 +435,6 @@ def _write_synced(path: Path, data: bytes) -> None:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
-
-
-@dataclass(frozen=True)
-class Staging:
-    """An output being filled (:func:`staged_output`): ``uri`` is where its files go (the
-    workers' too), ``final`` where it will be read."""
-
-    uri: str
-    final: str
-    storage_options: Mapping[str, Any] | None = None
-
-    def write(self, name: str, data: bytes) -> None:
-        """Write one file of the output from this process (synced where local)."""
-        if is_local(self.uri):
-            _write_synced(Path(self.uri) / name, data)
-            return
-        fs, path = filesystem(self.uri, self.storage_options)
-        fs.pipe_file(f"{path.rstrip('/')}/{name}", data)
-
-    def sizes(self) -> dict[str, int]:
-        """The files written so far, by name, with their sizes in bytes."""
-        fs, path = filesystem(self.uri, self.storage_options)
-        path = path.rstrip("/")
-        fs.invalidate_cache()
-        found = fs.find(path + "/", detail=True)
-        return {key[len(path) + 1 :]: int(info["size"]) for key, info in found.items()}
-
-
-@contextmanager
-def staged_output(
-    out: str,
-    overwrite: bool,
-    storage_options: Mapping[str, Any] | None,
-    marker: str,
-) -> Iterator[Staging]:
-    """An output filled in the block and moved into place when it ends, as :func:`write_run`
-    writes a run; the block writes ``marker`` (the manifest readers trust it by) last.
-
-    Local: a hidden temporary sibling folder (missing parents created), renamed into place at
-    the end (``overwrite``: the previous output renamed aside, back if the rename fails,
-    deleted once the new one is in place); on any error it is removed with the parents it
-    created and the previous output is left as it was. Object storage: the prefix itself
-    (emptied first with ``overwrite``, its marker deleted before the rest), and everything
-    under it deleted again on an error.
-    """
-    if not is_local(out):
-        with _staged_remote(out, overwrite, storage_options, marker) as staging:
-            yield staging
-        return
-    final = _local_path(out)
-    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
-    created: list[Path] = []
-    try:
-        try:
-            created = _make_parents(final.absolute().parent)
-            tmp.mkdir(parents=False)
-        except OSError as err:
-            raise _unwritable(out, err) from None
-        yield Staging(str(tmp.absolute()), str(final))
-        if final.exists() and not overwrite:
-            raise InputError(f"output folder appeared while running: {out}: choose a new --out")
-        try:
-            if final.exists():
-                _replace_folder(tmp, final)
-            else:
-                tmp.rename(final)
-        except OSError as err:
-            raise _unwritable(out, err) from None
-    except BaseException:
-        _remove_partial(tmp, created)
-        raise
-
-
-@contextmanager
-def _staged_remote(
-    out: str, overwrite: bool, storage_options: Mapping[str, Any] | None, marker: str
-) -> Iterator[Staging]:
-    fs, path = _remote_prefix(out, storage_options)
-    try:
-        existing = _objects_under(fs, path)
-        if existing and not overwrite:
-            raise InputError(f"output prefix filled meanwhile: {out}: choose a new --out")
-        _clear_prefix(fs, path, existing, marker)
-    except STORAGE_ERRORS as err:
-        raise storage_error(err, out, "clearing the output") from None
-    try:
-        yield Staging(out, out, storage_options)
-    except BaseException:
-        try:
-            _clear_prefix(fs, path, _objects_under(fs, path), marker)
-        except STORAGE_ERRORS:
-            pass
-        raise
-
-
-def _unwritable(out: str, err: OSError) -> RunAborted:
-    return RunAborted(
-        f"cannot write to {out} ({err.strerror or short_error(err)}): nothing was written; "
-        "free space or fix the folder's permissions, then re-run"
-    )
 
 
 def read_run(
@@ -423,3 +483,107 @@ def read_npy(uri: str, storage_options: Mapping[str, Any] | None = None) -> np.n
         raise InputError(f"{uri} is not a .npy array ({err}): pass the saved basis") from None
     except STORAGE_ERRORS as err:
         raise storage_error(err, uri, "reading") from None
+
+
+@dataclass(frozen=True)
+class Staging:
+    """An output being filled (:func:`staged_output`): ``uri`` is where its files go (the
+    workers' too), ``final`` where it will be read."""
+
+    uri: str
+    final: str
+    storage_options: Mapping[str, Any] | None = None
+
+    def write(self, name: str, data: bytes) -> None:
+        """Write one file of the output from this process (synced where local)."""
+        if is_local(self.uri):
+            _write_synced(Path(self.uri) / name, data)
+            return
+        fs, path = filesystem(self.uri, self.storage_options)
+        fs.pipe_file(f"{path.rstrip('/')}/{name}", data)
+
+    def sizes(self) -> dict[str, int]:
+        """The files written so far, by name, with their sizes in bytes."""
+        fs, path = filesystem(self.uri, self.storage_options)
+        path = path.rstrip("/")
+        fs.invalidate_cache()
+        found = fs.find(path + "/", detail=True)
+        return {key[len(path) + 1 :]: int(info["size"]) for key, info in found.items()}
+
+
+@contextmanager
+def staged_output(
+    out: str,
+    overwrite: bool,
+    storage_options: Mapping[str, Any] | None,
+    written: Written,
+) -> Iterator[Staging]:
+    """An output filled in the block and moved into place when it ends, as :func:`write_run`
+    writes a run; the block writes ``marker`` (the manifest readers trust it by) last.
+
+    Local: a hidden temporary sibling folder (missing parents created), renamed into place at
+    the end (``overwrite``: the previous ``written`` output, checked again, renamed aside,
+    back if the rename fails, deleted once the new one is in place); on any error it is
+    removed with the parents it created and the previous output is left as it was. Object
+    storage: the prefix itself (a previous ``written`` emptied first with ``overwrite``, its
+    marker deleted before the rest), and everything under it deleted again on an error.
+    """
+    if not is_local(out):
+        with _staged_remote(out, overwrite, storage_options, written) as staging:
+            yield staging
+        return
+    final = _local_path(out)
+    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+    created: list[Path] = []
+    try:
+        try:
+            created = _make_parents(final.absolute().parent)
+            tmp.mkdir(parents=False)
+        except OSError as err:
+            raise _unwritable(out, err) from None
+        yield Staging(str(tmp.absolute()), str(final))
+        if final.exists() and not overwrite:
+            raise InputError(f"output folder appeared while running: {out}: choose a new --out")
+        try:
+            if final.exists():
+                check_replaceable(out, written)  # it may have changed meanwhile
+                _replace_folder(tmp, final)
+            else:
+                tmp.rename(final)
+        except OSError as err:
+            raise _unwritable(out, err) from None
+    except BaseException:
+        _remove_partial(tmp, created)
+        raise
+
+
+@contextmanager
+def _staged_remote(
+    out: str, overwrite: bool, storage_options: Mapping[str, Any] | None, written: Written
+) -> Iterator[Staging]:
+    fs, path = _remote_prefix(out, storage_options)
+    marker = written.marker
+    try:
+        existing = _objects_under(fs, path)
+        if existing and not overwrite:
+            raise InputError(f"output prefix filled meanwhile: {out}: choose a new --out")
+        if existing:
+            check_replaceable(out, written, storage_options)
+        _clear_prefix(fs, path, existing, marker)
+    except STORAGE_ERRORS as err:
+        raise storage_error(err, out, "clearing the output") from None
+    try:
+        yield Staging(out, out, storage_options)
+    except BaseException:
+        try:
+            _clear_prefix(fs, path, _objects_under(fs, path), marker)
+        except STORAGE_ERRORS:
+            pass
+        raise
+
+
+def _unwritable(out: str, err: OSError) -> RunAborted:
+    return RunAborted(
+        f"cannot write to {out} ({err.strerror or short_error(err)}): nothing was written; "
+        "free space or fix the folder's permissions, then re-run"
+    )

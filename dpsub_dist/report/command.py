@@ -47,13 +47,17 @@ def run_report_command(args: argparse.Namespace) -> int:
 
     check_arguments(args)
     if args.ledger:
+        from dpsub_dist.io.output import check_apart, check_replaceable
         from dpsub_dist.ledger import dataset_key, open_ledger
         from dpsub_dist.report.ledger import ledger_page
+        from dpsub_dist.report.page import PAGE
         from dpsub_dist.report.run import write_text
 
         out = args.out or LEDGER_REPORT
         if not Path(out).resolve().parent.is_dir():
             raise InputError(f"the folder of --out {out} does not exist: create it first")
+        check_apart(out, [args.ledger])
+        check_replaceable(out, PAGE)  # a page written before, or nothing
         with open_ledger(args.ledger) as book:
             html = ledger_page(book, dataset_key(args.dataset) if args.dataset else None)
         write_text(out, html)

@@ -10,7 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from html import escape
 
+from dpsub_dist.io.output import Written
+
 CSP = "default-src 'none'; style-src 'unsafe-inline'"
+GENERATOR = '<meta name="generator" content="dpsub report">'
+"""In every page's head: how ``dpsub report --out`` knows a page it may replace."""
+PAGE = Written("dpsub report page", "", lambda data: GENERATOR.encode() in (data or b"")[:4096])
 
 STYLE = """
 body { font: 15px/1.45 system-ui, sans-serif; color: #222; margin: 24px auto; max-width: 900px;
@@ -36,7 +41,7 @@ def document(title: str, sections: Iterable[str]) -> str:
         '<html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
         '<meta name="viewport" content="width=device-width">'
-        f"<title>{escape(title)}</title><style>{STYLE}</style></head>"
+        f"{GENERATOR}<title>{escape(title)}</title><style>{STYLE}</style></head>"
         f"<body><h1>{escape(title)}</h1>{''.join(sections)}</body></html>\n"
     )
 

@@ -16,10 +16,9 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from dpsub_dist.io.output import REPORT
 from dpsub_dist.report import svg
 from dpsub_dist.report.page import document, para, section, table
-
-REPORT = "report.html"
 
 FREE = (
     "Everything on this page is read from the run's published manifest.json and basis.npy "

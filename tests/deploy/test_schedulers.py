@@ -33,6 +33,9 @@ SCHEDULERS = {
 }
 """Pinned installs (no constraints file; Python 3.11). Bump here and re-run the slow tests."""
 HARNESS = Path(__file__).parents[1] / "scheduler_harness.py"
+PREFECT_STARTUP_DEADLINE = 600
+"""Seconds the Prefect flow waits for its temporary server to answer: ready is when its
+health check answers, whatever the load, and only a server that never does fails."""
 
 PLAN = [  # (label, logical date, job): one ledger granted epsilon 2.5, each run charges 1
     ("published", "2024-06-01", "good"),
@@ -85,7 +88,13 @@ def scheduler_env(name: str, venv: Path, home: Path) -> dict[str, str]:
             AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "pipelines"),
         )
     else:
-        env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+        env.update(
+            PREFECT_HOME=str(home),
+            PREFECT_SERVER_ANALYTICS_ENABLED="false",
+            # The flow's temporary server: Prefect polls its health until this deadline
+            # (default 20 s, which a loaded machine's first start with migrations exceeds).
+            PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=str(PREFECT_STARTUP_DEADLINE),
+        )
     return env
 
 

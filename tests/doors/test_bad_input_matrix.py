@@ -654,8 +654,9 @@ def test_output_folder_exists_is_refused_before_any_work(
 def test_output_under_a_file(tmp_path: Path, capsys) -> None:
     (tmp_path / "no").write_text("a file")
     out = tmp_path / "no" / "such" / "out"
+    data = good_folder(tmp_path / "input")  # beside the output: never around it
     code = main(
-        ["estimate", str(tmp_path), "--rank", "1", "--epsilon", "1", "--delta", "1e-6"]
+        ["estimate", str(data), "--rank", "1", "--epsilon", "1", "--delta", "1e-6"]
         + ["--out", str(out), "--quiet"]
     )
     assert code == 2

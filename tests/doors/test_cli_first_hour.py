@@ -5,6 +5,7 @@ and an impossible worker count is refused instead of silently replaced."""
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,24 @@ def test_usage_error_is_one_line_from_the_real_command():
 
 def test_job_fields_name_the_default_method():
     assert f"default {DEFAULTS['estimate']};" in JOB_FIELDS["method"]
+
+
+def test_help_lists_the_subcommands_the_parser_has():
+    """A group's help line that lists its subcommands (``budget: init, show, history``)
+    names exactly the ones the parser accepts, as ``dpsub --help`` prints it."""
+    wide = {**os.environ, "COLUMNS": "200"}  # one line per command
+    shown = subprocess.run(
+        [sys.executable, "-m", "dpsub_dist.cli", "--help"], capture_output=True, text=True, env=wide
+    ).stdout
+    checked = 0
+    for path, parser in _commands(build_parser()):
+        groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if path == "dpsub" or not groups:
+            continue
+        name = path.split()[-1]
+        [line] = [ln for ln in shown.splitlines() if ln.split()[:1] == [name]]
+        if ":" in line:
+            listed = [word.strip() for word in line.rsplit(":", 1)[1].split(",")]
+            assert listed == list(groups[0].choices), line
+            checked += 1
+    assert checked >= 1  # the budget group lists its subcommands

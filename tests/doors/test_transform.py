@@ -209,8 +209,16 @@ def test_overwrite_replaces_a_previous_transform_only_when_asked(tables, tmp_pat
     assert len(pd.read_parquet(out)) == 2_500  # the stale file was replaced
     into_input = dpsub("transform", str(run), str(tables["new"]), "--out", str(tables["new"]),
                        "--overwrite", "--quiet")  # fmt: skip
-    assert into_input.returncode == 2 and "overlaps" in into_input.stderr
+    assert into_input.returncode == 2 and "is the input" in into_input.stderr
     assert len(pd.read_parquet(tables["new"])) == 2_500
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    over_mine = dpsub("transform", str(run), str(tables["new"]), "--out", str(mine),
+                      "--overwrite", "--quiet")  # fmt: skip
+    assert over_mine.returncode == 2
+    assert "is not a previous dpsub transform output" in over_mine.stderr
+    assert (mine / "notes.txt").read_text() == "keep me"
 
 
 def test_data_that_fails_validation_writes_nothing(tables, tmp_path):

@@ -316,6 +316,27 @@ def test_write_run_on_s3_manifest_last_overwrite_and_checksum(s3, dataset):
         read_run(out, opts)
 
 
+@pytest.mark.parametrize(
+    ("out", "reason"),
+    [
+        ("s3://data/gauss/", "is the input"),
+        ("s3://data/gauss/run-1", "lies inside the input"),
+        ("s3://data/notes/", "is not a previous dpsub run output"),
+    ],
+)
+def test_overwrite_on_s3_never_replaces_the_input_or_a_users_prefix(s3, dataset, out, reason):
+    """``--overwrite`` replaces only a previous run's prefix (issue #41): the input, a prefix
+    in or above it, and a prefix of the user's are refused before any work (exit 2, one
+    line), and every object in the bucket is as it was."""
+    fs = s3.fs()
+    fs.pipe_file("data/notes/thesis.txt", b"three years of work")
+    before = {path: fs.cat_file(path) for path in sorted(all_objects(s3))}
+    run = estimate("s3://data/gauss/", out, "--overwrite", *s3.storage_args("admin"))
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and len(lines) == 1 and reason in lines[0], run.stderr
+    assert {path: fs.cat_file(path) for path in sorted(all_objects(s3))} == before
+
+
 def test_run_on_s3_is_never_seen_half_written(s3, dataset, monkeypatch):
     """After every PUT and DELETE of a write (new run, then an overwrite), a second client
     reading the prefix sees either no manifest (not a finished run) or a complete run whose
