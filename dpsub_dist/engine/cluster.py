@@ -115,6 +115,11 @@ fresh ``mmap`` that page-faults anew, a quarter of a default full-pass task's ti
 to 128 MiB of freed heap stays with each worker."""
 
 
+WORKER_SETUP = "dpsub_dist.engine.worker_setup"
+"""Preloaded by each worker of a local cluster: its warnings go to the operator's diagnostics
+file, not to the stderr it shares with the driver (published)."""
+
+
 MATCHED_PACKAGES = ("dpsub_dist", "dask", "distributed")
 """What the client, the scheduler and every worker must run at one version: a task pickled
 by one version and run by another fails in ways that name neither (deploy/README.md)."""
@@ -342,6 +347,7 @@ def dask_client(
             # A failed task's error reaches the user once, as the CLI's one-line message;
             # the workers' own "Compute Failed" log lines (with tracebacks) would repeat it.
             silence_logs=logging.CRITICAL,
+            preload=[WORKER_SETUP],  # warnings (data-dependent) to the diagnostics file
         )
     try:
         with Client(cluster) as client:
