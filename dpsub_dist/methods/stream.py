@@ -753,11 +753,13 @@ class Stream:
         batches = self.batches()
         seen = next((b for b in batches if b.batch_id == batch_id), None)
         known = self._files()
-        if seen is not None:
-            if known.get(seen.step) != batch_files(uri, storage_options, executor):
+        if seen is not None:  # decided by the id and the paths: never by the files' bytes
+            if _paths(known.get(seen.step, [])) != _paths(
+                batch_files(uri, storage_options, executor)
+            ):
                 raise InputError(
-                    f"batch id {batch_id} was appended at step {seen.step} from other files (or "
-                    "they changed since): give this batch its own --batch-id"
+                    f"batch id {batch_id} was appended at step {seen.step} from other files: "
+                    "give this batch its own --batch-id"
                 )
             again = self.release(seen.step)
             if again.manifest["outcome"] != "ok":
@@ -949,6 +951,12 @@ class Stream:
                 f"batch {uri} is outside the dataset {dataset} whose grant pays for this stream: "
                 "append batches of that dataset, or start a stream charged to this one"
             )
+
+
+def _paths(files: list[BatchFile]) -> list[str]:
+    """A batch's real paths, in order: what a re-append is compared by. Comparing bytes too
+    would answer, for free, whether a guessed file equals the batch appended (its rows)."""
+    return [f.path for f in files]
 
 
 def _check_new_paths(
