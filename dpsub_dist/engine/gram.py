@@ -19,6 +19,7 @@ user); the driver gets none.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -79,12 +80,27 @@ def clip_weights(rows: np.ndarray, bound: float) -> np.ndarray:
     1/bound (:func:`clip_rows`), shrunk by :data:`CLIP_MARGIN`, without materialising them:
     ``wᵢ‖xᵢ‖² ≤ 1`` holds exactly for the floats ``xᵢ`` used (norms computed in float64, also
     for float32 rows, whose squares and sums cannot overflow there). Never modifies ``rows``.
+
+    A norm whose square leaves the float64 range (above :data:`SQUARE_LIMIT`) gets
+    ``(√m/‖x‖)²`` instead, which underflows quietly rather than overflowing: an overflow
+    warning would tell, on stderr, that some row is that large.
     """
     if rows.dtype == np.float32:
         norms = np.sqrt(np.einsum("ij,ij->i", rows, rows, dtype=np.float64))
     else:
         norms = row_norms(rows)
-    return CLIP_MARGIN / np.maximum(norms, bound) ** 2
+    largest = np.maximum(norms, bound)
+    huge = largest > SQUARE_LIMIT
+    if not huge.any():
+        return CLIP_MARGIN / largest**2
+    weights = np.empty_like(largest)
+    weights[~huge] = CLIP_MARGIN / largest[~huge] ** 2
+    weights[huge] = (math.sqrt(CLIP_MARGIN) / largest[huge]) ** 2
+    return weights
+
+
+SQUARE_LIMIT = 1e150
+"""Norms above this have squares near or past the float64 range (~1.34e154 overflows)."""
 
 
 def user_squared_norms(loader: Loader, bound: float | None, part: Any) -> pd.Series:
