@@ -336,6 +336,7 @@ def dask_client(
         "distributed.nanny.pre-spawn-environ": environ,  # read by each nanny
         "distributed.scheduler.no-workers-timeout": NO_WORKERS_TIMEOUT,  # by the scheduler
     }
+    worker_preloads = list(dask.config.get("distributed.worker.preload", None) or [])
     with dask.config.set(settings):
         cluster = LocalCluster(
             n_workers=n_workers,
@@ -347,7 +348,7 @@ def dask_client(
             # A failed task's error reaches the user once, as the CLI's one-line message;
             # the workers' own "Compute Failed" log lines (with tracebacks) would repeat it.
             silence_logs=logging.CRITICAL,
-            preload=[WORKER_SETUP],  # warnings (data-dependent) to the diagnostics file
+            preload=[*worker_preloads, WORKER_SETUP],  # warnings: to the diagnostics file
         )
     try:
         with Client(cluster) as client:
