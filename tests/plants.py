@@ -127,6 +127,14 @@ PLANTS = [
         "    return ctx.release(\n        step,\n",
     ),
     Plant(
+        "tree node of the top level released un-noised",
+        "number/shape of draws",
+        "dpsub_dist/privacy/tree_aggregation.py",
+        "                self.closed[node] = noised(node, exact)",
+        "                self.closed[node] = noised(node, exact) if node[0] < 2 else exact",
+        select="stream",
+    ),
+    Plant(
         "GAP-MAX's truncated Laplace drawn at the whole step's δ (its part is charged δ_gap)",
         "a part drawn at another calibration than charged",
         "dpsub_dist/privacy/gap_max.py",
