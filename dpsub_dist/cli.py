@@ -506,7 +506,7 @@ def run_to_output(args: argparse.Namespace, make_config, runner) -> int:
     """Build the config from the flags the method declares, validate, check --out, run on the
     Dask cluster or in process (:func:`~dpsub_dist.engine.cluster.run_place`), write
     atomically; exit 3 for ⊥."""
-    from dpsub_dist.diagnostics import keep_run_timings
+    from dpsub_dist.diagnostics import keep_run_timings, private_phase
     from dpsub_dist.engine.cluster import run_place
     from dpsub_dist.engine.progress import closing_line, numbered_passes
     from dpsub_dist.engine.sources import parquet_dataset
@@ -538,8 +538,9 @@ def run_to_output(args: argparse.Namespace, make_config, runner) -> int:
 
     row_level = config.unit_column is None
     where = (args.scheduler, open_dataset, row_level, args.quiet, args.workers, args.memory_limit)
-    with numbered_passes() as passes, run_place(*where) as (client, opened):
-        result = runner(config, opened, client, progress=not args.quiet)
+    with private_phase(args.command), numbered_passes() as passes:  # rows read: fails as data
+        with run_place(*where) as (client, opened):
+            result = runner(config, opened, client, progress=not args.quiet)
     out = write_run(args.out, result.basis, result.manifest, args.overwrite, storage_options)
     keep_run_timings(args.out, result.manifest, result.timings)
     if not args.quiet:

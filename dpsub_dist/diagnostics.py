@@ -3,8 +3,16 @@
 When the data fails validation after it was read (NaN/inf, nulls, ragged lists), what
 is *published* (exit code, stderr, ledger record) says only that it failed. The detail
 (file, column, counts, row positions) is written here, to a new file readable by its
-owner only (mode 0600, in a folder created 0700), and the CLI prints its path. The path
-holds a time stamp and a random token, nothing taken from the data.
+owner only (mode 0600, in a folder created 0700), and the CLI prints its path. The name
+holds the command and a random token: nothing taken from the data, and no time (with the
+published ``reserved_at`` a failure's time would give the run's duration).
+
+From the first private read on, a command runs in :func:`private_phase`: an unexpected
+exception becomes :class:`~dpsub_dist.errors.RunFailed` (its traceback is the operator's
+detail, the CLI publishes the generic "failed" line, exit 6), and every warning (NumPy's
+"overflow encountered", a library's) goes to a diagnostics file instead of stderr: whether
+a warning appears, and its text, can depend on the data. The local Dask clusters dpsub
+starts route their workers' warnings the same way (:func:`route_warnings`).
 
 A finished run's step timings (also data-dependent) are kept here too, in
 ``run-<hash of the run's location>.json``, for ``dpsub report RUN --operator``.
@@ -14,12 +22,16 @@ Folder: ``$DPSUB_DIAGNOSTICS_DIR``, else ``~/.dpsub/diagnostics``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import secrets
 import sys
-from collections.abc import Mapping
+import threading
+import traceback
+import warnings
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -42,14 +54,15 @@ def write_diagnostics(command: str, detail: str, run_id: str | None = None) -> P
 
 
 def write_diagnostics_file(command: str, text: str, suffix: str = ".txt") -> Path:
-    """Write ``text`` to a new owner-only (0600) file in :func:`diagnostics_dir`; its path."""
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    return _write_owner_only(f"{stamp}-{command}-{secrets.token_hex(4)}{suffix}", text)
+    """Write ``text`` to a new owner-only (0600) file in :func:`diagnostics_dir`; its path.
+    The name is the command and a random token (no time: see the module's docstring)."""
+    name = f"{command.replace(' ', '-')}-{secrets.token_hex(8)}{suffix}"
+    return _write_owner_only(name, text)
 
 
-def _write_owner_only(name: str, text: str) -> Path:
+def _write_owner_only(name: str, text: str, folder: Path | None = None) -> Path:
     """Create ``name`` (0600) in the diagnostics folder (made 0700) and write ``text``."""
-    folder = diagnostics_dir()
+    folder = diagnostics_dir() if folder is None else folder
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = folder / name
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -112,3 +125,58 @@ def read_run_diagnostics(run: str, manifest: Mapping[str, Any]) -> dict[str, Any
         return None
     same_release = record.get("manifest_sha256") == _manifest_digest(manifest)
     return record.get("timings") if same_release else None
+
+
+class _WarningsFile:
+    """Warnings shown while installed go to one owner-only diagnostics file, opened at the
+    first, never to stderr (``warnings.showwarning`` for this process, every thread)."""
+
+    def __init__(self, command: str, folder: Path | None = None) -> None:
+        self.command, self.folder = command, folder
+        self.path: Path | None = None
+        self._lock = threading.Lock()
+
+    def show(self, message, category, filename, lineno, file=None, line=None) -> None:
+        text = warnings.formatwarning(message, category, filename, lineno, line)
+        with self._lock:
+            try:
+                if self.path is None:
+                    name = f"{self.command}-warnings-{secrets.token_hex(8)}.txt"
+                    self.path = _write_owner_only(name, text, self.folder)
+                else:
+                    with self.path.open("a", encoding="utf-8") as handle:
+                        handle.write(text)
+            except OSError:
+                pass  # never to stderr: the detail is lost, not published
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        shown = warnings.showwarning
+        warnings.showwarning = self.show
+        try:
+            yield
+        finally:
+            warnings.showwarning = shown
+
+
+@contextlib.contextmanager
+def private_phase(command: str) -> Iterator[None]:
+    """The block reads private rows: its warnings go to a diagnostics file, and an exception
+    that is not a :class:`~dpsub_dist.errors.DpsubError` (a bug, an overflow, a library's
+    error) is raised as :class:`~dpsub_dist.errors.RunFailed` carrying its traceback, which
+    callers charge as a data failure and the CLI publishes as "failed" (exit 6)."""
+    from dpsub_dist.errors import DpsubError, RunFailed
+
+    with _WarningsFile(command).installed():
+        try:
+            yield
+        except DpsubError:
+            raise
+        except Exception as err:
+            raise RunFailed(traceback.format_exc()) from err
+
+
+def route_warnings(command: str) -> None:
+    """From now on, this process's warnings go to a diagnostics file (a Dask worker of a
+    local cluster dpsub started: :mod:`dpsub_dist.engine.worker_setup`)."""
+    warnings.showwarning = _WarningsFile(command).show

@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import string
-import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -36,14 +35,12 @@ from typing import Any
 import numpy as np
 import yaml
 
-from dpsub_dist.diagnostics import keep_run_timings
+from dpsub_dist.diagnostics import keep_run_timings, private_phase
 from dpsub_dist.engine.cluster import check_scheduler
 from dpsub_dist.errors import (
     DataError,
-    DpsubError,
     InputError,
     RunAborted,
-    RunFailed,
     StorageFailure,
     did_you_mean,
 )
@@ -589,11 +586,12 @@ class _Attempt:
             )
 
         try:
-            if client is not None:
-                return run_estimate(config, open_dataset, client, not quiet, record.noise_seed)
-            where = (scheduler or job.scheduler, open_dataset, job.unit_column is None, quiet)
-            with run_place(*where, workers or job.workers) as (dask, opened):
-                return run_estimate(config, opened, dask, not quiet, record.noise_seed)
+            with private_phase("run"):  # an unexpected error: RunFailed, a data failure
+                if client is not None:
+                    return run_estimate(config, open_dataset, client, not quiet, record.noise_seed)
+                where = (scheduler or job.scheduler, open_dataset, job.unit_column is None, quiet)
+                with run_place(*where, workers or job.workers) as (dask, opened):
+                    return run_estimate(config, opened, dask, not quiet, record.noise_seed)
         except DataError:
             self.book.fail(self.dataset, self.run_id, self.lease)
             raise
@@ -604,11 +602,6 @@ class _Attempt:
             if reservation.kind == "new":
                 self.book.return_reservation(self.dataset, self.run_id, self.lease)
             raise
-        except DpsubError:  # the others say what to do, as before
-            raise
-        except Exception as err:  # unexpected: the data may have been read
-            self.book.fail(self.dataset, self.run_id, self.lease)
-            raise RunFailed(traceback.format_exc()) from err
 
 
 def _manifest_entry(job: Job, record: RunRecord) -> dict[str, Any]:

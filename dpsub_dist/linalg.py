@@ -138,5 +138,6 @@ def row_norms(rows: np.ndarray) -> np.ndarray:
         part = rows[extreme]
         scale = np.max(np.abs(part), axis=1)
         unit = part / scale[:, None]
-        norms[extreme] = scale * np.sqrt(np.einsum("ij,ij->i", unit, unit))
+        with np.errstate(over="ignore"):  # a norm past the float64 range is inf, quietly
+            norms[extreme] = scale * np.sqrt(np.einsum("ij,ij->i", unit, unit))
     return norms

@@ -89,3 +89,23 @@ def write_job(path: Path, dataset: Path, ledger: Path, results: Path, **fields: 
     }
     path.write_text("".join(f"{key}: {value}\n" for key, value in values.items()))
     return path
+
+
+FAIL_AT_FIRST_RELEASE = """
+import sys
+from dpsub_dist import cli, context
+
+def planted(self, step, *args, **kwargs):
+    raise RuntimeError(f"planted bug at step {step}: row 17 held 3.25")
+
+context.RunContext.release = planted
+sys.argv[0] = "dpsub"
+sys.exit(cli.main())
+"""
+"""``python -c`` code: dpsub whose first release (after the rows were read) raises an
+unexpected error naming its step and a made-up private value (a bug only some data hits)."""
+
+
+def failing_dpsub() -> list[str]:
+    """The argv prefix of :data:`FAIL_AT_FIRST_RELEASE`, run with this checkout's package."""
+    return [sys.executable, "-c", FAIL_AT_FIRST_RELEASE]

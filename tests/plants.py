@@ -126,6 +126,25 @@ PLANTS = [
         "        return private_norm_bound(counts, n_rows, mech, ctx._rng, quantile).bound\n"
         "    return ctx.release(\n        step,\n",
     ),
+    Plant(
+        "tree node of the top level released un-noised",
+        "number/shape of draws",
+        "dpsub_dist/privacy/tree_aggregation.py",
+        "                self.closed[node] = noised(node, exact)",
+        "                self.closed[node] = noised(node, exact) if node[0] < 2 else exact",
+        select="stream",
+    ),
+    Plant(
+        "GAP-MAX's truncated Laplace drawn at the whole step's δ (its part is charged δ_gap)",
+        "a part drawn at another calibration than charged",
+        "dpsub_dist/privacy/gap_max.py",
+        "    noisy = decision.release(rng, statistic)\n",
+        "    whole = steps.cost().delta  # the step's δ: it still fits, the snap's share is spent\n"
+        "    noisy = mechanism.truncated_laplace(decision.sensitivity, "
+        "decision.sensitivity / decision.scale, whole).release(rng, statistic)\n",
+        select="exact",
+        unit="tests/privacy/test_release_guard.py",
+    ),
 ]
 
 

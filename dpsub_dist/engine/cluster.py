@@ -106,9 +106,6 @@ def _workers_lost() -> Iterator[None]:
         ) from None
 
 
-WORKER_SETUP = "dpsub_dist.engine.worker_setup"
-"""The local cluster's worker preload: workers ignore Ctrl-C, which the driver handles."""
-
 WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": 128 * 2**20, "MALLOC_MMAP_THRESHOLD_": 128 * 2**20}
 """glibc settings for the local cluster's worker processes (Dask's pre-spawn environment; an
 operator's own environment variables win). Dask sets ``MALLOC_TRIM_THRESHOLD_=65536``, and
@@ -116,6 +113,12 @@ setting it turns off glibc's adaptive mmap threshold: every array over 128 KiB b
 fresh ``mmap`` that page-faults anew, a quarter of a default full-pass task's time at D = 32
 (docs/history.md, "Where the time goes"). Here arrays up to 128 MiB come from the heap and up
 to 128 MiB of freed heap stays with each worker."""
+
+
+WORKER_SETUP = "dpsub_dist.engine.worker_setup"
+"""Preloaded by each worker of a local cluster: its warnings go to the operator's diagnostics
+file, not to the stderr it shares with the driver (published), and it ignores Ctrl-C, which
+the driver handles."""
 
 
 MATCHED_PACKAGES = ("dpsub_dist", "dask", "distributed")
@@ -334,6 +337,7 @@ def dask_client(
         "distributed.nanny.pre-spawn-environ": environ,  # read by each nanny
         "distributed.scheduler.no-workers-timeout": NO_WORKERS_TIMEOUT,  # by the scheduler
     }
+    worker_preloads = list(dask.config.get("distributed.worker.preload", None) or [])
     with dask.config.set(settings):
         cluster = LocalCluster(
             n_workers=n_workers,
@@ -345,8 +349,8 @@ def dask_client(
             # A failed task's error reaches the user once, as the CLI's one-line message;
             # the workers' own "Compute Failed" log lines (with tracebacks) would repeat it.
             silence_logs=logging.CRITICAL,
-            # Ctrl-C reaches the workers too: they ignore it, the driver handles it.
-            preload=[WORKER_SETUP],
+            # Warnings to the diagnostics file; Ctrl-C ignored (the driver handles it).
+            preload=[*worker_preloads, WORKER_SETUP],
         )
     try:
         with Client(cluster) as client:

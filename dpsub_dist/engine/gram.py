@@ -19,6 +19,7 @@ user); the driver gets none.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -75,18 +76,61 @@ relative for D features and m rows of one user, below 2⁻²⁴ while D ≤ 2²�
 weighted row's squared norm is ≤ 1 exactly, not up to rounding."""
 
 
-def clip_weights(rows: np.ndarray, bound: float) -> np.ndarray:
-    """Per-row weights ``w = CLIP_MARGIN/max(‖x‖, bound)²`` (float64), so that
-    ``Σ wᵢ xᵢxᵢᵀ`` is the Gram matrix of the rows clipped to norm ≤ ``bound`` and scaled by
-    1/bound (:func:`clip_rows`), shrunk by :data:`CLIP_MARGIN`, without materialising them:
-    ``wᵢ‖xᵢ‖² ≤ 1`` holds exactly for the floats ``xᵢ`` used (norms computed in float64, also
-    for float32 rows, whose squares and sums cannot overflow there). Never modifies ``rows``.
+def clip_weights(rows: np.ndarray, bound: float) -> tuple[np.ndarray, np.ndarray]:
+    """The rows (:func:`tame_rows`) and per-row weights ``w = CLIP_MARGIN/max(‖x‖, bound)²``
+    (float64), so that ``Σ wᵢ xᵢxᵢᵀ`` is the Gram matrix of the rows clipped to norm ≤
+    ``bound`` and scaled by 1/bound (:func:`clip_rows`), shrunk by :data:`CLIP_MARGIN`,
+    without materialising them: ``wᵢ‖xᵢ‖² ≤ 1`` holds exactly for the floats ``xᵢ`` used
+    (norms computed in float64, also for float32 rows, whose squares and sums cannot
+    overflow there). Never modifies ``rows``.
+
+    A norm whose square leaves the float64 range (a bound above :data:`SQUARE_LIMIT`) gets
+    ``(√m/‖x‖)²`` instead, which underflows quietly rather than overflowing: an overflow
+    warning would tell, on stderr, that some row is that large.
     """
     if rows.dtype == np.float32:
         norms = np.sqrt(np.einsum("ij,ij->i", rows, rows, dtype=np.float64))
     else:
-        norms = row_norms(rows)
-    return CLIP_MARGIN / np.maximum(norms, bound) ** 2
+        rows, norms = tame_rows(rows, row_norms(rows), bound)
+    largest = np.maximum(norms, bound)
+    huge = largest > SQUARE_LIMIT
+    if not huge.any():
+        return rows, CLIP_MARGIN / largest**2
+    weights = np.empty_like(largest)
+    weights[~huge] = CLIP_MARGIN / largest[~huge] ** 2
+    weights[huge] = (math.sqrt(CLIP_MARGIN) / largest[huge]) ** 2
+    return rows, weights
+
+
+SQUARE_LIMIT = 1e150
+"""Norms above this have squares near or past the float64 range (~1.34e154 overflows)."""
+
+TAME_NORM = 1e100
+"""Rows of a larger norm are used at this norm (:func:`tame_rows`)."""
+
+
+def tame_rows(
+    rows: np.ndarray, norms: np.ndarray, bound: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` and their ``norms``, except that a row of norm above ``L = max(TAME_NORM,
+    bound)`` (or infinite: entries near 1e308) becomes its direction at norm L, in a copy.
+
+    Clipped to any bound ≤ L, both are the same row (clipping keeps only the direction of a
+    row above the bound), and they fall in the same bin of a grid below L; but the original
+    overflows the products taken before the clipping weights apply (``XV``: inf, then
+    inf·0 = NaN, and a run that fails only when some row is that large). Rows in range are
+    returned as they are, uncopied."""
+    limit = max(TAME_NORM, bound)
+    huge = ~(norms <= limit)
+    if not huge.any():
+        return rows, norms
+    rows, norms = np.array(rows, dtype=np.float64), np.array(norms, dtype=np.float64)
+    part = rows[huge]
+    part /= np.max(np.abs(part), axis=1)[:, None]
+    part /= row_norms(part)[:, None]
+    rows[huge] = part * limit
+    norms[huge] = row_norms(rows[huge])
+    return rows, norms
 
 
 def user_squared_norms(loader: Loader, bound: float | None, part: Any) -> pd.Series:

@@ -39,6 +39,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -345,6 +346,7 @@ def write_run(
         tmp.mkdir(parents=False)
         for name, data in files.items():
             _write_synced(tmp / name, data)
+        _set_public_times(tmp, manifest)
         if final.exists():
             if not overwrite:
                 raise InputError(f"output folder appeared while running: {out}: choose a new --out")
@@ -362,6 +364,19 @@ def write_run(
         _remove_partial(tmp, created)
         raise
     return str(final)
+
+
+def _set_public_times(folder: Path, manifest: Mapping[str, Any]) -> None:
+    """Date a ledger run's files and folder at its published ``reserved_at``, not at the
+    write: with ``reserved_at``, a finish time would publish the run's duration, which
+    depends on the data. (A file's ``ctime`` and an object's LastModified cannot be set:
+    docs/privacy.md.)"""
+    reserved = (manifest.get("ledger") or {}).get("reserved_at")
+    if not reserved:
+        return
+    stamp = datetime.fromisoformat(reserved).timestamp()
+    for path in [*folder.iterdir(), folder]:
+        os.utime(path, (stamp, stamp))
 
 
 def _remove_partial(tmp: Path, created: list[Path]) -> None:

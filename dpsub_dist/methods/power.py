@@ -57,6 +57,7 @@ from dpsub_dist.engine.gram import (
     clip_weights,
     one_key,
     sum_on_workers,
+    tame_rows,
     user_squared_norms,
     user_totals,
 )
@@ -221,7 +222,7 @@ def _load_weighted(
     (``users``: every user's Σ‖x‖² of those clipped rows) also divided by ``max(1, Σ‖x‖²)``
     of the row's user, as :func:`~dpsub_dist.engine.gram.user_scale` scales gauss's rows."""
     rows, units = load_native(loader, part)
-    weights = clip_weights(rows, bound)
+    rows, weights = clip_weights(rows, bound)
     if users is not None:
         weights /= user_totals(units, users)
     return rows, weights
@@ -245,7 +246,7 @@ def _counted_rows(loader: Loader, part: Any) -> tuple[np.ndarray, np.ndarray]:
         rows = base = load_native(loader, part)[0]
         shift = 0.0
     if rows.dtype != np.float32:  # the loader's own float64 rows
-        return rows, row_norms(rows)
+        return tame_rows(rows, row_norms(rows))
     step = max(1, NORM_CHUNK_BYTES // (8 * max(base.shape[1], 1)))
     norms = [
         row_norms(np.asarray(base[s : s + step], dtype=np.float64) - shift)

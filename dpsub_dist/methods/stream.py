@@ -94,6 +94,7 @@ from typing import Any
 import numpy as np
 
 from dpsub_dist.context import RunContext, versions, width_failure
+from dpsub_dist.diagnostics import private_phase
 from dpsub_dist.engine.compute import IN_PROCESS, Executor
 from dpsub_dist.engine.gram import compute_gram
 from dpsub_dist.engine.sources import Dataset, Footers, parquet_dataset
@@ -726,15 +727,17 @@ class Stream:
     ) -> StreamRelease:
         """Read one batch on the workers, add its noisy contribution, release the new basis.
 
-        Appending a batch id that is already in the stream, with the same files, releases
-        that step again and changes nothing (or fails again, if it failed). Before any row is
-        read (InputError, exit 2, nothing charged): a batch outside the ledger's dataset, a
-        batch id reused for other files, the horizon (BudgetRefused, exit 4), a stream whose
-        first batch failed, a file already in the stream (by real path) or twice in this
-        batch, and what the footers tell (columns, a schema width against the rank). From the
-        first row read on, data that fails validation (a variable list's width, nulls, NaN,
-        a file whose bytes are already in the stream) raises :class:`DataError` after
-        :meth:`_record_failure` took its step and charged it.
+        Appending a batch id that is already in the stream, from the same paths, releases that step
+        again and changes nothing (or fails again, if it failed); the files' bytes are not compared
+        (that would tell, free, whether a guessed file is the batch). Before any row is read
+        (InputError, exit 2, nothing charged): a batch outside the ledger's dataset, a batch id
+        reused for other files, the horizon (BudgetRefused, exit 4), a stream whose first batch
+        failed, a file already in the stream (by real path) or twice in this batch, and what the
+        footers tell (columns, a schema width against the rank). From the first row read on, data
+        that fails validation (a variable list's width, nulls, NaN, a file whose bytes are already
+        in the stream) raises :class:`DataError`, and any other error
+        :class:`~dpsub_dist.errors.RunFailed` (:func:`private_phase`), after :meth:`_record_failure`
+        took its step and charged it.
 
         The append's private steps run in its :class:`~dpsub_dist.context.RunContext`
         (:func:`append_context`). ``noise_seed`` is a *private* seed for their noise, as
@@ -749,11 +752,13 @@ class Stream:
         batches = self.batches()
         seen = next((b for b in batches if b.batch_id == batch_id), None)
         known = self._files()
-        if seen is not None:
-            if known.get(seen.step) != batch_files(uri, storage_options, executor):
+        if seen is not None:  # decided by the id and the paths: never by the files' bytes
+            if _paths(known.get(seen.step, [])) != _paths(
+                batch_files(uri, storage_options, executor)
+            ):
                 raise InputError(
-                    f"batch id {batch_id} was appended at step {seen.step} from other files (or "
-                    "they changed since): give this batch its own --batch-id"
+                    f"batch id {batch_id} was appended at step {seen.step} from other files: "
+                    "give this batch its own --batch-id"
                 )
             again = self.release(seen.step)
             if again.manifest["outcome"] != "ok":
@@ -778,59 +783,64 @@ class Stream:
         files = batch_files(uri, storage_options, executor)
         ids = {b.step: b.batch_id for b in batches}
         _check_new_paths(uri, files, known, ids)
-        try:  # from the first row read on, a failure is published as such and charged
-            dataset = parquet_dataset(
-                uri, s.columns, None, storage_options or {}, executor, footers=footers
-            )
-            if s.rank >= dataset.dim:
-                raise width_failure(
-                    dataset,
-                    f"rank {s.rank} must be smaller than the number of features ({dataset.dim})"
-                    ": pass more columns at stream init",
+        try:  # from the first row read on, any failure is published as such and charged
+            with private_phase("stream append"):  # an unexpected error: RunFailed
+                dataset = parquet_dataset(
+                    uri, s.columns, None, storage_options or {}, executor, footers=footers
                 )
-            before = dataset.dim if earlier is None else earlier.basis.shape[0]
-            if before != dataset.dim:
-                raise width_failure(
-                    dataset,
-                    f"{uri} has {dataset.dim} features but the stream's earlier batches have "
-                    f"{before}: vector columns must keep their width across batches",
+                if s.rank >= dataset.dim:
+                    raise width_failure(
+                        dataset,
+                        f"rank {s.rank} must be smaller than the number of features ({dataset.dim})"
+                        ": pass more columns at stream init",
+                    )
+                before = dataset.dim if earlier is None else earlier.basis.shape[0]
+                if before != dataset.dim:
+                    raise width_failure(
+                        dataset,
+                        f"{uri} has {dataset.dim} features but the stream's earlier batches have "
+                        f"{before}: vector columns must keep their width across batches",
+                    )
+                ctx = append_context(s, step + 1, dataset, executor, progress, noise_seed)
+                if step == 0:  # public refusals (row count, width) before the bytes are compared
+                    first_batch_quantile(s, dataset, ctx.grants)
+                _check_new_contents(uri, files, known, ids)
+                spent_before = ctx.accountant.spent.rho
+                settings = s if s.columns is not None else replace(s, columns=list(dataset.columns))
+                if step == 0:
+                    fixed = first_batch(ctx, s)
+                    settings = replace(settings, first_batch=fixed)
+                else:
+                    fixed = s.fixed
+                loader = batch_loader(fixed, dataset)
+                summary = compute_gram(
+                    dataset.parts, loader, fixed["row_norm"], executor=executor, progress=progress
                 )
-            ctx = append_context(s, step + 1, dataset, executor, progress, noise_seed)
-            if step == 0:  # public refusals (row count, width) before the bytes are compared
-                first_batch_quantile(s, dataset, ctx.grants)
-            _check_new_contents(uri, files, known, ids)
-            spent_before = ctx.accountant.spent.rho
-            settings = s if s.columns is not None else replace(s, columns=list(dataset.columns))
-            if step == 0:
-                fixed = first_batch(ctx, s)
-                settings = replace(settings, first_batch=fixed)
-            else:
-                fixed = s.fixed
-            loader = batch_loader(fixed, dataset)
-            summary = compute_gram(
-                dataset.parts, loader, fixed["row_norm"], executor=executor, progress=progress
-            )
+                with sqlite_transaction(self._conn, self.path, write=True) as execute:
+                    self._check_unchanged(execute, step, batch_id)
+                    tree = self._aggregator(execute, step, dataset.dim)
+                    closed = tree.add(summary.gram, noised_nodes(ctx, s))
+                    ctx.check_charged()
+                    charge = ctx.accountant.spent.rho - spent_before
+                    batch = StreamBatch(
+                        step + 1, batch_id, uri, int(dataset.n_rows), charge, now_utc()
+                    )
+                    values, basis = top_eigenvectors(tree.prefix(batch.step), s.rank)
+                    rows = sum(b.n_rows for b in batches) + batch.n_rows
+                    manifest = self._manifest(
+                        settings, batch, ctx.accountant, values, dataset.dim, rows
+                    )
+                    manifest["summary_bytes_gathered"] = summary.nbytes
+                    self._store_tree(execute, tree, closed)
+                    self._insert_batch(execute, batch, files, basis, manifest)
+                    if settings is not s:
+                        execute(
+                            "UPDATE dpsub_stream_meta SET value = ? WHERE key = 'settings'",
+                            (json.dumps(asdict(settings)),),
+                        )
         except DataError:
             self._record_failure(step, batch_id, uri, files, earlier, noise_seed)
             raise
-        with sqlite_transaction(self._conn, self.path, write=True) as execute:
-            self._check_unchanged(execute, step, batch_id)
-            tree = self._aggregator(execute, step, dataset.dim)
-            closed = tree.add(summary.gram, noised_nodes(ctx, s))
-            ctx.check_charged()
-            charge = ctx.accountant.spent.rho - spent_before
-            batch = StreamBatch(step + 1, batch_id, uri, int(dataset.n_rows), charge, now_utc())
-            values, basis = top_eigenvectors(tree.prefix(batch.step), s.rank)
-            rows = sum(b.n_rows for b in batches) + batch.n_rows
-            manifest = self._manifest(settings, batch, ctx.accountant, values, dataset.dim, rows)
-            manifest["summary_bytes_gathered"] = summary.nbytes
-            self._store_tree(execute, tree, closed)
-            self._insert_batch(execute, batch, files, basis, manifest)
-            if settings is not s:
-                execute(
-                    "UPDATE dpsub_stream_meta SET value = ? WHERE key = 'settings'",
-                    (json.dumps(asdict(settings)),),
-                )
         self.settings = settings
         return StreamRelease(batch.step, basis, manifest, charged_rho=charge)
 
@@ -940,6 +950,12 @@ class Stream:
                 f"batch {uri} is outside the dataset {dataset} whose grant pays for this stream: "
                 "append batches of that dataset, or start a stream charged to this one"
             )
+
+
+def _paths(files: list[BatchFile]) -> list[str]:
+    """A batch's real paths, in order: what a re-append is compared by. Comparing bytes too
+    would answer, for free, whether a guessed file equals the batch appended (its rows)."""
+    return [f.path for f in files]
 
 
 def _check_new_paths(

@@ -220,8 +220,8 @@ def test_clip_weights_keep_rows_at_the_bound_inside_the_unit_ball_exactly(dtype)
     rows = np.vstack(
         [at_bound, 10 * at_bound[:20], 0.5 * at_bound[:20], [[bound] + [0.0] * 199]]
     ).astype(dtype)
-    weights = gram.clip_weights(rows, bound)
-    assert weights.dtype == np.float64
+    used, weights = gram.clip_weights(rows, bound)
+    assert weights.dtype == np.float64 and used is rows
     pairs = zip(weights, rows, strict=True)
     exact = [Fraction(float(w)) * _exact_squared_norm(row) for w, row in pairs]
     assert max(exact) <= 1
@@ -232,6 +232,31 @@ def test_clip_weights_keep_rows_at_the_bound_inside_the_unit_ball_exactly(dtype)
         for r in rows
     ]
     assert max(plain) > 1  # what the margin is for
+
+
+@pytest.mark.filterwarnings("error")
+def test_clip_weights_of_huge_rows_are_their_clipped_rows_without_overflow() -> None:
+    """Rows of norm 1e200 and of entries 1e308 (norm inf in float64): the rows and weights
+    used give the Gram matrix and the product of the rows clipped to the bound (their
+    directions), ``w‖x‖² ≤ 1``, and no overflow warning (a one-bit channel on stderr)."""
+    rng = np.random.default_rng(6)
+    rows = rng.standard_normal((50, 6))
+    rows[3] *= 1e200 / np.linalg.norm(rows[3])
+    rows[7] = 1e308
+    bound, basis = 2.0, np.linalg.qr(rng.standard_normal((6, 2)))[0]
+    used, weights = gram.clip_weights(rows, bound)
+    assert rows[7, 0] == 1e308 and np.isfinite(used).all() and np.isfinite(weights).all()
+    clipped = gram.clip_rows(rows, bound)
+    for huge in (3, 7):  # clipped: the direction (norm 1 after the 1/bound scaling)
+        direction = rows[huge] / np.abs(rows[huge]).max()
+        clipped[huge] = direction / np.linalg.norm(direction)
+    want = clipped.T @ clipped
+    assert np.allclose((used * weights[:, None]).T @ used, want, rtol=1e-6, atol=1e-12)
+    assert np.allclose(runner._product(used, basis, weights), want @ basis, rtol=1e-6)
+    exact = [
+        Fraction(float(w)) * _exact_squared_norm(r) for w, r in zip(weights, used, strict=True)
+    ]
+    assert max(exact) <= 1
 
 
 def test_float32_rows_give_the_float64_product_within_1e_5() -> None:

@@ -42,7 +42,8 @@ NOISE_SEED = 0x6A40
 
 def _separate(rows: np.ndarray, basis: np.ndarray, bound: float) -> np.ndarray:
     """The iteration pass's product of the rows clipped to ``bound`` (float64)."""
-    return runner._product(rows, basis, clip_weights(rows, bound))
+    used, weights = clip_weights(rows, bound)
+    return runner._product(used, basis, weights)
 
 
 def test_level_products_give_the_first_product_at_every_grid_value() -> None:

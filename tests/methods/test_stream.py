@@ -971,7 +971,7 @@ def _list_batch(path: Path, lengths: list[int], nan_row: int | None = None) -> s
 
 def _published(state: str, code: int, captured, capsys) -> tuple:
     """What an append publishes: exit code, stdout, stderr without the diagnostics file's
-    path (a time stamp and a random token), and the stream file (show --json without the
+    path (a random token), and the stream file (show --json without the
     times, and the manifest this append stored; earlier releases differ by their noise)."""
     line = captured.err.strip().rsplit(" ", 1)[0] if code == 6 else captured.err
     assert main(["stream", "show", state, "--json"]) == 0

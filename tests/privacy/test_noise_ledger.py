@@ -179,11 +179,14 @@ def _explained_variance(run: Run, step: dict[str, Any]) -> list[float]:
 
 def _tree_node(run: Run, step: dict[str, Any]) -> list[float]:
     """§8: every node gets ρ_tree/L (each row is in ≤ L released nodes), ρ_tree the tree's
-    share of the stream's ρ; step ``batch 2^h`` is charged one node's ρ_tree/L."""
+    share of the stream's ρ; step ``batch 2^h`` is charged one node's ρ_tree/L, and each
+    node of level h a release uses (even index i, its batches (i+1)·2^h ≤ t appended) draws
+    it: disjoint batches, parallel composition."""
     tree = run.manifest["parameters"]["tree_rho"]
     levels = run.manifest["parameters"]["levels"]
     assert math.isclose(step["rho"], tree / levels, rel_tol=1e-12), step
-    return [gaussian_sigma(ZCDP(tree / levels), TREE_NODE)]
+    spans = run.manifest["stream"]["step"] // int(step["step"].split()[1])  # t // 2^h
+    return [gaussian_sigma(ZCDP(tree / levels), TREE_NODE)] * ((spans + 1) // 2)
 
 
 def _power_iterations(run: Run, step: dict[str, Any]) -> list[float]:
@@ -609,6 +612,9 @@ def data(tmp_path_factory) -> dict[str, Path]:
 def _generated(root: Path) -> dict[str, Path]:
     return {
         "rows": generate(root / "rows", rows=20_000, dim=8, rank=2, partitions=2, seed=1).path,
+        "batches": generate(  # one batch per file, STREAM_HORIZON of them: every level closes
+            root / "batches", rows=20_000, dim=8, rank=2, partitions=STREAM_HORIZON, seed=1
+        ).path,
         "clusters": generate(
             root / "clusters", rows=60_000, dim=8, rank=2, clusters=2, partitions=2, seed=1
         ).path,
@@ -682,9 +688,9 @@ CASES = {
         "sample-aggregate", "--aggregator", "histogram", "--epsilon", "12"
     ),  # at ε = 4 the histogram aggregator ends in ⊥ for about half the noise seeds
     "cluster sulq": _cluster("sulq", "--method", "sulq"),
-    "stream": Case("stream online", "stream", "rows", tuple(RHO)),  # private bound, centred
-    "stream public bound": Case("stream online", "stream", "rows", (*RHO, "--clip-norm", "5")),
-    "stream uncentred": Case("stream online", "stream", "rows", (*BUDGET, "--no-center")),
+    "stream": Case("stream online", "stream", "batches", tuple(RHO)),  # private bound, centred
+    "stream public bound": Case("stream online", "stream", "batches", (*RHO, "--clip-norm", "5")),
+    "stream uncentred": Case("stream online", "stream", "batches", (*BUDGET, "--no-center")),
     "run": Case("run", "run", "rows"),
 }
 """Every way to run a method, under (ε, δ) and ρ-zCDP where it has both paths."""
@@ -730,9 +736,11 @@ def _cli_run(case: Case, source: Path, tmp: Path, scheduler: str | None) -> Path
     common = ["--scheduler", scheduler, "--quiet"] if scheduler else []
     if case.command == "stream":
         state = tmp / "stream.db"
-        init = ["stream", "init", str(state), "--horizon", "4", "--rank", "2"]
+        init = ["stream", "init", str(state), "--horizon", str(STREAM_HORIZON), "--rank", "2"]
         assert main([*init, *case.args]) == 0
-        for i, part in enumerate(sorted(source.glob("*.parquet"))):
+        batches = sorted(source.glob("*.parquet"))
+        assert len(batches) == STREAM_HORIZON, "the stream must close its top tree level"
+        for i, part in enumerate(batches):
             out = tmp / f"step{i}"
             append = ["stream", "append", str(state), str(part), "--out", str(out)]
             assert main([*append, *common]) == 0
@@ -753,6 +761,11 @@ def _cli_run(case: Case, source: Path, tmp: Path, scheduler: str | None) -> Path
     assert main([case.command, str(source), *rank, *case.args, *common]) == 0
     return tmp / "out"
 
+
+STREAM_HORIZON = 4
+"""A stream case appends its whole horizon (one batch per file of its source): its top tree
+level (batch 4 of 3 levels) closes and is drawn, and its last append has charged the whole
+plan."""
 
 IN_PROCESS = "in process"
 """The variant of a CLI case run without --scheduler: in process, as a small table runs."""
@@ -794,12 +807,13 @@ def check_privacy_maps(planned: list[Accountant]) -> None:
     noise, is its grant: the same ε or ρ (to float rounding), a δ no larger (docs/methods.md,
     "Privacy maps"). Accountants without a plan (ledger, boosting's groups) charge budgets,
     not mechanisms; every method's run, streams included, charges a plan, and runs every
-    planned step (a stream's later batches are run by later appends)."""
+    planned step (a stream's later batches are run by later appends, so only its last
+    append, at the end of the horizon, has run them all)."""
     assert planned, "a method's run charged no budget plan"
-    for accountant in planned:
+    for number, accountant in enumerate(planned, start=1):
         charged = dict(accountant._steps)
         assert set(accountant.stated) == set(charged), "a planned step was charged by name"
-        later = re.compile(r"batch \d+")  # a stream's later batches: planned at init
+        later = re.compile(r"batch \d+" if number < len(planned) else "(?!)")
         unrun = {s for s in set(accountant._plan) - set(charged) if not later.fullmatch(s)}
         assert set(charged) <= set(accountant._plan) and not unrun, "steps run ≠ steps planned"
         for step, stated in accountant.stated.items():

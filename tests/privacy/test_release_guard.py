@@ -2,13 +2,15 @@
 
 Every method and route of the release identity table (tests/privacy/test_release_checksums.py) runs
 with its private generator wrapped so that any use of it outside
-:meth:`~dpsub_dist.context.RunContext.release` is recorded, and every noise draw is compared
-with the mechanism that release charged: its scale per unit of sensitivity must be that
-mechanism's (or one of its parts'). Then the steps charged must be the steps the run
-declared (its manifest's ``budget_shares``): all of them where a basis was released (a
-stream's cases append its whole horizon: its last release has charged its whole plan). Every
-step released is named by a :class:`~dpsub_dist.methods.steps.Step` member (or numbered:
-a clustering iteration, a stream's tree node), not by a string written at the release.
+:meth:`~dpsub_dist.context.RunContext.release` is recorded, and every noise draw is compared with
+the mechanism that release charged: each draw must be the very noise of one of its parts — that
+part's sampler, scale per unit of sensitivity and (a truncated Laplace) its own truncation bound,
+and a snap its own grid side — not merely fit the whole step: a part drawn at another part's (or the
+whole step's) δ moves no scale, only its bound or grid. Then the steps charged must be the steps the
+run declared (its manifest's ``budget_shares``): all of them where a basis was released (a stream's
+cases append its whole horizon: its last release has charged its whole plan). Every step released is
+named by a :class:`~dpsub_dist.methods.steps.Step` member (or numbered: a clustering iteration, a
+stream's tree node), not by a string written at the release.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import math
 import re
 import sys
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +29,7 @@ import pytest
 import dpsub_dist
 from dpsub_dist import context
 from dpsub_dist.methods.steps import Step
-from dpsub_dist.privacy import mechanism, noise
+from dpsub_dist.privacy import gap_max, mechanism, noise
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_release_checksums import CLUSTERS, ESTIMATES, STREAMS, _rows, run_case  # noqa: E402
@@ -57,20 +60,53 @@ class GuardedGenerator:
         return guarded
 
 
-def _ratios(mech: mechanism.Mechanism) -> list[float]:
-    """Each noise scale per unit of sensitivity the mechanism (or its parts) may draw."""
-    if isinstance(mech, mechanism.Composed):
-        return [r for part in mech.parts for r in _ratios(part)]
-    if isinstance(mech, mechanism.Gaussian):
-        return [mech.sigma / mech.sensitivity]
-    if isinstance(mech, mechanism.Laplace | mechanism.TruncatedLaplace):
-        return [mech.scale / mech.sensitivity]
-    if isinstance(mech, mechanism.AboveThreshold):
+KINDS: dict[type, tuple[str, ...]] = {
+    mechanism.Gaussian: ("gaussian", "symmetric_gaussian"),
+    mechanism.Laplace: ("laplace",),
+    mechanism.TruncatedLaplace: ("truncated_laplace",),
+    mechanism.AboveThreshold: ("laplace",),
+}
+"""The samplers (:mod:`noise`'s draw kinds) each kind of part draws with."""
+
+
+def _parts(mech: mechanism.Mechanism) -> list[mechanism.Mechanism]:
+    """The parts of a composed (or parallel) step, each with its own calibration."""
+    if isinstance(mech, mechanism.Composed | mechanism.Parallel):
+        return [p for part in mech.parts for p in _parts(part)]
+    return [mech]
+
+
+def _calibrations(part: mechanism.Mechanism) -> list[tuple[float, float]]:
+    """(scale, sensitivity) of each draw the part may make: its own, not the step's."""
+    if isinstance(part, mechanism.Gaussian):
+        return [(part.sigma, part.sensitivity)]
+    if isinstance(part, mechanism.Laplace | mechanism.TruncatedLaplace):
+        return [(part.scale, part.sensitivity)]
+    if isinstance(part, mechanism.AboveThreshold):
         return [
-            mech.query_scale / mech.sensitivity,
-            mech.threshold_scale / mech.threshold_sensitivity,
+            (part.query_scale, part.sensitivity),
+            (part.threshold_scale, part.threshold_sensitivity),
         ]
     return []
+
+
+def _same(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-12)
+
+
+def _drawn_as(
+    part: mechanism.Mechanism, kind: str, scale: float, sensitivity: float, units
+) -> bool:
+    """Whether one draw is the very noise of ``part``: its sampler, its scale per unit of
+    sensitivity, and a truncated Laplace's own truncation bound (on the draw's grid)."""
+    if kind not in KINDS.get(type(part), ()):
+        return False
+    ratio = scale / sensitivity
+    if not any(_same(ratio, s / d) for s, d in _calibrations(part)):
+        return False
+    if isinstance(part, mechanism.TruncatedLaplace):  # units: (g, t, changed, ⌊bound/g⌋)
+        return units[3] == math.floor(Fraction(part.bound) / Fraction(units[0]))
+    return True
 
 
 @pytest.fixture
@@ -96,12 +132,29 @@ def guard(monkeypatch) -> dict[str, list]:
         else:
             step, mech = active
             seen["steps"].append(step)
-            ratio = scale / sensitivity
-            if not any(math.isclose(ratio, r, rel_tol=1e-12) for r in _ratios(mech)):
-                seen["unmatched"].append((step, kind, ratio, _ratios(mech)))
+            if not any(_drawn_as(p, kind, scale, sensitivity, args[1]) for p in _parts(mech)):
+                seen["unmatched"].append((step, kind, scale, sensitivity, args[1], mech))
         record(kind, scale, sensitivity, *args, **kw)
 
     monkeypatch.setattr(noise, "_record", checked)
+    snap = gap_max.snap_symmetric
+
+    def snapped(matrix: np.ndarray, side: float, rng: Any) -> np.ndarray:
+        """A snap's grid must be its own part's (the side its δ share was charged for)."""
+        active = context.active_release()
+        sides = (
+            []
+            if active is None
+            else [p.side for p in _parts(active[1]) if isinstance(p, mechanism.Snap)]
+        )
+        seen["draws"].append("snap")
+        if active is None:
+            seen["outside"].append("snap")
+        elif not any(_same(side, s) for s in sides):
+            seen["unmatched"].append((active[0], "snap", side, sides))
+        return snap(matrix, side, rng)
+
+    monkeypatch.setattr(gap_max, "snap_symmetric", snapped)
     monkeypatch.setattr(noise, "_LOGS", [[]])  # _record runs only where a log listens
     return seen
 
@@ -172,13 +225,52 @@ def test_the_guard_sees_a_draw_outside_a_release(guard) -> None:
 
 def test_the_guard_sees_a_draw_at_another_scale(guard) -> None:
     """A release whose draw uses a scale other than its charged mechanism's is reported."""
+    ctx = _free_context()
+    half: Callable = lambda m, rng: noise.add_gaussian(rng, np.zeros(3), m.sigma / 2, 1.0)  # noqa: E731
+    ctx.release("gram_noise", mechanism.Gaussian(1.0, 2.0, 1.0), half)
+    assert guard["unmatched"] and guard["outside"] == []
+
+
+def _gap_max_step() -> gap_max.GapMax:
+    from dpsub_dist.privacy.accountant import ApproxDP
+
+    return gap_max.gap_max_mechanism(ApproxDP(1.0, 1e-6), 1e-8, 60, 4)
+
+
+def test_the_guard_sees_a_part_drawn_at_the_whole_steps_delta(guard) -> None:
+    """GAP-MAX's truncated Laplace drawn with the bound of the whole step's δ (its scale,
+    Δ/ε, is its part's: only the truncation moved) is reported; its own bound is not."""
+    steps = _gap_max_step()
+    decision = steps.decision
+    whole = mechanism.truncated_laplace(decision.sensitivity, 1.0, steps.cost().delta)
+    assert whole.scale == decision.scale and whole.bound < decision.bound
+    ctx = _free_context()
+    own: Callable = lambda m, rng: m.decision.release(rng, 0.0)  # noqa: E731
+    ctx.release(Step.GAP_MAX, steps, own)
+    assert guard["unmatched"] == []
+    other: Callable = lambda m, rng: whole.release(rng, 0.0)  # noqa: E731
+    ctx.release(Step.GAP_MAX, steps, other)
+    assert [u[1] for u in guard["unmatched"]] == ["truncated_laplace"]
+
+
+def test_the_guard_sees_a_snap_on_another_grid(guard) -> None:
+    """A snap on a grid other than its part's side (its δ share) is reported."""
+    steps = _gap_max_step()
+    ctx = _free_context()
+    for side in (steps.snap.side, steps.snap.side / 2):
+        ctx.release(
+            Step.GAP_MAX, steps, lambda m, rng, w=side: gap_max.snap_symmetric(np.eye(4), w, rng)
+        )
+    assert [u[1:3] for u in guard["unmatched"]] == [("snap", steps.snap.side / 2)]
+
+
+def _free_context() -> context.RunContext:
+    """A run context that charges nothing (a draw's calibration is what is under test)."""
     ctx = context.RunContext.__new__(context.RunContext)
     ctx._rng = noise.noise_rng(1)  # type: ignore[attr-defined]
     ctx.accountant = _Free()  # type: ignore[assignment]
     ctx.mechanisms = {}
-    half: Callable = lambda m, rng: noise.add_gaussian(rng, np.zeros(3), m.sigma / 2, 1.0)  # noqa: E731
-    ctx.release("gram_noise", mechanism.Gaussian(1.0, 2.0, 1.0), half)
-    assert guard["unmatched"] and guard["outside"] == []
+    return ctx
 
 
 class _Free:
