@@ -588,7 +588,8 @@ def _projected_sums(loader: Any, basis: np.ndarray, bound: float, part: Any) -> 
 STANDARDIZE_NOTE = (
     "private standardisation (steps standardize_histogram, standardize_moments, "
     "standardize_refine): every row is "
-    "(x − location)/scale before the method's steps; the basis is in those standardised units"
+    "(x − location)/scale, clipped to ±standardize_bound, before the method's steps; the "
+    "basis is in those standardised units"
 )
 
 
@@ -604,7 +605,7 @@ def standardize(ctx: RunContext, dataset: Dataset) -> tuple[Any, dict[str, Any],
     ranges = ctx.release(
         Step.STANDARDIZE_HISTOGRAM,
         column_scales.histogram_mechanism(ctx.grant(Step.STANDARDIZE_HISTOGRAM), dim),
-        lambda mech, rng: column_scales.private_ranges(counts, mech, rng),
+        lambda mech, rng: column_scales.private_ranges(counts, dataset.n_rows, mech, rng),
     )
     moments = dask.delayed(_clipped_moments, pure=True)
     around, rounds = ranges, []
@@ -630,6 +631,7 @@ def standardize(ctx: RunContext, dataset: Dataset) -> tuple[Any, dict[str, Any],
         "standardize_clips": list(column_scales.CLIPS),
         "standardize_grid": f"signed, 2^{column_scales.LOW}…2^{column_scales.HIGH}, "
         f"{column_scales.PER_OCTAVE} bins per octave",
+        "standardize_bound": column_scales.BOUND,
     }
     release = {
         "location": released.location.tolist(),
