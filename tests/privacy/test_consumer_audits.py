@@ -477,7 +477,7 @@ def standardize_audit(
 
 def test_published_standardize_audit_catches_an_eighth_of_the_noise(gaussian_factor) -> None:
     honest, twin, grant = standardize_audit(gaussian_factor, 0.125, 400)
-    assert grant.epsilon == pytest.approx(1.6)
+    assert grant.epsilon == pytest.approx(1.2)
     assert_holds_and_catches(honest, twin, grant)
 
 
@@ -530,7 +530,7 @@ def test_published_standardize_histogram_audit_catches_an_eighth_of_the_noise(
     gaussian_factor,
 ) -> None:
     honest, twin, grant = standardize_histogram_audit(gaussian_factor, 0.125, 400)
-    assert grant.epsilon == pytest.approx(3.2)
+    assert grant.epsilon == pytest.approx(2.4)
     assert_holds_and_catches(honest, twin, grant)
 
 
