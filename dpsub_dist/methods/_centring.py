@@ -609,7 +609,9 @@ def standardize(ctx: RunContext, dataset: Dataset) -> tuple[Any, dict[str, Any],
     )
     moments = dask.delayed(_clipped_moments, pure=True)
     around, rounds = ranges, []
-    for step, clip in zip(ROUNDS, column_scales.CLIPS, strict=True):
+    last = column_scales.moments_mechanism(ctx.grant(ROUNDS[-1]), dim)
+    clips = column_scales.clips(dataset.n_rows, last.sigma)  # public: n, the grant, D
+    for step, clip in zip(ROUNDS, clips, strict=True):
         tasks = [
             moments(dataset.loader, around.centre, around.spread, clip, p) for p in dataset.parts
         ]
@@ -628,7 +630,7 @@ def standardize(ctx: RunContext, dataset: Dataset) -> tuple[Any, dict[str, Any],
         "center": False,
         "center_note": "no separate private mean: " + STANDARDIZE_NOTE,
         "standardize": True,
-        "standardize_clips": list(column_scales.CLIPS),
+        "standardize_clips": list(clips),
         "standardize_grid": f"signed, 2^{column_scales.LOW}…2^{column_scales.HIGH}, "
         f"{column_scales.PER_OCTAVE} bins per octave",
         "standardize_bound": column_scales.BOUND,

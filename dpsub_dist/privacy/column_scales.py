@@ -36,7 +36,7 @@ Post-processing of the noisy counts: no further cost.
 
 Steps 2 and 3, ``standardize_moments`` and ``standardize_refine`` (:func:`clipped_moments`,
 :func:`private_location_scale`), one CoinPress round each.
-Every row gives ``z_j = clip((x_j − m_j)/s_j, −c, c)`` (c: :data:`CLIPS`; ``x`` is clipped to
+Every row gives ``z_j = clip((x_j − m_j)/s_j, −c, c)`` (c: :func:`clips`; ``x`` is clipped to
 ``m ± c·s`` before dividing, so z is finite for every finite x), and the run releases the
 2D-vector ``(Σ z_j/(2c), Σ z_j²/c²)_j`` with one Gaussian. Replacing row a by row b moves
 coordinate j of the first half by ``(z_a − z_b)/(2c) ∈ [−1, 1]`` and of the second by
@@ -46,9 +46,12 @@ coordinate j of the first half by ``(z_a − z_b)/(2c) ∈ [−1, 1]`` and of th
 ±c) and ``σ̂_j = s_j·√v_j``: ``v_j`` is the noisy variance ``E[z²] − z̄²`` where it exceeds
 2τ_j (``τ_j`` the noise's standard deviation in that variance, a public function of σ, c, n
 and the released z̄); below, where the round cannot tell it from noise, 1 (the spread it
-clipped around is kept) unless the band's top ``v + 2τ`` is lower; always in
+clipped around is kept) unless ``v + 4τ`` is lower (noise puts the truth above it in
+3·10⁻⁵ of rounds); always in
 ``[VARIANCE_FLOOR, c²]`` (a round never blows a column up, nor shrinks it to the floor, on
-noise alone). Step 3 repeats step 2 around ``μ̂`` and ``σ̂`` (CoinPress's shrinking range: a
+noise alone). Step 3 repeats step 2 around ``μ̂`` and ``σ̂``, clipped at the widest c of
+:data:`REFINE_CLIPS` whose noise c²σ/n is small (public n and σ; 3 where none is: a heavy
+tail loses less of its σ where the rows allow), (CoinPress's shrinking range: a
 column 2 ± 0.01, far below the grid's resolution at its centre, is resolved there). The
 released μ̂ and σ̂ are the last round's; clipping biases them only through rows more than c
 spreads from the centre.
@@ -95,7 +98,23 @@ WIDTH = np.concatenate([(EDGES[1:] - EDGES[:-1])[::-1], [2 * EDGES[0]], EDGES[1:
 CLIPS = (8.0, 3.0)
 """c of each moments round: each coordinate is clipped to c spreads around the centre; wider
 in the first round (around the histogram's spread), narrower around the refined spread (the
-variance's noise grows with c²)."""
+variance's noise grows with c²). The last round's is the widest of :data:`REFINE_CLIPS` its
+noise allows (:func:`clips`); 3 where none does."""
+REFINE_CLIPS = (8.0, 6.0, 4.0)
+"""The last round's clip, widest first: a heavy tail clipped at 3 spreads loses a quarter of
+its σ (flights' delays), at 8 a few percent."""
+REFINE_NOISE = 0.02
+"""The last round's clip is the widest whose c²·σ/n (the variance's noise, in variances of
+z) is at most this: σ̂ within about 1 % from the noise."""
+
+
+def clips(n_rows: int, refine_sigma: float) -> tuple[float, float]:
+    """Both rounds' clips, from public facts only (n, the last round's σ): :data:`CLIPS`'s
+    first, and the widest of :data:`REFINE_CLIPS` whose noise c²σ/n ≤ :data:`REFINE_NOISE`."""
+    fits = [c for c in REFINE_CLIPS if c * c * refine_sigma / n_rows <= REFINE_NOISE]
+    return CLIPS[0], fits[0] if fits else CLIPS[1]
+
+
 VARIANCE_FLOOR = 2.0**-10
 """The released variance of z is at least this (σ̂_j ≥ s_j/32): finite and positive."""
 TAIL_PER_COLUMN = 1e-4
@@ -292,10 +311,11 @@ def private_location_scale(
     location = ranges.centre + ranges.spread * mean_z
     # The noise's standard deviation τ in the variance of z (σ on Σz²/c², and on Σz/(2c)
     # through z̄²). A variance above 2τ is read as measured; below, the round cannot tell it
-    # from noise, and the spread it clipped around (1) is kept unless it lies above the band
-    # (then the band's top): neither blown up nor shrunk to the floor on noise alone.
+    # from noise, and the spread it clipped around (1) is kept unless it lies above v + 4τ
+    # (then that: the truth is above it in 3·10⁻⁵ of rounds): neither blown up nor shrunk to
+    # the floor on noise alone.
     noise_sd = (clip**2 + 4 * clip * np.abs(mean_z)) * mech.sigma / n_rows
-    unresolved = np.clip(1.0, VARIANCE_FLOOR, variance + 2 * noise_sd)
+    unresolved = np.clip(1.0, VARIANCE_FLOOR, variance + 4 * noise_sd)
     plausible = np.where(variance > 2 * noise_sd, variance, unresolved)
     scale = ranges.spread * np.sqrt(np.clip(plausible, VARIANCE_FLOOR, clip**2))
     spread = scale
