@@ -471,7 +471,8 @@ def test_standardize_bench_prints_both_variants(capsys):
     most in 2,000 draws)."""
     assert standardize.main(["--epsilons", "10", "--seeds", "1", "--max-rows", "20000"]) == 0
     out = capsys.readouterr().out.splitlines()
-    rows = [line.split(" | ") for line in out if line.startswith("| flights |")]
+    cells = [line.strip(" |").split(" | ") for line in out if line.startswith("| flights |")]
+    rows = [[cell.strip() for cell in row] for row in cells]
     assert [row[3] for row in rows] == ["standardize", "by hand"]
     assert all(float(row[5]) > 0.75 for row in rows), rows
     low, high = (float(v) for v in rows[0][7].split("…"))  # σ̂/σ over the columns
