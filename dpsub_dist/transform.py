@@ -3,10 +3,11 @@
 A run publishes its basis V (``basis.npy``, D×k) and, in its manifest, the centre it subtracted
 (``release.mean``) or, with ``--standardize``, the location and scale it standardised with
 (``release.location``, ``release.scale``). :class:`Projection` applies exactly that map to
-new rows, ``z = ((x − location) / scale) V`` (or ``(x − mean) V``, or ``x V`` for an uncentred
-run), in float64 as the run's loaders did (``methods/_centring.py: CentredLoader``,
-``methods/_standardize.py: StandardisedLoader``). The Python API's ``transform`` and
-``PrivateSubspace.from_run`` use the same :class:`Projection`.
+new rows, ``z = clip((x − location) / scale, ±standardize_bound) V`` (or ``(x − mean) V``, or
+``x V`` for an uncentred run), in float64 as the run's loaders did
+(``methods/_centring.py: CentredLoader``, ``methods/_standardize.py: StandardisedLoader``).
+The Python API's ``transform`` and ``PrivateSubspace.from_run`` use the same
+:class:`Projection`.
 
 Privacy: every number the map uses is a released value of the run, so the map is
 post-processing of the run's (ε, δ) release: it needs no budget and charges nothing (no ledger
@@ -41,19 +42,20 @@ from dpsub_dist.io.output import (
 )
 from dpsub_dist.io.parquet import FileInfo, Part, PartReader
 from dpsub_dist.io.storage import STORAGE_ERRORS, filesystem, join, short_error
+from dpsub_dist.privacy import column_scales
 
 COMPONENT_PREFIX = "pc"
 """Output columns: ``pc1`` … ``pck``, the projections on the basis's columns in order."""
 
 
 def prepared(rows: Any, centre: Any | None, scale: Any | None) -> Any:
-    """``(rows − centre) / scale``, each step only where the run took it (NumPy or Dask
-    arrays alike): the map a run applied to its rows before estimating."""
-    if centre is not None:
-        rows = rows - centre
+    """``rows − centre``, or with a ``scale`` the standardised rows the run read
+    (``(rows − centre)/scale`` clipped to the public bound,
+    :func:`dpsub_dist.privacy.column_scales.standardise`), each step only where the run took
+    it (NumPy or Dask arrays alike): the map a run applied to its rows before estimating."""
     if scale is not None:
-        rows = rows / scale
-    return rows
+        return column_scales.standardise(rows, centre, scale)
+    return rows if centre is None else rows - centre
 
 
 def project(rows: Any, basis: Any, centre: Any | None, scale: Any | None) -> Any:

@@ -587,7 +587,8 @@ def _projected_sums(loader: Any, basis: np.ndarray, bound: float, part: Any) -> 
 STANDARDIZE_NOTE = (
     "private standardisation (steps standardize_histogram, standardize_moments, "
     "standardize_refine): every row is "
-    "(x − location)/scale before the method's steps; the basis is in those standardised units"
+    "(x − location)/scale, clipped to ±standardize_bound, before the method's steps; the "
+    "basis is in those standardised units"
 )
 
 
@@ -603,11 +604,13 @@ def standardize(ctx: RunContext, dataset: Dataset) -> tuple[Any, dict[str, Any],
     ranges = ctx.release(
         Step.STANDARDIZE_HISTOGRAM,
         column_scales.histogram_mechanism(ctx.grant(Step.STANDARDIZE_HISTOGRAM), dim),
-        lambda mech, rng: column_scales.private_ranges(counts, mech, rng),
+        lambda mech, rng: column_scales.private_ranges(counts, dataset.n_rows, mech, rng),
     )
     moments = dask.delayed(_clipped_moments, pure=True)
     around, rounds = ranges, []
-    for step, clip in zip(ROUNDS, column_scales.CLIPS, strict=True):
+    last = column_scales.moments_mechanism(ctx.grant(ROUNDS[-1]), dim)
+    clips = column_scales.clips(dataset.n_rows, last.sigma)  # public: n, the grant, D
+    for step, clip in zip(ROUNDS, clips, strict=True):
         tasks = [
             moments(dataset.loader, around.centre, around.spread, clip, p) for p in dataset.parts
         ]
@@ -626,9 +629,10 @@ def standardize(ctx: RunContext, dataset: Dataset) -> tuple[Any, dict[str, Any],
         "center": False,
         "center_note": "no separate private mean: " + STANDARDIZE_NOTE,
         "standardize": True,
-        "standardize_clips": list(column_scales.CLIPS),
+        "standardize_clips": list(clips),
         "standardize_grid": f"signed, 2^{column_scales.LOW}…2^{column_scales.HIGH}, "
         f"{column_scales.PER_OCTAVE} bins per octave",
+        "standardize_bound": column_scales.BOUND,
     }
     release = {
         "location": released.location.tolist(),

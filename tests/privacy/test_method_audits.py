@@ -30,10 +30,14 @@ PUBLISHED_MEAN = CONSUMER + "mean_audit_catches_an_eighth_of_the_noise"
 PUBLISHED_VARIANCE = CONSUMER + "explained_variance_audit_catches_an_eighth_of_the_noise"
 PUBLISHED_ROW_BOUND = CONSUMER + "row_bound_audit_catches_a_32nd_of_the_noise"
 PUBLISHED_USER_BOUND = CONSUMER + "user_level_bound_audit_catches_a_32nd_of_the_noise"
+STANDARDIZE = (  # --standardize's histogram and moments steps, ahead of any PCA method's
+    CONSUMER + "standardize_histogram_audit_catches_an_eighth_of_the_noise",
+    CONSUMER + "standardize_audit_catches_an_eighth_of_the_noise",
+)
 
 AUDITS: dict[str, tuple[str, ...]] = {
-    "estimate friendly": (CORE, NORM_BOUND, MEAN, VARIANCE, PUBLISHED_VARIANCE),
-    "estimate histogram": (CORE, NORM_BOUND, MEAN, VARIANCE, PUBLISHED_VARIANCE),
+    "estimate friendly": (CORE, NORM_BOUND, MEAN, VARIANCE, PUBLISHED_VARIANCE, *STANDARDIZE),
+    "estimate histogram": (CORE, NORM_BOUND, MEAN, VARIANCE, PUBLISHED_VARIANCE, *STANDARDIZE),
     "estimate gauss": (
         GAUSS,
         NORM_BOUND,
@@ -42,6 +46,7 @@ AUDITS: dict[str, tuple[str, ...]] = {
         PUBLISHED_MEAN,
         PUBLISHED_ROW_BOUND,
         PUBLISHED_USER_BOUND,
+        *STANDARDIZE,
     ),
     "estimate gap-perturb": (
         "privacy/test_covariance_audit.py::test_gap_perturbation_projector_audit_catches_half_noise",
@@ -49,6 +54,7 @@ AUDITS: dict[str, tuple[str, ...]] = {
         NORM_BOUND,
         MEAN,
         VARIANCE,
+        *STANDARDIZE,
     ),
     "estimate exact": (
         "methods/test_exact.py::test_gap_max_audit_catches_under_noised_twin",
@@ -58,6 +64,7 @@ AUDITS: dict[str, tuple[str, ...]] = {
         "methods/test_power.py::test_one_iteration_audit_catches_half_noise",
         CONSUMER + "power_basis_audit_catches_a_16th_of_the_noise",
         NORM_BOUND,
+        *STANDARDIZE,
     ),
     "estimate auto": (
         CORE,
@@ -66,6 +73,7 @@ AUDITS: dict[str, tuple[str, ...]] = {
         MEAN,
         CENTRED_SUM,
         VARIANCE,
+        *STANDARDIZE,
     ),  # runs friendly or gauss
     "cluster sample-aggregate": (CORE,),
     "cluster sulq": (

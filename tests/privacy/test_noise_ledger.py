@@ -78,7 +78,7 @@ NORM_COUNT = 1.0  # norm_bound: a replaced row moves each count #{‖x‖ ≤ gr
 VARIANCE_SUMS = math.sqrt(2.0)  # Σ ((v_iᵀz)², ‖z‖²) of norm-≤1 rows z, replace one row
 POWER_PRODUCT = {"replace": math.sqrt(2.0), "add_remove": 1.0}  # ‖EV‖_F ≤ ‖E‖_F, V orthonormal
 STANDARDIZE_PER_COLUMN = 2.0  # each column's histogram (2 bins) or (Σz/2c, Σz²/c²) pair, squared
-STANDARDIZE_BINS = 1025  # bins per column of the signed grid: 2·(40 + 24)·8 + 1
+STANDARDIZE_BINS = 513  # bins per column of the signed grid: 2·(40 + 24)·4 + 1
 
 
 def _grant(step: dict[str, Any]) -> Budget:
