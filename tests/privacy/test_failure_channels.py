@@ -26,10 +26,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dpsub_shim import failing_dpsub, write_job  # noqa: E402
 
+from dpsub_dist.cli import INSPECT_NEXT  # noqa: E402
+
 BUDGET = ["--epsilon", "4", "--delta", "1e-6"]
 FAILED = re.compile(
-    r"dpsub (estimate|cluster|run|stream): error: the run failed after reading its data; "
-    r"details for the operator in (\S+)"
+    r"dpsub (estimate|cluster|run|stream): error: the run failed after reading its data "
+    rf"\({re.escape(INSPECT_NEXT)}\); details for the operator in (\S+)"
 )
 
 
