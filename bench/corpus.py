@@ -346,7 +346,8 @@ def cells(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "error": _median([r["error"] for r in runs]),
                 "captured": _median([r["captured"] for r in runs]),
                 "runs": len(runs),
-                "bottom": sum(r["status"] != "ok" for r in runs),
+                "bottom": sum(r["status"] == "bottom" for r in runs),
+                "refused": sum(r["status"] not in ("ok", "bottom") for r in runs),
             }
             if variant in ("a", "b"):
                 cell.setdefault(variant + "_grid", {})[str(q)] = summary
@@ -367,7 +368,7 @@ def cells(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "q": float(best_q),
                     "captured": grid[held_q]["captured"],
                     "captured_q": float(held_q),
-                    "bottom": grid[best_q]["bottom"],
+                    "bottom": grid[best_q]["bottom"] + grid[best_q]["refused"],
                 }
         out.append(cell)
     return out
@@ -426,9 +427,11 @@ def targets(cell_list: list[dict[str, Any]]) -> list[dict[str, Any]]:
             0.8,
         ),
         share(
-            "no ⊥ where (a) publishes",
+            "no ⊥ (nor refusal, exit 2) where (a) publishes",
             cells_with("default", "a"),
-            lambda c: c["a"]["bottom"] > 0 or c["default"]["bottom"] == 0,
+            lambda c: (
+                c["a"]["bottom"] > 0 or c["default"]["bottom"] + c["default"].get("refused", 0) == 0
+            ),
             1.0,
         ),
     ]
@@ -486,6 +489,7 @@ def scorecard(cell_list: list[dict[str, Any]], target_list: list[dict[str, Any]]
             return "—"
         extra = f" q{v['q']:g}" if "q" in v else ""
         bottom = f" ⊥{v['bottom']}" if v.get("bottom") else ""
+        bottom += f" refused{v['refused']}" if v.get("refused") else ""
         return f"{v['error']:.3f}/{v['captured']:.3f}{extra}{bottom}"
 
     lines = [

@@ -68,8 +68,8 @@ def test_only_standardize_runs_its_cells_and_reference(tmp_path):
 
 
 def _cell(table, scaling, epsilon, default, a, b, **extra):
-    def summary(error, captured, bottom=0):
-        return {"error": error, "captured": captured, "bottom": bottom, "q": 0.5}
+    def summary(error, captured, bottom=0, refused=0):
+        return {"error": error, "captured": captured, "bottom": bottom, "refused": refused}
 
     return {
         "table": table,
@@ -101,5 +101,6 @@ def test_bottom_counts_only_where_a_publishes():
         _cell("t1", "raw", 1.0, (1.0, 0.0, 2), (0.2, 0.95), (0.1, 0.95)),
         _cell("t2", "raw", 1.0, (1.0, 0.0, 1), (1.0, 0.0, 3), (1.0, 0.0, 3)),
     ]
+    cells.append(_cell("t3", "raw", 0.3, (1.0, 0.0, 0, 3), (0.9, 0.5), (0.9, 0.5)))  # exit 2
     bottom = next(t for t in corpus.targets(cells) if t["target"].startswith("no ⊥"))
-    assert bottom["failing"] == [["t1", "raw", 1.0]]
+    assert bottom["failing"] == [["t1", "raw", 1.0], ["t3", "raw", 0.3]]
