@@ -31,6 +31,8 @@ is ≥ 1 (every error is ≤ 1) only the captured clause counts. :func:`targets`
     python -m bench.corpus --jobs 2                       # docs/real-data.md, the scorecard
     python -m bench.corpus --only standardize --jobs 2    # only --standardize and (c)
     python -m bench.corpus --against docs/bench-data/corpus.json   # reprint, run nothing
+    python -m bench.corpus --references docs/bench-data/corpus-baseline.json --jobs 2 \
+        --tag after      # after a change to the default's own steps: (a), (b), std reused
 """
 
 from __future__ import annotations
@@ -263,6 +265,17 @@ def run_one(
     return record
 
 
+VARIANTS = {
+    None: ("default", "a", "b", "standardize"),
+    "default": ("default", "a", "b"),
+    "standardize": ("default", "standardize"),
+    "reuse": ("default",),
+}
+"""What runs, by ``--only`` (``reuse``: ``--references``, the default alone). (c) is the
+default on the z-scored copy, so ``standardize`` runs the default on z only; ``--standardize``
+runs on the raw tables only."""
+
+
 def measure_table(
     name: str, epsilons: list[float], seeds: int, only: str | None, max_rows: int
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -270,57 +283,34 @@ def measure_table(
     records = []
     prepared = prepare(name, max_rows)
     raw = prepared["raw"].table
-    info = {
-        "rows": len(raw.rows),
-        "dim": len(raw.columns),
-        "rank": raw.rank,
-        "columns": raw.columns,
-    }
+    info = {"rows": len(raw.rows), "dim": len(raw.columns), "rank": raw.rank}
+    info["columns"] = raw.columns
+    wanted = VARIANTS[only]
     for scaling, scaled in prepared.items():
         table = scaled.table
         centred = table.rows - table.rows.mean(axis=0)
         bounds = np.quantile(table.centred_norms, TUNED_QUANTILES)
-        for epsilon in epsilons:
-            for seed in range(seeds):
-                found: list[tuple[str, float | None, dict[str, Any]]] = []
-                if only != "standardize" or scaling == "z":  # (c) is the default on z
-                    found.append(
-                        ("default", None, run_one(table.rows, table, epsilon, seed, "auto"))
-                    )
-                if only != "standardize":
-                    for q, bound in zip(TUNED_QUANTILES, bounds, strict=True):
-                        for variant, rows in (("a", table.rows), ("b", centred)):
-                            found.append(
-                                (
-                                    variant,
-                                    q,
-                                    run_one(
-                                        rows,
-                                        table,
-                                        epsilon,
-                                        seed,
-                                        "gauss",
-                                        center=True,
-                                        row_norm=float(bound),
-                                    ),
-                                )
-                            )
-                if only != "default" and scaling == "raw":
-                    record = run_one(table.rows, scaled.z, epsilon, seed, "auto", standardize=True)
-                    if "scale" in record:
-                        ratio = np.asarray(record.pop("scale")) / scaled.raw_sd
-                        record["scale_ratio"] = [float(ratio.min()), float(ratio.max())]
-                    found.append(("standardize", None, record))
-                for variant, q, record in found:
-                    record.update(
-                        table=name,
-                        scaling=scaling,
-                        epsilon=epsilon,
-                        seed=seed,
-                        variant=variant,
-                        quantile=q,
-                    )
-                    records.append(record)
+        for epsilon, seed in [(e, s) for e in epsilons for s in range(seeds)]:
+            found: list[tuple[str, float | None, dict[str, Any]]] = []
+            if "default" in wanted and (only != "standardize" or scaling == "z"):
+                found.append(("default", None, run_one(table.rows, table, epsilon, seed, "auto")))
+            for variant, rows in (("a", table.rows), ("b", centred)):
+                if variant in wanted:
+                    found += [
+                        (variant, q, run_one(rows, table, epsilon, seed, "gauss", center=True,
+                                             row_norm=float(bound)))
+                        for q, bound in zip(TUNED_QUANTILES, bounds, strict=True)
+                    ]  # fmt: skip
+            if "standardize" in wanted and scaling == "raw":
+                record = run_one(table.rows, scaled.z, epsilon, seed, "auto", standardize=True)
+                if "scale" in record:
+                    ratio = np.asarray(record.pop("scale")) / scaled.raw_sd
+                    record["scale_ratio"] = [float(ratio.min()), float(ratio.max())]
+                found.append(("standardize", None, record))
+            for variant, q, record in found:
+                record.update(table=name, scaling=scaling, epsilon=epsilon, seed=seed)
+                record.update(variant=variant, quantile=q)
+                records.append(record)
         common.log(f"{name} {scaling}: {len(table.rows)} × {len(table.columns)} done")
     return info, records
 
@@ -528,6 +518,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-rows", type=int, default=MAX_ROWS)
     parser.add_argument("--jobs", type=int, default=1, help="tables measured side by side")
     parser.add_argument("--against", type=Path, help="reprint this JSON's scorecard; run nothing")
+    parser.add_argument(
+        "--references",
+        type=Path,
+        metavar="BEFORE.json",
+        help="run the default only and take (a), (b) and --standardize's runs from BEFORE (for "
+        "a change to the default's own steps: the references use a public --row-norm)",
+    )
     args = common.parse_args(parser, argv)
     if args.against:
         document = json.loads(args.against.read_text())
@@ -541,13 +538,20 @@ def main(argv: list[str] | None = None) -> int:
     epsilons = [float(e) for e in args.epsilons.split(",")]
     run = common.BenchRun.start("corpus", args)
     order = sorted(args.tables, key=lambda t: t != "grants")  # the longest first
-    jobs = [(t, epsilons, args.seeds, args.only, args.max_rows) for t in order]
+    only = "reuse" if args.references else args.only
+    jobs = [(t, epsilons, args.seeds, only, args.max_rows) for t in order]
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
             found = list(pool.map(measure_table, *zip(*jobs, strict=True)))
     else:
         found = [measure_table(*job) for job in jobs]
     records = [r for _, table_records in found for r in table_records]
+    if args.references:  # every run but the default's, of the tables and ε run here
+        kept = {(r["table"], r["epsilon"]) for r in records}
+        before = json.loads(args.references.read_text())["records"]
+        records += [
+            r for r in before if r["variant"] != "default" and (r["table"], r["epsilon"]) in kept
+        ]
     cell_list = cells(records)
     target_list = targets(cell_list)
     print(scorecard(cell_list, target_list))
@@ -565,6 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         "delta": DELTA,
         "seeds": args.seeds,
         "only": args.only,
+        "references": None if args.references is None else str(args.references),
         "max_rows": args.max_rows,
         "missing": MISSING,
         "quantiles": TUNED_QUANTILES,

@@ -104,3 +104,19 @@ def test_bottom_counts_only_where_a_publishes():
     cells.append(_cell("t3", "raw", 0.3, (1.0, 0.0, 0, 3), (0.9, 0.5), (0.9, 0.5)))  # exit 2
     bottom = next(t for t in corpus.targets(cells) if t["target"].startswith("no ⊥"))
     assert bottom["failing"] == [["t1", "raw", 1.0], ["t3", "raw", 0.3]]
+
+
+def test_references_reuse_every_run_but_the_default(tmp_path):
+    before = tmp_path / "before"
+    corpus.main(_argv(before, "--tables", "doctorvisits"))
+    old = json.loads((before / "corpus.json").read_text())["records"]
+    corpus.main(
+        _argv(tmp_path, "--tables", "doctorvisits", "--references", str(before / "corpus.json"))
+    )
+    new = json.loads((tmp_path / "corpus.json").read_text())["records"]
+    assert len(new) == len(old)
+    assert [r for r in new if r["variant"] != "default"] == [
+        r for r in old if r["variant"] != "default"
+    ]
+    fresh = [r for r in new if r["variant"] == "default"]
+    assert sorted(r["scaling"] for r in fresh) == ["raw", "z"]  # run again, both scalings
