@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -277,7 +277,12 @@ runs on the raw tables only."""
 
 
 def measure_table(
-    name: str, epsilons: list[float], seeds: int, only: str | None, max_rows: int
+    name: str,
+    epsilons: list[float],
+    seeds: int,
+    only: str | None,
+    max_rows: int,
+    quantiles: tuple[float, ...] = TUNED_QUANTILES,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The shape of one table and every run on it (a process of the pool)."""
     records = []
@@ -289,7 +294,7 @@ def measure_table(
     for scaling, scaled in prepared.items():
         table = scaled.table
         centred = table.rows - table.rows.mean(axis=0)
-        bounds = np.quantile(table.centred_norms, TUNED_QUANTILES)
+        bounds = np.quantile(table.centred_norms, quantiles)
         for epsilon, seed in [(e, s) for e in epsilons for s in range(seeds)]:
             found: list[tuple[str, float | None, dict[str, Any]]] = []
             if "default" in wanted and (only != "standardize" or scaling == "z"):
@@ -299,7 +304,7 @@ def measure_table(
                     found += [
                         (variant, q, run_one(rows, table, epsilon, seed, "gauss", center=True,
                                              row_norm=float(bound)))
-                        for q, bound in zip(TUNED_QUANTILES, bounds, strict=True)
+                        for q, bound in zip(quantiles, bounds, strict=True)
                     ]  # fmt: skip
             if "standardize" in wanted and scaling == "raw":
                 record = run_one(table.rows, scaled.z, epsilon, seed, "auto", standardize=True)
@@ -516,6 +521,11 @@ def main(argv: list[str] | None = None) -> int:
         help="default: the default, (a), (b); standardize: --standardize and (c)",
     )
     parser.add_argument("--max-rows", type=int, default=MAX_ROWS)
+    parser.add_argument(
+        "--quantiles",
+        default=",".join(f"{q:g}" for q in TUNED_QUANTILES),
+        help="the references' bounds: these quantiles of the true centred row norms",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="tables measured side by side")
     parser.add_argument("--against", type=Path, help="reprint this JSON's scorecard; run nothing")
     parser.add_argument(
@@ -539,12 +549,20 @@ def main(argv: list[str] | None = None) -> int:
     run = common.BenchRun.start("corpus", args)
     order = sorted(args.tables, key=lambda t: t != "grants")  # the longest first
     only = "reuse" if args.references else args.only
-    jobs = [(t, epsilons, args.seeds, only, args.max_rows) for t in order]
-    if args.jobs > 1:
-        with ProcessPoolExecutor(args.jobs) as pool:
-            found = list(pool.map(measure_table, *zip(*jobs, strict=True)))
-    else:
-        found = [measure_table(*job) for job in jobs]
+    parts = Path(args.data_dir) / f"{run.stem}.parts"  # one JSON per table: a rerun resumes
+    parts.mkdir(parents=True, exist_ok=True)
+    done = {t: json.loads((parts / f"{t}.json").read_text()) for t in order
+            if (parts / f"{t}.json").exists()}  # fmt: skip
+    quantiles = tuple(float(q) for q in args.quantiles.split(","))
+    jobs = [
+        (t, epsilons, args.seeds, only, args.max_rows, quantiles) for t in order if t not in done
+    ]
+    with ProcessPoolExecutor(max(1, args.jobs)) as pool:
+        futures = {pool.submit(measure_table, *job): job[0] for job in jobs}
+        for future in as_completed(futures):
+            done[futures[future]] = future.result()
+            (parts / f"{futures[future]}.json").write_text(json.dumps(done[futures[future]]))
+    found = [done[t] for t in order]
     records = [r for _, table_records in found for r in table_records]
     if args.references:  # every run but the default's, of the tables and ε run here
         kept = {(r["table"], r["epsilon"]) for r in records}
@@ -572,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
         "references": None if args.references is None else str(args.references),
         "max_rows": args.max_rows,
         "missing": MISSING,
-        "quantiles": TUNED_QUANTILES,
+        "quantiles": args.quantiles,
     }
     run.write(parameters, records, {"cells": cell_list, "targets": target_list})
     return 0 if all(t["pass"] is not False for t in target_list) else 1
