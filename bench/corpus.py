@@ -509,6 +509,32 @@ def scorecard(cell_list: list[dict[str, Any]], target_list: list[dict[str, Any]]
     return "\n".join(lines)
 
 
+def markdown(cell_list: list[dict[str, Any]], tables: dict[str, dict[str, Any]]) -> str:
+    """The scorecard as docs/real-data.md shows it: one row per (table, ε), error/captured."""
+
+    def show(cell: dict[str, Any] | None, key: str) -> str:
+        v = (cell or {}).get(key)
+        if not v:
+            return "—"
+        failed = v.get("bottom", 0) + v.get("refused", 0)
+        return f"{v['error']:.2f}/{v['captured']:.3f}" + (f" ({failed}✗)" if failed else "")
+
+    by = {(c["table"], c["scaling"], c["epsilon"]): c for c in cell_list}
+    lines = [
+        "| table (n × D) | ε | raw: default | (a) | (b) | z: default = (c) | (a) | (b) "
+        "| --standardize |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, epsilon in sorted({(k[0], k[2]) for k in by}):
+        raw, z = by.get((name, "raw", epsilon)), by.get((name, "z", epsilon))
+        t = tables.get(name, {})
+        shape = f"{name} ({t.get('rows', '?')} × {t.get('dim', '?')})"
+        cells_ = [show(raw, "default"), show(raw, "a"), show(raw, "b"), show(z, "default")]
+        cells_ += [show(z, "a"), show(z, "b"), show(raw, "standardize")]
+        lines.append(f"| {shape} | {epsilon:g} | " + " | ".join(cells_) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = common.base_parser("corpus", __doc__.splitlines()[0])
     parser.set_defaults(results_dir=RESULTS)
@@ -527,7 +553,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the references' bounds: these quantiles of the true centred row norms",
     )
     parser.add_argument("--jobs", type=int, default=1, help="tables measured side by side")
-    parser.add_argument("--against", type=Path, help="reprint this JSON's scorecard; run nothing")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        nargs="+",
+        help="reprint the scorecard of these JSONs (their runs together); run nothing",
+    )
+    parser.add_argument("--markdown", action="store_true", help="with --against: as a table")
     parser.add_argument(
         "--references",
         type=Path,
@@ -537,9 +569,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = common.parse_args(parser, argv)
     if args.against:
-        document = json.loads(args.against.read_text())
-        found = cells(document["records"])
+        documents = [json.loads(path.read_text()) for path in args.against]
+        found = cells([r for d in documents for r in d["records"]])
         target_list = targets(found)
+        if args.markdown:
+            shapes = {k: v for d in documents for k, v in d["parameters"]["tables"].items()}
+            print(markdown(found, shapes))
         print(scorecard(found, target_list))
         return 0 if all(t["pass"] is not False for t in target_list) else 1
     unknown = [t for t in args.tables if t not in BY_NAME]
