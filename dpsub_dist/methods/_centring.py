@@ -185,9 +185,7 @@ together they take the one-step mean's share, so the Gram keeps its budget. Ther
 mean's error κ·B₀ is small against B₀, the raw rows' bound, but B₀ carries the distance from
 the origin (a year column: B₀ ≈ 2,000 where the centred rows' median norm is 11), which no
 public fact tells; the refined mean's error is κ·B₁, B₁ ≈ the spread. Measured on the corpus
-(bench/corpus.py, docs/real-data.md): the default's median error on rows ≈ 2,000 from the
-origin fell from 0.95 to 0.12 at ε = 1; shares of 0.25 each cost the z-scored tables'
-Gram more than they gained."""
+(bench/corpus.py, docs/real-data.md, before and after)."""
 
 MEAN_NOISE_WEIGHT = 4.0
 """Weight of the refined mean's noise against its clipping-bias bound in
