@@ -179,14 +179,6 @@ route (``mean`` and ``refined_mean``): measured on the wide table of docs/centri
 ε = 1, 0.2 each left the refined centre's error at 40, above the second component's scale
 (38; captured 0.845), 0.25 each at 24 (captured 0.943)."""
 
-TALL_REFINED_MEAN_SHARE = MEAN_SHARE / 2
-"""Share of each of the two mean steps on a *tall* table's refined route (n > WIDE_SHAPE·D):
-together they take the one-step mean's share, so the Gram keeps its budget. There the coarse
-mean's error κ·B₀ is small against B₀, the raw rows' bound, but B₀ carries the distance from
-the origin (a year column: B₀ ≈ 2,000 where the centred rows' median norm is 11), which no
-public fact tells; the refined mean's error is κ·B₁, B₁ ≈ the spread. Measured on the corpus
-(bench/corpus.py, docs/real-data.md, before and after)."""
-
 MEAN_NOISE_WEIGHT = 4.0
 """Weight of the refined mean's noise against its clipping-bias bound in
 :func:`refined_quantile`: the bound adds the clipped rows' overshoots as if they were
@@ -222,42 +214,28 @@ def refined_quantile(grants: dict[str, Budget], n_rows: int, dim: int) -> float:
     return margined_quantile(quantile, n_rows, epsilon, "rows", bound, fix)
 
 
-def refined_mean_share(n_rows: int, dim: int) -> float:
-    """Each mean step's share on the refined route: :data:`REFINED_MEAN_SHARE` on a table wide
-    in shape (n ≤ :data:`WIDE_SHAPE`·D), :data:`TALL_REFINED_MEAN_SHARE` on a tall one."""
-    return REFINED_MEAN_SHARE if n_rows <= WIDE_SHAPE * dim else TALL_REFINED_MEAN_SHARE
-
-
 def refines(single: Budget, refined: dict[str, Budget], n_rows: int, dim: int) -> bool:
-    """Whether a centred run with a private bound takes the refinement steps: on a table wide
-    in shape (n ≤ :data:`WIDE_SHAPE`·D) where the single-step mean (at its grant ``single``)
-    has κ ≥ :data:`WIDE_NOISE_RATIO` and the refined mean's κ < :data:`CONTRACTING_RATIO`; on
-    a taller one where the refined mean's κ < :data:`WIDE_NOISE_RATIO` (its half share
-    doubles the coarse mean's noise, which a larger κ does not win back: digits at ε = 1);
-    in both where n meets the margins of the raw rows' bound and the refined bound at the
-    ``refined`` plan's grants. Public facts only."""
-    if n_rows < 1:
+    """Whether a centred run with a private bound takes the refinement steps: where the
+    table is wide (n ≤ :data:`WIDE_SHAPE`·D), the single-step mean (at its grant ``single``)
+    has κ ≥ :data:`WIDE_NOISE_RATIO`, the refined mean's κ < :data:`CONTRACTING_RATIO` and n
+    meets the refined bound's margin at the ``refined`` plan's grants. Public facts only."""
+    if n_rows < 1 or n_rows > WIDE_SHAPE * dim:
         return False
-    wide = n_rows <= WIDE_SHAPE * dim
-    if wide and mean_noise_ratio(single, n_rows, dim) < WIDE_NOISE_RATIO:
+    if mean_noise_ratio(single, n_rows, dim) < WIDE_NOISE_RATIO:
         return False
-    limit = CONTRACTING_RATIO if wide else WIDE_NOISE_RATIO
-    if mean_noise_ratio(refined[Step.REFINED_MEAN], n_rows, dim) >= limit:
+    if mean_noise_ratio(refined[Step.REFINED_MEAN], n_rows, dim) >= CONTRACTING_RATIO:
         return False
     try:
         refined_quantile(refined, n_rows, dim)
-        margined_row_quantile(Step.NORM_BOUND, refined, n_rows)
     except TooFewForBound:
         return False
     return True
 
 
 REFINE_RULE = (
-    "public: centred, private bound, row level, not the sampled centre, n meets the bounds' "
-    f"margins; where n ≤ {WIDE_SHAPE}·D the single mean's √D·σ/n ≥ {WIDE_NOISE_RATIO} and the "
-    f"refined mean's < {CONTRACTING_RATIO} (σ for Δ = 2 at its grant), each mean at "
-    f"{REFINED_MEAN_SHARE} of the budget; on a taller table the refined mean's √D·σ/n < "
-    f"{WIDE_NOISE_RATIO}, each mean at {TALL_REFINED_MEAN_SHARE}"
+    "public: centred, private bound, row level, not the sampled centre; "
+    f"n ≤ {WIDE_SHAPE}·D, the single mean's √D·σ/n ≥ {WIDE_NOISE_RATIO} (σ for Δ = 2 at its "
+    f"grant), the refined mean's < {CONTRACTING_RATIO} and n meets the refined bound's margin"
 )
 
 

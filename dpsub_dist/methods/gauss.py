@@ -112,7 +112,7 @@ def budget_plan(
     private_norm: bool = False,
     norm_share: float = NORM_SHARE,
     sampled: bool = False,
-    refined: float = 0.0,
+    refined: bool = False,
 ) -> dict[str, tuple[float, float]]:
     """Each step's (share of ε or ρ, share of δ); zCDP Gaussians need no δ, the gap test does.
 
@@ -121,11 +121,10 @@ def budget_plan(
     share is split between ``norm_bound`` (raw rows, for the mean) and ``centred_norm_bound``
     (the rows the Gram sums). ``sampled`` (the sampled-centre route, :func:`centre_sample`):
     the mean's share is split, :data:`CORRECTION_SHARE` of it to ``centred_sum`` (drawn
-    after ``centred_norm_bound``, from the full pass's sum). ``refined`` > 0 (the refined
+    after ``centred_norm_bound``, from the full pass's sum). ``refined`` (a wide table's
     centre, :func:`refined_centre`; centred with a private bound): ``mean`` and
-    ``refined_mean`` take that share each
-    (:func:`~dpsub_dist.methods._centring.refined_mean_share`) and the norm share is split in
-    three, ``mean_norm_bound`` between the two means.
+    ``refined_mean`` take :data:`~dpsub_dist.methods._centring.REFINED_MEAN_SHARE` each and
+    the norm share is split in three, ``mean_norm_bound`` between the two means.
     """
     delta_share = 0.0 if zcdp else 1.0
     if method == "gauss":
@@ -135,10 +134,10 @@ def budget_plan(
             Step.GAP_TEST: (GAP_TEST_SHARE, 1.0 if zcdp else 0.5),
             Step.PROJECTOR_NOISE: (1.0 - GAP_TEST_SHARE, 0.0 if zcdp else 0.5),
         }
-    refined = refined if center and private_norm else 0.0
+    refined = refined and center and private_norm
     means = (Step.MEAN, Step.REFINED_MEAN) if refined else (Step.MEAN,)
     if center:
-        share = refined or MEAN_SHARE
+        share = centring.REFINED_MEAN_SHARE if refined else MEAN_SHARE
         rest = 1.0 - share * len(means)
         steps = {name: (p * rest, q * rest) for name, (p, q) in steps.items()}
         steps = {name: (share, share * delta_share) for name in means} | steps
@@ -194,12 +193,12 @@ def plan_shares(config: EstimateConfig, dataset: Dataset | None) -> dict[str, tu
 
 
 def route_shares(
-    config: EstimateConfig, sampled: bool, refined: float = 0.0
+    config: EstimateConfig, sampled: bool, refined: bool = False
 ) -> dict[str, tuple[float, float]]:
     """:func:`budget_plan` for this run on a route (``sampled``: the sampled centre's;
-    ``refined`` > 0: the refined centre's, each mean at that share); gap-perturb also pays
-    for its explained variance (row level; gauss gets it free from its noisy matrix); the
-    standardisation's steps first with ``--standardize``."""
+    ``refined``: the wide table's centre); gap-perturb also pays for its explained variance
+    (row level; gauss gets it free from its noisy matrix); the standardisation's steps first
+    with ``--standardize``."""
     zcdp = config.rho is not None
     private = config.row_norm is None
     shares = budget_plan(
@@ -210,31 +209,21 @@ def route_shares(
     return with_standardize(shares, config)
 
 
-def refined_centre(config: EstimateConfig, dataset: Dataset | None) -> float:
-    """Each mean step's share where the run's centre takes the refinement steps, else 0 (the
-    route's rule, :data:`~dpsub_dist.methods._centring.REFINE_RULE`; public facts only: the
-    options, n, D and the grants): centred, private bound, row level, on a dataset that allows
-    it (boosting's groups take it all or none), where :func:`centring.refines` says so and the
-    centred rows' bound meets its margin at its smaller grant. Not on the sampled centre's
-    route (its own second step, ``centred_sum``)."""
+def refined_centre(config: EstimateConfig, dataset: Dataset | None) -> bool:
+    """Whether the run's centre takes the refinement steps (the route's rule,
+    :data:`~dpsub_dist.methods._centring.REFINE_RULE`; public facts only: the options, n, D
+    and the grants): centred, private bound, row level, on a dataset that allows it
+    (boosting's groups take it all or none), where :func:`centring.refines` says the table is
+    wide. Not on the sampled centre's route (its own second step, ``centred_sum``)."""
     if not config.center or config.row_norm is not None or config.unit_column is not None:
-        return 0.0
+        return False
     if dataset is None:
         raise ValueError("the centre's route depends on the dataset's n and D: pass the dataset")
     if not dataset.refined_centre:
-        return 0.0
-    n_rows, dim = dataset.n_rows, dataset.dim
-    share = centring.refined_mean_share(n_rows, dim)
+        return False
     single = planned_grants(config.budget(), route_shares(config, sampled=False))
-    refined = planned_grants(config.budget(), route_shares(config, sampled=False, refined=share))
-    if not centring.refines(single[Step.MEAN], refined, n_rows, dim):
-        return 0.0
-    epsilon = laplace_epsilon(refined[Step.CENTRED_NORM_BOUND])
-    try:
-        bound_quantile(config.method, refined, "replace", n_rows, dim, epsilon)
-    except norm_bound.TooFewForBound:
-        return 0.0
-    return share
+    refined = planned_grants(config.budget(), route_shares(config, sampled=False, refined=True))
+    return centring.refines(single[Step.MEAN], refined, dataset.n_rows, dataset.dim)
 
 
 def release_basis(
