@@ -38,7 +38,9 @@ is ≥ 1 (every error is ≤ 1) only the captured clause counts. :func:`targets`
 from __future__ import annotations
 
 import json
+import multiprocessing
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -537,6 +539,19 @@ def markdown(cell_list: list[dict[str, Any]], tables: dict[str, dict[str, Any]])
     return "\n".join(lines)
 
 
+def _measured(jobs: list[tuple], processes: int) -> Iterator[tuple[str, Any]]:
+    """Each job's table and :func:`measure_table` result as it finishes: in this process for
+    one at a time, else side by side in spawned processes (a fork of a process that holds a
+    Dask client's threads can deadlock)."""
+    if processes <= 1:
+        yield from ((job[0], measure_table(*job)) for job in jobs)
+        return
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(measure_table, *job): job[0] for job in jobs}
+        for future in as_completed(futures):
+            yield futures[future], future.result()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = common.base_parser("corpus", __doc__.splitlines()[0])
     parser.set_defaults(results_dir=RESULTS)
@@ -597,11 +612,9 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [
         (t, epsilons, args.seeds, only, args.max_rows, quantiles) for t in order if t not in done
     ]
-    with ProcessPoolExecutor(max(1, args.jobs)) as pool:
-        futures = {pool.submit(measure_table, *job): job[0] for job in jobs}
-        for future in as_completed(futures):
-            done[futures[future]] = future.result()
-            (parts / f"{futures[future]}.json").write_text(json.dumps(done[futures[future]]))
+    for table, measured in _measured(jobs, args.jobs):
+        done[table] = measured
+        (parts / f"{table}.json").write_text(json.dumps(measured))
     found = [done[t] for t in order]
     records = [r for _, table_records in found for r in table_records]
     if args.references:  # every run but the default's, of the tables and ε run here
