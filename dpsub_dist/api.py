@@ -897,13 +897,21 @@ def _noise_variance(
     """``noise_variance_`` as scikit-learn's PCA has it, the mean variance along the D − k
     directions the basis leaves out: (total − Σλ)/(D − k), the total being Σλ/Σratio (each
     ratio is λ over the released total). Released values and the public D only: free. None
-    where the run released no variance or no total."""
+    where the run released no variance or no total. Noise can put the released total at or
+    below Σλ: the remainder is then floored at :data:`NOISE_VARIANCE_FLOOR` of the mean
+    variance per direction, so the model's covariance stays invertible (PCA's is too)."""
     if variance is None or ratio is None or not ratio.sum() > 0:
         return None
     rest = dim - len(variance)
     if rest <= 0:
         return 0.0
-    return float(max(variance.sum() / ratio.sum() - variance.sum(), 0.0) / rest)
+    total = variance.sum() / ratio.sum()
+    floor = NOISE_VARIANCE_FLOOR * max(total, 0.0) / dim
+    return float(max((total - variance.sum()) / rest, floor))
+
+
+NOISE_VARIANCE_FLOOR = 1e-6
+"""``noise_variance_`` is at least this share of the released total's mean per direction."""
 
 
 def _array_or_none(values: Any) -> np.ndarray | None:
