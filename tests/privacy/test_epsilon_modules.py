@@ -9,7 +9,9 @@ calibrated :class:`Mechanism` — are the hands ε passes through. There must be
 :data:`MAX_HAND_OFFS` changes of module along them, and no module may be entered twice on the
 whole stack below the runner (a step calling back up into its method, or the accountant
 entered again, fails). The ``draw`` a step hands to ``RunContext.release`` is the step's own
-closure run by the context: that one frame is not counted as entering the step's module again.
+closure run by the context: that one frame is not counted as entering the step's module again;
+nor is a declaration's :class:`~dpsub_dist.methods.spec.Later`, which only imports the code
+it names.
 Auto's choice and boosting's groups are resolved in the job layer, above the runner (the
 chosen method's, or each group's, runner is an ordinary run), so they take no hand-off either.
 """
@@ -23,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from dpsub_dist.methods.spec import Later
 from dpsub_dist.privacy import accountant, mechanism, noise
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -58,6 +61,8 @@ def _stack(skip: int) -> tuple[list[str], list[str]]:
             continue
         if called_by_context and name != "dpsub_dist.context":
             continue  # the draw a step hands to release: its own closure, run by the context
+        if frame.f_code is Later.__call__.__code__:
+            continue  # a declaration's lazy import of its code, no hand-off
         if not modules or modules[-1] != name:
             modules.append(name)
         if _holds_budget(frame) and (not holders or holders[-1] != name):

@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 
 from dpsub_dist import jobfile
-from dpsub_dist import params as method_config
 from dpsub_dist.cli import main
 from dpsub_dist.privacy import accountant, mechanism, noise
 from dpsub_dist.synth import generate
@@ -86,7 +85,7 @@ def hops(monkeypatch) -> Path4:
         seen.charged.append((self, step, cost))
         return charge(self, step, cost)
 
-    for module in (accountant, method_config, jobfile):
+    for module in (accountant, jobfile):  # params and cli import it from accountant at each call
         monkeypatch.setattr(module, "parse_budget", parsed)
     monkeypatch.setattr(accountant.Accountant, "__init__", made)
     monkeypatch.setattr(accountant.Accountant, "split", split_once)
