@@ -412,12 +412,7 @@ def _write_remote(
     fs, path = _remote_prefix(out, storage_options)
     written: list[str] = []
     try:
-        existing = _objects_under(fs, path)
-        if existing and not overwrite:
-            raise InputError(f"output prefix filled while running: {out}: choose a new --out")
-        if existing:
-            check_replaceable(out, RUN_OUTPUT, storage_options)
-        _clear_prefix(fs, path, existing, MANIFEST)
+        _make_room(fs, path, out, overwrite, storage_options, RUN_OUTPUT)
         for name, data in files.items():
             fs.pipe_file(f"{path}/{name}", data)
             written.append(f"{path}/{name}")
@@ -432,6 +427,24 @@ def _write_remote(
             raise RunAborted(f"{reason}; nothing was written or released, re-run") from None
         raise
     return out
+
+
+def _make_room(
+    fs: Any,
+    path: str,
+    out: str,
+    overwrite: bool,
+    storage_options: Mapping[str, Any] | None,
+    written: Written,
+) -> None:
+    """Empty the prefix ``path`` for a new output, checked again just before: what is there
+    may be replaced only with ``overwrite`` and only if it is a previous ``written``."""
+    existing = _objects_under(fs, path)
+    if existing and not overwrite:
+        raise InputError(f"output prefix filled while running: {out}: choose a new --out")
+    if existing:
+        check_replaceable(out, written, storage_options)
+    _clear_prefix(fs, path, existing, written.marker)
 
 
 def _clear_prefix(fs: Any, path: str, existing: list[str], marker: str) -> None:
@@ -579,12 +592,7 @@ def _staged_remote(
     fs, path = _remote_prefix(out, storage_options)
     marker = written.marker
     try:
-        existing = _objects_under(fs, path)
-        if existing and not overwrite:
-            raise InputError(f"output prefix filled meanwhile: {out}: choose a new --out")
-        if existing:
-            check_replaceable(out, written, storage_options)
-        _clear_prefix(fs, path, existing, marker)
+        _make_room(fs, path, out, overwrite, storage_options, written)
     except STORAGE_ERRORS as err:
         raise storage_error(err, out, "clearing the output") from None
     try:
