@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -162,3 +165,61 @@ def test_shipped_pipeline_under_the_real_scheduler(scheduler, small_dataset, tmp
     for name in published:
         assert (results / name / "basis.npy").exists()
         assert (results / name / "report.html").exists()  # written by the runner
+
+
+IN_THE_IMAGE = [("published", "2024-06-01"), ("already published", "2024-06-01")]
+"""The image variant's plan: one run, then the same date again (nothing charged)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheduler", ["prefect", "airflow"])
+def test_shipped_pipeline_runs_in_the_image_under_the_real_scheduler(scheduler, tmp_path):
+    """The same DAG and flow with ``DPSUB="<repo>/deploy/cluster.sh submit"`` (docs/running-
+    daily.md's container variant): dpsub runs in the image on a cluster of containers that
+    ``cluster.sh up`` started, the job file and the SQLite ledger reached at the container
+    paths pipelines/events-basis.yaml names. Needs the image (deploy/build-image.sh)."""
+    cluster = str(ROOT / "deploy" / "cluster.sh")
+    home = tmp_path / "srv"
+    env = {**os.environ, "DPSUB_CLUSTER": f"t{uuid.uuid4().hex[:8]}"}
+
+    def sh(*args: str) -> str:
+        done = subprocess.run([cluster, *args], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, f"{args}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+        return done.stdout
+
+    venv = scheduler_venv(scheduler)
+    (home / "jobs").mkdir(parents=True)
+    shutil.copy(ROOT / "pipelines" / "events-basis.yaml", home / "jobs")
+    folders = {f"--{name}": str(home / name) for name in ("data", "out", "state")}
+    try:
+        sh("up", "--workers", "1", *[a for pair in folders.items() for a in pair],
+           "--jobs", str(home / "jobs"))  # fmt: skip
+        sh("submit", "synth", "/data/events", "--rows", "20000", "--dim", "10", "--rank", "3",
+           "--partitions", "2", "--quiet")  # fmt: skip
+        sh("submit", "budget", "init", "--ledger", "/state/ledger.db", "--dataset",
+           "/data/events", "--epsilon", "5", "--delta", "1e-5")  # fmt: skip
+        submit = f"{shlex.quote(cluster)} submit"
+        step_env = {"DPSUB": submit, "DPSUB_JOB": "/etc/dpsub/events-basis.yaml"}
+        plan = [{"label": label, "date": day, "env": step_env} for label, day in IN_THE_IMAGE]
+        (tmp_path / "plan.json").write_text(json.dumps(plan))
+        run_env = scheduler_env(scheduler, venv, tmp_path / scheduler)
+        run_env["DPSUB_CLUSTER"] = env["DPSUB_CLUSTER"]
+        if scheduler == "airflow":
+            migrate = [str(venv / "bin" / "airflow"), "db", "migrate"]
+            subprocess.run(migrate, env=run_env, check=True, capture_output=True, timeout=600)
+        done = subprocess.run(
+            [str(venv / "bin" / "python"), str(HARNESS), scheduler]
+            + [str(tmp_path / "plan.json"), str(tmp_path / "results.json")],
+            env=run_env, capture_output=True, text=True, timeout=1200,
+        )  # fmt: skip
+        history = sh("submit", "budget", "history", "--ledger", "/state/ledger.db")
+    finally:
+        sh("down")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    report = json.loads((tmp_path / "results.json").read_text())
+    seen = {r["label"]: (r["run_state"], r["task_state"], r["tries"]) for r in report["steps"]}
+    assert seen == {label: EXPECTED[scheduler][label] for label, _ in IN_THE_IMAGE}
+    (record,) = history.strip().splitlines()  # published once, the second date charged nothing
+    assert " events-basis-2024-06-01 " in record and " published " in record, history
+    folder = home / "out" / "events-basis" / "events-basis-2024-06-01"
+    assert sorted(p.name for p in folder.iterdir()) == ["basis.npy", "manifest.json", "report.html"]
