@@ -101,6 +101,28 @@ def scheduler_env(name: str, venv: Path, home: Path) -> dict[str, str]:
     return env
 
 
+def run_plan(
+    scheduler: str, venv: Path, plan: list[dict], tmp_path: Path, extra_env: dict[str, str]
+) -> dict[str, tuple[str, str, int]]:
+    """The shipped DAG or flow run for each date of ``plan`` under the real scheduler
+    (tests/scheduler_harness.py): label → (run state, task state, task tries) as it shows
+    them. The pinned version must be the one that ran."""
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    env = {**scheduler_env(scheduler, venv, tmp_path / scheduler), **extra_env}
+    if scheduler == "airflow":
+        migrate = [str(venv / "bin" / "airflow"), "db", "migrate"]
+        subprocess.run(migrate, env=env, check=True, capture_output=True, timeout=600)
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), str(HARNESS), scheduler]
+        + [str(tmp_path / "plan.json"), str(tmp_path / "results.json")],
+        env=env, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert f"=={report['version']}" in SCHEDULERS[scheduler][0]  # the pinned version ran
+    return {r["label"]: (r["run_state"], r["task_state"], r["tries"]) for r in report["steps"]}
+
+
 def ledger_json(command: str, ledger: Path, capsys) -> list[dict]:
     capsys.readouterr()
     assert main(["budget", command, "--ledger", str(ledger), "--json"]) == 0
@@ -132,24 +154,8 @@ def test_shipped_pipeline_under_the_real_scheduler(scheduler, small_dataset, tmp
         }
         for label, day, job in PLAN
     ]
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
-    env = scheduler_env(scheduler, venv, tmp_path / scheduler)
-    if scheduler == "airflow":
-        migrate = [str(venv / "bin" / "airflow"), "db", "migrate"]
-        subprocess.run(migrate, env=env, check=True, capture_output=True, timeout=600)
-    done = subprocess.run(
-        [str(venv / "bin" / "python"), str(HARNESS), scheduler]
-        + [str(tmp_path / "plan.json"), str(tmp_path / "results.json")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    report = json.loads((tmp_path / "results.json").read_text())
-    assert f"=={report['version']}" in SCHEDULERS[scheduler][0]  # the pinned version ran
-    seen = {r["label"]: (r["run_state"], r["task_state"], r["tries"]) for r in report["steps"]}
-    assert seen == EXPECTED[scheduler], done.stderr[-5000:]
+    seen = run_plan(scheduler, venv, plan, tmp_path, {})
+    assert seen == EXPECTED[scheduler]
 
     runs = {r["run_id"]: r for r in ledger_json("history", ledger, capsys)}
     assert runs["events-basis-2024-06-01"]["state"] == "published"
@@ -201,23 +207,11 @@ def test_shipped_pipeline_runs_in_the_image_under_the_real_scheduler(scheduler, 
         submit = f"{shlex.quote(cluster)} submit"
         step_env = {"DPSUB": submit, "DPSUB_JOB": "/etc/dpsub/events-basis.yaml"}
         plan = [{"label": label, "date": day, "env": step_env} for label, day in IN_THE_IMAGE]
-        (tmp_path / "plan.json").write_text(json.dumps(plan))
-        run_env = scheduler_env(scheduler, venv, tmp_path / scheduler)
-        run_env["DPSUB_CLUSTER"] = env["DPSUB_CLUSTER"]
-        if scheduler == "airflow":
-            migrate = [str(venv / "bin" / "airflow"), "db", "migrate"]
-            subprocess.run(migrate, env=run_env, check=True, capture_output=True, timeout=600)
-        done = subprocess.run(
-            [str(venv / "bin" / "python"), str(HARNESS), scheduler]
-            + [str(tmp_path / "plan.json"), str(tmp_path / "results.json")],
-            env=run_env, capture_output=True, text=True, timeout=1200,
-        )  # fmt: skip
+        cluster_env = {"DPSUB_CLUSTER": env["DPSUB_CLUSTER"]}
+        seen = run_plan(scheduler, venv, plan, tmp_path, cluster_env)
         history = sh("submit", "budget", "history", "--ledger", "/state/ledger.db")
     finally:
         sh("down")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    report = json.loads((tmp_path / "results.json").read_text())
-    seen = {r["label"]: (r["run_state"], r["task_state"], r["tries"]) for r in report["steps"]}
     assert seen == {label: EXPECTED[scheduler][label] for label, _ in IN_THE_IMAGE}
     (record,) = history.strip().splitlines()  # published once, the second date charged nothing
     assert " events-basis-2024-06-01 " in record and " published " in record, history
