@@ -8,11 +8,33 @@ checkout on ``PYTHONPATH``, so it works wherever the suite runs.
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def dpsub(
+    *args: str,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess:
+    """``dpsub ARGS`` as a user runs it: a fresh process of this checkout's CLI under the
+    test's interpreter, output captured as text; ``env`` adds to this process's variables."""
+    python_path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return subprocess.run(
+        [sys.executable, "-m", "dpsub_dist.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": python_path, **(env or {})},
+    )
 
 
 def write_dpsub(bin_dir: Path, name: str = "dpsub", log: Path | None = None) -> Path:

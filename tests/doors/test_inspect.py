@@ -5,26 +5,15 @@ column rule, so a run on the same options uses exactly the columns inspect calls
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from dpsub_shim import dpsub
 
 ROWS = 600
-
-
-def dpsub(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "dpsub_dist.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-    )
 
 
 def write_table(path: Path, nulls: bool) -> Path:

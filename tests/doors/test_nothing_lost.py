@@ -15,13 +15,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from dpsub_shim import dpsub
 
-DPSUB = [sys.executable, "-m", "dpsub_dist.cli"]
 BUDGET = ["--epsilon", "1", "--delta", "1e-6"]
-
-
-def dpsub(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*DPSUB, *args], capture_output=True, text=True, timeout=300)
 
 
 def files(root: Path) -> dict[str, bytes]:

@@ -17,18 +17,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from dpsub_shim import dpsub
 
 ROWS, DIM = 4_000, 5
 NAMES = [f"f{j}" for j in range(DIM)]
-
-
-def dpsub(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "dpsub_dist.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def rows(count: int, seed: int) -> np.ndarray:

@@ -8,11 +8,10 @@ private) always the cluster. The choice is printed. The releases do not depend o
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
+import dpsub_shim as shim
 import numpy as np
 import pandas as pd
 import pytest
@@ -35,15 +34,9 @@ def small(tmp_path_factory) -> Path:
 
 
 def dpsub(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """``dpsub ARGS`` in a fresh process, as a user runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "dpsub_dist.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=cwd,
-        env={**os.environ, "DPSUB_DIAGNOSTICS_DIR": str(cwd / "diagnostics")},
-    )
+    """``dpsub ARGS`` in a fresh process, its diagnostics files under ``cwd``."""
+    diagnostics = {"DPSUB_DIAGNOSTICS_DIR": str(cwd / "diagnostics")}
+    return shim.dpsub(*args, cwd=cwd, env=diagnostics, timeout=600)
 
 
 def test_a_small_table_runs_in_process_and_says_why(small: Path, tmp_path: Path) -> None:

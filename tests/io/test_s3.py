@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import pickle
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from dask.base import tokenize
+from dpsub_shim import dpsub
 from s3server import S3Server, s3_server, upload
 
 from dpsub_dist.cli import main
@@ -20,7 +20,6 @@ from dpsub_dist.io.output import check_output_dir, read_run, write_run
 from dpsub_dist.io.parquet import PartReader
 from dpsub_dist.io.storage import StorageOptions
 
-DPSUB = [sys.executable, "-m", "dpsub_dist.cli"]
 BUDGET = ["--epsilon", "1", "--delta", "1e-6"]
 MAX_ERROR = 0.1  # measured ≈ 0.005 on this data (n = 100,000, d = 10, k = 2, γ = 0.01);
 # the vector-column test: median 0.010, max 0.024 in 1,000 runs (see there)
@@ -41,12 +40,6 @@ def dataset(tmp_path_factory, s3):
     result = generate(local, rows=100_000, dim=10, rank=2, gamma=0.01, partitions=4, seed=11)
     upload(s3, local, "s3://data/gauss")
     return result
-
-
-def dpsub(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*DPSUB, *args], capture_output=True, text=True, env=env, timeout=300, check=False
-    )
 
 
 def estimate(source: str, out: str, *extra: str) -> subprocess.CompletedProcess:

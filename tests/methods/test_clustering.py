@@ -9,12 +9,12 @@ of rank 2 in R²⁰, n = 300,000, ε = 1, median of 5 seeds.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from dpsub_shim import dpsub
 
 from dpsub_dist.cli import main
 from dpsub_dist.engine.sources import Dataset, array_dataset, parquet_dataset
@@ -31,12 +31,6 @@ from dpsub_dist.methods._clustering import (
 )
 from dpsub_dist.privacy.subspace_clustering import random_bases
 from dpsub_dist.synth import generate
-
-DPSUB = [sys.executable, "-m", "dpsub_dist.cli"]
-
-
-def dpsub(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*DPSUB, *args], capture_output=True, text=True, timeout=300)
 
 
 def union_of_subspaces(

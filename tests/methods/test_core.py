@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from dpsub_shim import dpsub
 
 from dpsub_dist import PrivateSubspace
 from dpsub_dist.engine.assign import contiguous_row_subsets, random_row_subsets, unit_subsets
@@ -19,12 +18,6 @@ from dpsub_dist.job import EstimateConfig, run_estimate, validate
 from dpsub_dist.linalg import subspace_error
 from dpsub_dist.methods._sample_aggregate import ProjectedReferenceStep, reference_points
 from dpsub_dist.synth import generate
-
-DPSUB = [sys.executable, "-m", "dpsub_dist.cli"]
-
-
-def dpsub(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*DPSUB, *args], capture_output=True, text=True, timeout=300)
 
 
 def estimate_parquet(path, client, **config) -> tuple[np.ndarray | None, dict]:

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from dpsub_shim import dpsub
 
 from dpsub_dist import PrivateSubspace
 from dpsub_dist.errors import InputError, NoStableSubspace
@@ -297,18 +296,12 @@ def test_power_and_friendly_take_it_too() -> None:
 # ----------------------------------------------------------------------------- the doors
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "dpsub_dist.cli", *args], capture_output=True, text=True
-    )
-
-
 def test_cli_standardize_in_a_subprocess(tmp_path: Path) -> None:
     data = tmp_path / "mixed.parquet"
     frame = mixed_units(ROWS)
     frame.to_parquet(data)
     out = tmp_path / "run"
-    proc = run_cli(
+    proc = dpsub(
         "estimate", str(data), "--rank", "2", "--epsilon", "1", "--delta", "1e-6",
         "--standardize", "--out", str(out), "--workers", "1", "--quiet",
     )  # fmt: skip
@@ -321,7 +314,7 @@ def test_cli_standardize_in_a_subprocess(tmp_path: Path) -> None:
     assert set(private_steps()) <= set(steps)
     basis = np.load(out / "basis.npy")
     assert subspace_error(basis, correlation_pca(frame, 2)) < 0.08
-    assert "standardize" in run_cli("estimate", "--help").stdout
+    assert "standardize" in dpsub("estimate", "--help").stdout
 
 
 def huge_neighbours(tmp_path: Path) -> tuple[Path, Path]:
@@ -344,7 +337,7 @@ def test_a_row_of_1e308_publishes_as_its_neighbour_does(tmp_path: Path, method: 
     outcomes = []
     for data in huge_neighbours(tmp_path):
         out = tmp_path / f"run-{data.stem}"
-        proc = run_cli(
+        proc = dpsub(
             "estimate", str(data), "--rank", "2", "--epsilon", "1", "--delta", "1e-6",
             "--standardize", "--method", method, "--out", str(out), "--workers", "1",
             "--quiet",
@@ -392,7 +385,7 @@ def test_cli_refuses_standardize_at_user_level_before_reading(tmp_path: Path) ->
     frame["user"] = np.arange(1_000) % 50
     frame.to_parquet(data)
     out = tmp_path / "run"
-    proc = run_cli(
+    proc = dpsub(
         "estimate", str(data), "--rank", "2", "--epsilon", "1", "--delta", "1e-6",
         "--standardize", "--unit-column", "user", "--out", str(out),
     )  # fmt: skip
@@ -402,7 +395,7 @@ def test_cli_refuses_standardize_at_user_level_before_reading(tmp_path: Path) ->
 
 
 def test_cluster_command_has_no_standardize(tmp_path: Path) -> None:
-    proc = run_cli(
+    proc = dpsub(
         "cluster", "x.parquet", "--clusters", "2", "--rank", "1", "--epsilon", "1",
         "--standardize", "--out", str(tmp_path / "o"),
     )  # fmt: skip

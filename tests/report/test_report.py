@@ -18,8 +18,6 @@ import math
 import os
 import re
 import stat
-import subprocess
-import sys
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,7 +26,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from browser import Dom, colour_pixels, host_of, render
-from dpsub_shim import ROOT, write_job
+from dpsub_shim import dpsub, write_job
 from pg import postgres_server, postgres_url  # noqa: F401  (fixtures)
 
 from dpsub_dist.cli import main
@@ -40,13 +38,6 @@ from dpsub_dist.report.svg import FLAG, PALETTE, number
 BAR = tuple(int(PALETTE[0][i : i + 2], 16) for i in (1, 3, 5))
 RED = tuple(int(FLAG[i : i + 2], 16) for i in (1, 3, 5))
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
-
-
-def dpsub(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``dpsub ARGS`` as a user runs it: a separate process of this checkout."""
-    command = [sys.executable, "-m", "dpsub_dist.cli", *args]
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run(command, capture_output=True, text=True, env=environment, timeout=300)
 
 
 def keep_screenshot(png: Path, name: str) -> None:
