@@ -35,8 +35,8 @@ from dpsub_dist.errors import DataError, InputError, RunAborted
 from dpsub_dist.io.output import (
     TRANSFORM_MANIFEST,
     TRANSFORM_OUTPUT,
-    _json_bytes,
     check_output_dir,
+    json_bytes,
     read_run,
     staged_output,
 )
@@ -309,7 +309,7 @@ def transform_table(
             ]
             record = transform_manifest(run, manifest, uri, projection, keep, files)
             record["versions"] = versions()
-            staging.write(TRANSFORM_MANIFEST, _json_bytes(record))
+            staging.write(TRANSFORM_MANIFEST, json_bytes(record))
     total = sum(rows for rows, _ in done)
     return TransformResult(staging.final, total, len(files), projection.rank, row_level, record)
 

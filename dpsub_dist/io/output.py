@@ -298,7 +298,8 @@ def _check_remote_output(
         raise storage_error(err, out, "checking the output") from None
 
 
-def _json_bytes(manifest: dict[str, Any]) -> bytes:
+def json_bytes(manifest: dict[str, Any]) -> bytes:
+    """A manifest as dpsub writes it: indented, sorted keys, NumPy values as plain JSON."""
     return (json.dumps(manifest, indent=2, sort_keys=True, default=_jsonable) + "\n").encode()
 
 
@@ -323,7 +324,7 @@ def _run_files(basis: np.ndarray | None, manifest: dict[str, Any]) -> dict[str, 
         name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         for name, data in files.items()
     }
-    files[MANIFEST] = _json_bytes({**manifest, "outputs": outputs})
+    files[MANIFEST] = json_bytes({**manifest, "outputs": outputs})
     return files
 
 
